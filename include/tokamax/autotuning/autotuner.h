@@ -1,0 +1,62 @@
+// The autotuner, with XLA's discipline: candidates (heuristics config + search space,
+// deduplicated, deterministic order) are prepared in parallel, then measured one at a time with
+// nothing else running; every candidate's output is checked against the reference
+// implementation (outputs poisoned with NaN and surrounded by guard zones); failures are
+// recorded per config with their reason; the winner is the fastest median, the least scratch
+// memory within a tie window, confirmed by re-measuring the finalists interleaved.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tokamax/autotuning/autotuning.h"
+#include "tokamax/autotuning/measurement.h"
+
+namespace tokamax {
+
+struct AutotuneProgress {
+  int done = 0, total = 0;
+  double elapsed_s = 0, eta_s = 0;
+  std::string key;     // family/implementation being tuned
+  std::string config;  // the candidate just finished
+};
+
+struct AutotuneOptions {
+  TimingOptions timing{.warmup = 2, .min_samples = 10, .min_time_s = 0.05, .max_samples = 200, .max_time_s = 2.0};
+  std::optional<bool> cold_cache;    // default: the family's memory_bound(call)
+  double candidate_timeout_s = 10;   // the checked run of a candidate; slower -> timeout
+  double budget_s = 1e30;            // whole run, seconds; must be > 0
+  int max_candidates = 1 << 30;      // per key; must be > 0 (the heuristics config is always kept)
+  int finalists = 3;                 // re-measured interleaved
+  int remeasure_rounds = 5;
+  int prepare_threads = 0;           // 0 = hardware threads
+  uint64_t seed = 0;                 // inputs, shared by all candidates
+  std::vector<Config> configs;       // explicit candidates (empty = heuristics + search space)
+  std::function<void(const AutotuneProgress&)> progress;
+  void validate() const;             // InvalidArgument on a zero or negative budget etc.
+};
+
+class Autotuner {
+ public:
+  explicit Autotuner(AutotuneOptions options = {});
+  // Tunes one key; `bound` must name its implementation. Identical keys asked for by several
+  // threads at once are tuned once. Throws Unsupported if the implementation cannot serve it.
+  AutotuningData tune(const BoundArguments& bound) const;
+  // Tunes every distinct (family, implementation, key) once; an unsupported key is logged and
+  // left out. Bound arguments without an implementation are tuned for every implementation of
+  // their family that is supported here.
+  AutotuningResult tune_all(const std::vector<BoundArguments>& list) const;
+  // The candidate list tune() would measure, in order.
+  std::vector<Config> candidates(const BoundArguments& bound) const;
+
+ private:
+  AutotuningData tune_uncoordinated(const BoundArguments& bound) const;
+  AutotuneOptions options_;
+};
+
+// Captures the op calls `fn` makes (running it once) and tunes each distinct one.
+AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions options = {});
+
+}  // namespace tokamax

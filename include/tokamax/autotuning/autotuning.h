@@ -1,0 +1,113 @@
+// Autotuning results: BenchmarkData (one config's measurement), AutotuningData (every config
+// tried for one key, with its measurement or the reason it failed), AutotuningResult (all keys
+// of a tuning run, JSON round trip, merge, disk-cache export) and AutotuningScope (applies a
+// result to the calls on this thread, RAII, nests, innermost wins).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tokamax/core/json.h"
+#include "tokamax/op/config.h"
+#include "tokamax/op/op.h"
+
+namespace tokamax {
+
+std::string library_version();
+
+struct BenchmarkData {
+  double median_ms = 0;
+  std::vector<double> samples_ms;
+  double iqr_ms = 0;
+  double prepare_ms = 0;
+  int64_t scratch_bytes = 0;
+  bool cold_cache = false;
+  Json to_json() const;
+  static BenchmarkData from_json(const Json& j);
+};
+
+enum class FailureKind { kUnsupported, kWrongResult, kUnwritten, kOutOfBounds, kTimeout, kException, kSkipped };
+std::string_view failure_kind_name(FailureKind k);
+FailureKind parse_failure_kind(std::string_view s);
+
+struct Failure {
+  FailureKind kind = FailureKind::kException;
+  std::string message;
+  Json to_json() const;
+  static Failure from_json(const Json& j);
+};
+
+// config (canonical JSON string) -> measurement or failure.
+class AutotuningData {
+ public:
+  struct Entry {
+    Config config;
+    std::optional<BenchmarkData> benchmark;
+    std::optional<Failure> failure;
+  };
+  void set(const Config& config, BenchmarkData data);
+  void set_failure(const Config& config, Failure failure);
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  bool empty() const { return entries_.empty(); }
+  bool has_success() const;
+  // The winner: fastest median; within max(2 us, 1%) of it the least scratch memory, then the
+  // fastest, then the smallest config string. Error naming every failure when none succeeded.
+  const Entry& fastest() const;
+  // Right-hand side wins per config.
+  AutotuningData operator|(const AutotuningData& other) const;
+  // Keeps successes only (the disk-cache form).
+  AutotuningData successes() const;
+  // {config_json_string: BenchmarkData | {"failure": {...}}}; `decode` turns config JSON into
+  // Config (the implementation's config_from_json).
+  Json to_json() const;
+  static AutotuningData from_json(const Json& j, const Implementation& impl);
+
+ private:
+  std::map<std::string, Entry> entries_;
+};
+
+class AutotuningResult {
+ public:
+  AutotuningResult() : device_kind_(tokamax::device_kind()), version_(library_version()) {}
+  explicit AutotuningResult(std::string device_kind) : device_kind_(std::move(device_kind)), version_(library_version()) {}
+
+  const std::string& device_kind() const { return device_kind_; }
+  const std::string& tokamax_version() const { return version_; }
+  const std::vector<std::pair<BoundArguments, AutotuningData>>& data() const { return data_; }
+  // Adds or merges (right wins per config) the entry for bound's (family, implementation, key).
+  void add(const BoundArguments& bound, const AutotuningData& data);
+  const AutotuningData* find(const BoundArguments& bound) const;
+
+  std::string dumps() const;
+  static AutotuningResult loads(std::string_view text, std::string_view source = "autotuning result");
+  void dump(const std::string& path) const;  // atomic
+  static AutotuningResult load(const std::string& path);
+  // Device kinds must match (else InvalidArgument); the right-hand side wins per config.
+  AutotuningResult operator|(const AutotuningResult& other) const;
+  // Writes successes into `dir`/<device_kind>/<family>_<implementation>.json (disk-cache format),
+  // merging with what is there. Default dir: the user cache directory.
+  void dump_cache(const std::string& dir = "") const;
+
+ private:
+  std::string device_kind_;
+  std::string version_;
+  std::vector<std::pair<BoundArguments, AutotuningData>> data_;
+};
+
+// Applies a result's winners to the calls on this thread while alive. Innermost first; a miss
+// falls through to outer scopes, then the disk cache.
+class AutotuningScope {
+ public:
+  explicit AutotuningScope(const AutotuningResult& result);
+  ~AutotuningScope();
+  AutotuningScope(const AutotuningScope&) = delete;
+  AutotuningScope& operator=(const AutotuningScope&) = delete;
+
+ private:
+  size_t depth_;
+};
+
+}  // namespace tokamax

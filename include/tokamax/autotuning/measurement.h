@@ -1,0 +1,39 @@
+// Measurement: the one place where tokamax reads clocks. Timing of callables (warm-up, repeat
+// until a minimum count and a minimum time, median and interquartile range) and a last-level
+// cache flush for cold-cache measurements. Used by the autotuner, `tokamax bench` and the
+// roofline.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace tokamax {
+
+double now_seconds();  // monotonic
+
+struct SampleStats {
+  std::vector<double> samples_ms;
+  double median_ms = 0, q1_ms = 0, q3_ms = 0, min_ms = 0;
+  double iqr_ms() const { return q3_ms - q1_ms; }
+  static SampleStats of(std::vector<double> samples_ms);
+};
+
+struct TimingOptions {
+  int warmup = 2;
+  int min_samples = 10;
+  double min_time_s = 0.1;
+  int max_samples = 1000;
+  double max_time_s = 5.0;       // stop early when a very slow call would exceed this
+  bool cold_cache = false;       // flush the last-level cache before every sample (not timed)
+  // Calls timed together as one sample; 0 = choose so that a sample takes >= ~20 us (warm only).
+  int calls_per_sample = 0;
+};
+
+// Times fn(); each sample is the per-call time in milliseconds.
+SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& options);
+
+// Evicts the last-level cache by streaming through a buffer twice its size.
+void flush_cache();
+
+}  // namespace tokamax

@@ -1,0 +1,31 @@
+// Error types thrown by tokamax. Every failure a caller can act on has its own kind:
+// InvalidArgument (bad input), Unsupported (an implementation cannot serve these arguments;
+// dispatch moves on to the next one), CacheMiss (no tuned config and the policy is "error").
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tokamax {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+class InvalidArgument : public Error {
+ public:
+  explicit InvalidArgument(const std::string& what) : Error("InvalidArgument: " + what) {}
+};
+
+class Unsupported : public Error {
+ public:
+  explicit Unsupported(const std::string& what) : Error("Unsupported: " + what) {}
+};
+
+class CacheMiss : public Error {
+ public:
+  explicit CacheMiss(const std::string& what) : Error("CacheMiss: " + what) {}
+};
+
+}  // namespace tokamax

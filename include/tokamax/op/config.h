@@ -1,0 +1,60 @@
+// Config: an implementation's tuning parameters, type-erased so the framework (ladder, cache,
+// autotuner) can store, compare, hash and serialize configs of every implementation alike.
+// An implementation defines a plain struct with
+//   Json to_json() const;  static T from_json(const Json&);  bool operator==(const T&) const;
+// and wraps it with Config::make(value). The null config (nothing to tune) serializes as {}.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <typeinfo>
+
+#include "tokamax/core/error.h"
+#include "tokamax/core/json.h"
+
+namespace tokamax {
+
+class Config {
+ public:
+  Config();  // the null config
+  static Config null() { return Config(); }
+
+  template <class T>
+  static Config make(T value) {
+    auto typed = std::make_shared<const T>(std::move(value));
+    return Config(typed->to_json(), typed, &typeid(T));
+  }
+
+  bool is_null() const { return rep_->type == nullptr; }
+  const Json& json() const { return rep_->json; }
+  const std::string& str() const { return rep_->str; }  // canonical JSON
+  uint64_t hash() const { return rep_->hash; }
+
+  template <class T>
+  const T& get() const {
+    if (rep_->type == nullptr || *rep_->type != typeid(T)) {
+      throw Error("Config " + str() + " is not a " + typeid(T).name());
+    }
+    return *static_cast<const T*>(rep_->typed.get());
+  }
+
+  friend bool operator==(const Config& a, const Config& b) { return a.str() == b.str(); }
+  friend bool operator<(const Config& a, const Config& b) { return a.str() < b.str(); }
+
+ private:
+  struct Rep {
+    Json json;
+    std::string str;
+    uint64_t hash = 0;
+    std::shared_ptr<const void> typed;
+    const std::type_info* type = nullptr;
+  };
+  Config(Json json, std::shared_ptr<const void> typed, const std::type_info* type);
+  std::shared_ptr<const Rep> rep_;
+};
+
+struct ConfigHash {
+  size_t operator()(const Config& c) const { return static_cast<size_t>(c.hash()); }
+};
+
+}  // namespace tokamax

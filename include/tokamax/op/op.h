@@ -1,0 +1,141 @@
+// The op framework: an op family (typed arguments, bind, reference implementation), its
+// implementations (config, heuristics, search space, support, prepare, run), BoundArguments
+// (op identity + canonical argument spec + key) and the registry of families.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tokamax/core/device.h"
+#include "tokamax/core/json.h"
+#include "tokamax/core/tensor.h"
+#include "tokamax/op/config.h"
+
+namespace tokamax {
+
+// Op identity + canonical argument spec. The spec maps argument names to ShapeDtype strings
+// and static values (never array values); it includes "num_threads", because the thread count
+// changes which config wins on a CPU. key() is the canonical (sorted, compact) JSON of the spec,
+// hashed once. Cheap to copy.
+class BoundArguments {
+ public:
+  BoundArguments() = default;
+  BoundArguments(std::string family, std::string implementation, Json arguments);
+
+  const std::string& family() const { return rep_->family; }
+  const std::string& implementation() const { return implementation_; }
+  const Json& arguments() const { return rep_->arguments; }
+  const std::string& key() const { return rep_->key; }
+  uint64_t key_hash() const { return rep_->hash; }
+  int num_threads() const;
+  BoundArguments with_implementation(std::string implementation) const;
+
+  // {"op": {"family": F, "implementation": I}, "arguments": {...}}.
+  Json to_json() const;
+  // Validates through the family's bind (unknown family -> InvalidArgument).
+  static BoundArguments from_json(const Json& j);
+  // A "bound-args file": a JSON list of the above.
+  static std::string dumps_list(const std::vector<BoundArguments>& list);
+  static std::vector<BoundArguments> loads_list(std::string_view text, std::string_view source = "bound-args");
+
+ private:
+  struct Rep {
+    std::string family;
+    Json arguments;
+    std::string key;
+    uint64_t hash = 0;
+  };
+  std::shared_ptr<const Rep> rep_;
+  std::string implementation_;
+};
+
+// One concrete invocation: bound arguments, input views, and output views that the
+// implementation writes. Families derive from it and add typed fields.
+class CallBase {
+ public:
+  virtual ~CallBase() = default;
+  BoundArguments bound;
+  std::vector<TensorView> outputs;
+  int num_threads = 1;
+  // Re-points the outputs (the autotuner writes into guarded buffers).
+  virtual void set_outputs(std::vector<TensorView> outs) { outputs = std::move(outs); }
+};
+
+// State an implementation builds before running (packed weights, scratch). Kept out of the
+// measured call by the autotuner; reusable across calls with the same inputs.
+class Prepared {
+ public:
+  virtual ~Prepared() = default;
+};
+
+class Implementation {
+ public:
+  virtual ~Implementation() = default;
+  virtual std::string name() const = 0;
+  // Bump when kernels or config meaning change: cached entries of another version are ignored.
+  virtual int version() const { return 1; }
+  virtual bool supported_on(const DeviceInfo&) const { return true; }
+  // Per-shape validation; throws Unsupported.
+  virtual void validate(const CallBase&) const {}
+  // False when there is nothing to tune: the null config is used with no lookup at all.
+  virtual bool has_config() const { return false; }
+  // Cheap; never throws for supported input.
+  virtual Config heuristics_config(const CallBase&) const { return Config::null(); }
+  // The search space, pruned so that every listed config is valid for this call.
+  virtual std::vector<Config> autotuning_configs(const CallBase&) const { return {}; }
+  // Decodes (and validates) a config read from a file; InvalidArgument if malformed.
+  virtual Config config_from_json(const Json& j) const;
+  // Names of the config fields, for `tokamax ops`.
+  virtual std::vector<std::string> config_fields() const { return {}; }
+  virtual int64_t scratch_bytes(const CallBase&, const Config&) const { return 0; }
+  virtual std::shared_ptr<const Prepared> prepare(const CallBase&, const Config&) const { return nullptr; }
+  virtual void run(CallBase& call, const Config& config, const Prepared* prepared) const = 0;
+};
+
+// Output comparison tolerances: |out - ref| <= atol + rtol * |ref| elementwise, and the
+// normwise relative error ||out - ref|| / ||ref|| <= normwise (0 = not checked).
+struct Tolerance {
+  double atol = 0, rtol = 0, normwise = 0;
+};
+
+struct ArgSpec {
+  std::string family;
+  std::string name;
+  Json arguments;  // what BoundArguments::from_json expects under "arguments" (num_threads optional)
+  std::vector<std::string> tags;
+  bool has_tag(const std::string& t) const;
+};
+
+class OpFamily {
+ public:
+  virtual ~OpFamily() = default;
+  virtual std::string name() const = 0;
+  // Default order (the first supported one serves). Does not include the reference.
+  virtual std::vector<std::shared_ptr<const Implementation>> implementations() const = 0;
+  virtual std::shared_ptr<const Implementation> reference() const = 0;
+  // Validates and canonicalizes a JSON argument spec (fills num_threads if absent).
+  virtual BoundArguments bind_json(const Json& arguments, const std::string& implementation) const = 0;
+  // A call with seeded random inputs and freshly allocated outputs for `bound`.
+  virtual std::unique_ptr<CallBase> make_call(const BoundArguments& bound, uint64_t seed) const = 0;
+  virtual Tolerance tolerance(const CallBase& call) const = 0;
+  virtual std::vector<ArgSpec> arg_specs() const { return {}; }
+  // True when the call moves more bytes than it computes: the autotuner measures cold-cache.
+  virtual bool memory_bound(const CallBase&) const { return false; }
+
+  // Any implementation by name, including "reference". InvalidArgument listing the names.
+  std::shared_ptr<const Implementation> implementation(const std::string& name) const;
+  std::vector<std::string> implementation_names() const;  // default order, then "reference"
+};
+
+void register_family(std::shared_ptr<const OpFamily> family);
+// InvalidArgument listing the known families.
+const OpFamily& find_family(const std::string& name);
+std::vector<std::shared_ptr<const OpFamily>> families();
+std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string& name = "",
+                                    const std::string& tag = "");
+
+}  // namespace tokamax

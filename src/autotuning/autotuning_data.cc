@@ -1,0 +1,257 @@
+// BenchmarkData, AutotuningData, AutotuningResult and AutotuningScope.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <unordered_map>
+
+#include "autotuning/scope_stack.h"
+#include "tokamax/autotuning/autotuning.h"
+#include "tokamax/autotuning/cache.h"
+#include "tokamax/core/log.h"
+
+namespace tokamax {
+
+std::string library_version() { return TOKAMAX_VERSION; }
+
+namespace {
+template <class T>
+T get_field(const Json& j, const char* name, const char* what) {
+  if (!j.is_object() || !j.contains(name)) {
+    throw InvalidArgument(std::string(what) + ": missing field '" + name + "' in " + canonical_dump(j).substr(0, 200));
+  }
+  try {
+    return j.at(name).get<T>();
+  } catch (const Json::exception& e) {
+    throw InvalidArgument(std::string(what) + ": field '" + name + "' has the wrong type: " + e.what());
+  }
+}
+}  // namespace
+
+Json BenchmarkData::to_json() const {
+  return {{"median_ms", median_ms},
+          {"evaluation_times_ms", samples_ms},
+          {"iqr_ms", iqr_ms},
+          {"prepare_time_ms", prepare_ms},
+          {"scratch_bytes", scratch_bytes},
+          {"cold_cache", cold_cache}};
+}
+
+BenchmarkData BenchmarkData::from_json(const Json& j) {
+  BenchmarkData b;
+  b.median_ms = get_field<double>(j, "median_ms", "BenchmarkData");
+  if (!std::isfinite(b.median_ms) || b.median_ms < 0) throw InvalidArgument("BenchmarkData: bad median_ms");
+  if (j.contains("evaluation_times_ms")) b.samples_ms = get_field<std::vector<double>>(j, "evaluation_times_ms", "BenchmarkData");
+  if (j.contains("iqr_ms")) b.iqr_ms = get_field<double>(j, "iqr_ms", "BenchmarkData");
+  if (j.contains("prepare_time_ms")) b.prepare_ms = get_field<double>(j, "prepare_time_ms", "BenchmarkData");
+  if (j.contains("scratch_bytes")) b.scratch_bytes = get_field<int64_t>(j, "scratch_bytes", "BenchmarkData");
+  if (j.contains("cold_cache")) b.cold_cache = get_field<bool>(j, "cold_cache", "BenchmarkData");
+  return b;
+}
+
+std::string_view failure_kind_name(FailureKind k) {
+  switch (k) {
+    case FailureKind::kUnsupported: return "unsupported";
+    case FailureKind::kWrongResult: return "wrong_result";
+    case FailureKind::kUnwritten: return "unwritten";
+    case FailureKind::kOutOfBounds: return "out_of_bounds";
+    case FailureKind::kTimeout: return "timeout";
+    case FailureKind::kException: return "exception";
+    case FailureKind::kSkipped: return "skipped";
+  }
+  return "?";
+}
+
+FailureKind parse_failure_kind(std::string_view s) {
+  for (FailureKind k : {FailureKind::kUnsupported, FailureKind::kWrongResult, FailureKind::kUnwritten,
+                        FailureKind::kOutOfBounds, FailureKind::kTimeout, FailureKind::kException,
+                        FailureKind::kSkipped}) {
+    if (failure_kind_name(k) == s) return k;
+  }
+  throw InvalidArgument("unknown failure kind '" + std::string(s) + "'");
+}
+
+Json Failure::to_json() const { return {{"kind", failure_kind_name(kind)}, {"message", message}}; }
+Failure Failure::from_json(const Json& j) {
+  return {parse_failure_kind(get_field<std::string>(j, "kind", "Failure")), get_field<std::string>(j, "message", "Failure")};
+}
+
+void AutotuningData::set(const Config& config, BenchmarkData data) {
+  entries_[config.str()] = Entry{config, std::move(data), std::nullopt};
+}
+void AutotuningData::set_failure(const Config& config, Failure failure) {
+  entries_[config.str()] = Entry{config, std::nullopt, std::move(failure)};
+}
+
+bool AutotuningData::has_success() const {
+  for (const auto& [k, e] : entries_) {
+    if (e.benchmark) return true;
+  }
+  return false;
+}
+
+const AutotuningData::Entry& AutotuningData::fastest() const {
+  const Entry* best = nullptr;
+  for (const auto& [k, e] : entries_) {
+    if (e.benchmark && (!best || e.benchmark->median_ms < best->benchmark->median_ms)) best = &e;
+  }
+  if (!best) {
+    std::string why = entries_.empty() ? "autotuning data is empty" : "all configs failed:";
+    for (const auto& [k, e] : entries_) why += "\n  " + k + ": " + std::string(failure_kind_name(e.failure->kind)) + ": " + e.failure->message;
+    throw Error(why);
+  }
+  // Tie window: within max(2 us, 1%) of the fastest, prefer less scratch memory, then speed,
+  // then the config string (std::map order) so the choice is a pure function of the data.
+  const double window = std::max(2e-3, 0.01 * best->benchmark->median_ms);
+  const Entry* pick = nullptr;
+  for (const auto& [k, e] : entries_) {
+    if (!e.benchmark || e.benchmark->median_ms > best->benchmark->median_ms + window) continue;
+    if (!pick || e.benchmark->scratch_bytes < pick->benchmark->scratch_bytes ||
+        (e.benchmark->scratch_bytes == pick->benchmark->scratch_bytes &&
+         e.benchmark->median_ms < pick->benchmark->median_ms)) {
+      pick = &e;
+    }
+  }
+  return *pick;
+}
+
+AutotuningData AutotuningData::operator|(const AutotuningData& other) const {
+  AutotuningData out = *this;
+  for (const auto& [k, e] : other.entries_) out.entries_[k] = e;
+  return out;
+}
+
+AutotuningData AutotuningData::successes() const {
+  AutotuningData out;
+  for (const auto& [k, e] : entries_) {
+    if (e.benchmark) out.entries_[k] = e;
+  }
+  return out;
+}
+
+Json AutotuningData::to_json() const {
+  Json j = Json::object();
+  for (const auto& [k, e] : entries_) {
+    j[k] = e.benchmark ? e.benchmark->to_json() : Json{{"failure", e.failure->to_json()}};
+  }
+  return j;
+}
+
+AutotuningData AutotuningData::from_json(const Json& j, const Implementation& impl) {
+  if (!j.is_object()) throw InvalidArgument("autotuning data must be a JSON object of config -> result");
+  AutotuningData d;
+  for (const auto& [k, v] : j.items()) {
+    const Config c = impl.config_from_json(parse_json(k, "config key"));
+    if (v.is_object() && v.contains("failure")) {
+      d.set_failure(c, Failure::from_json(v["failure"]));
+    } else {
+      d.set(c, BenchmarkData::from_json(v));
+    }
+  }
+  return d;
+}
+
+namespace {
+bool same_entry(const BoundArguments& a, const BoundArguments& b) {
+  return a.family() == b.family() && a.implementation() == b.implementation() && a.key() == b.key();
+}
+}  // namespace
+
+void AutotuningResult::add(const BoundArguments& bound, const AutotuningData& data) {
+  for (auto& [b, d] : data_) {
+    if (same_entry(b, bound)) {
+      d = d | data;
+      return;
+    }
+  }
+  data_.emplace_back(bound, data);
+}
+
+const AutotuningData* AutotuningResult::find(const BoundArguments& bound) const {
+  for (const auto& [b, d] : data_) {
+    if (same_entry(b, bound)) return &d;
+  }
+  return nullptr;
+}
+
+std::string AutotuningResult::dumps() const {
+  Json arr = Json::array();
+  for (const auto& [b, d] : data_) arr.push_back(Json::array({b.to_json(), d.to_json()}));
+  return Json{{"device_kind", device_kind_}, {"tokamax_version", version_}, {"data", arr}}.dump(1);
+}
+
+AutotuningResult AutotuningResult::loads(std::string_view text, std::string_view source) {
+  const Json j = parse_json(text, source);
+  const std::string src(source);
+  AutotuningResult r(get_field<std::string>(j, "device_kind", src.c_str()));
+  if (j.contains("tokamax_version")) r.version_ = get_field<std::string>(j, "tokamax_version", src.c_str());
+  const Json& data = j.contains("data") ? j["data"] : Json();
+  if (!data.is_array()) throw InvalidArgument(src + ": 'data' must be a list of [bound_arguments, data] pairs");
+  for (const Json& e : data) {
+    if (!e.is_array() || e.size() != 2) throw InvalidArgument(src + ": each data item must be [bound_arguments, data]");
+    const BoundArguments b = BoundArguments::from_json(e[0]);
+    if (b.implementation().empty()) throw InvalidArgument(src + ": bound arguments must name the implementation");
+    const auto impl = find_family(b.family()).implementation(b.implementation());
+    r.add(b, AutotuningData::from_json(e[1], *impl));
+  }
+  return r;
+}
+
+void AutotuningResult::dump(const std::string& path) const { write_file_atomic(path, dumps()); }
+
+AutotuningResult AutotuningResult::load(const std::string& path) { return loads(read_file(path), "'" + path + "'"); }
+
+AutotuningResult AutotuningResult::operator|(const AutotuningResult& other) const {
+  if (device_kind_ != other.device_kind_) {
+    throw InvalidArgument("cannot merge autotuning results of different device kinds: '" + device_kind_ +
+                          "' and '" + other.device_kind_ + "'");
+  }
+  AutotuningResult out = *this;
+  for (const auto& [b, d] : other.data_) out.add(b, d);
+  return out;
+}
+
+void AutotuningResult::dump_cache(const std::string& dir) const {
+  const std::string root = dir.empty() ? user_cache_dir() : dir;
+  // Group by file.
+  std::map<std::pair<std::string, std::string>, std::map<std::string, AutotuningData>> files;
+  for (const auto& [b, d] : data_) {
+    AutotuningData s = d.successes();
+    if (s.empty()) continue;
+    auto& m = files[{b.family(), b.implementation()}][b.key()];
+    m = m | s;
+  }
+  for (const auto& [fi, entries] : files) {
+    const auto impl = find_family(fi.first).implementation(fi.second);
+    merge_into_cache_file(cache_file_path(root, device_kind_, fi.first, fi.second), fi.first, *impl, device_kind_,
+                          entries);
+  }
+  DiskCache::global().clear();
+}
+
+// --- scopes ---
+
+namespace {
+thread_local std::vector<std::shared_ptr<const ScopeOverlay>> t_scopes;
+}  // namespace
+
+const std::vector<std::shared_ptr<const ScopeOverlay>>& active_scopes() { return t_scopes; }
+
+AutotuningScope::AutotuningScope(const AutotuningResult& result) : depth_(t_scopes.size()) {
+  auto overlay = std::make_shared<ScopeOverlay>();
+  overlay->device_kind = result.device_kind();
+  overlay->name = "AutotuningScope#" + std::to_string(depth_ + 1);
+  if (result.device_kind() != device_kind()) {
+    TOKAMAX_LOG("autotune", kWarning,
+                "AutotuningScope: result is for device kind '" + result.device_kind() + "', this is '" +
+                    device_kind() + "'; its entries will not be used");
+  }
+  for (const auto& [b, d] : result.data()) {
+    if (!d.has_success()) continue;  // all failed: a miss, as in the disk cache
+    overlay->winners[b.family() + "/" + b.implementation()][b.key()] = d.fastest().config;
+  }
+  t_scopes.push_back(std::move(overlay));
+}
+
+AutotuningScope::~AutotuningScope() { t_scopes.resize(depth_); }
+
+}  // namespace tokamax

@@ -1,0 +1,240 @@
+// The disk cache: file format, locked merging writes, lazy loading and lookups.
+#include "tokamax/autotuning/cache.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "tokamax/core/log.h"
+
+namespace tokamax {
+
+namespace fs = std::filesystem;
+
+std::string shipped_cache_dir() {
+  if (const char* env = std::getenv("TOKAMAX_DATA_DIR"); env && *env) return env;
+  std::error_code ec;
+  if (fs::is_directory(TOKAMAX_SOURCE_DATA_DIR, ec)) return TOKAMAX_SOURCE_DATA_DIR;
+  return TOKAMAX_INSTALL_DATA_DIR;
+}
+
+std::string user_cache_dir() {
+  if (const char* env = std::getenv("TOKAMAX_CACHE_DIR"); env && *env) return env;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/tokamax";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/tokamax";
+  return ".tokamax-cache";
+}
+
+std::string cache_file_path(const std::string& dir, const std::string& kind, const std::string& family,
+                            const std::string& implementation) {
+  return dir + "/" + kind + "/" + family + "_" + implementation + ".json";
+}
+
+Json CacheFile::to_json() const {
+  Json e = Json::object();
+  for (const auto& [k, v] : entries) e[k] = v;
+  return {{"schema_version", schema_version}, {"tokamax_version", tokamax_version},
+          {"family", family},                {"implementation", implementation},
+          {"implementation_version", implementation_version},
+          {"device_kind", device_kind},      {"entries", e}};
+}
+
+CacheFile CacheFile::from_json(const Json& j, const std::string& source) {
+  auto bad = [&](const std::string& why) { return InvalidArgument("cache file " + source + ": " + why); };
+  if (!j.is_object()) throw bad("not a JSON object");
+  CacheFile f;
+  try {
+    f.schema_version = j.at("schema_version").get<int>();
+    f.tokamax_version = j.value("tokamax_version", "");
+    f.family = j.at("family").get<std::string>();
+    f.implementation = j.at("implementation").get<std::string>();
+    f.implementation_version = j.at("implementation_version").get<int>();
+    f.device_kind = j.at("device_kind").get<std::string>();
+    const Json& e = j.at("entries");
+    if (!e.is_object()) throw bad("'entries' is not an object");
+    for (const auto& [k, v] : e.items()) {
+      if (!v.is_object()) throw bad("entry for key " + k.substr(0, 100) + " is not an object");
+      f.entries[k] = v;
+    }
+  } catch (const Json::exception& e) {
+    throw bad(std::string("missing or mistyped field: ") + e.what());
+  }
+  return f;
+}
+
+namespace {
+
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+    fs::create_directories(fs::path(path).parent_path());
+    fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error("cannot open lock file " + path + ".lock: " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        ::close(fd_);
+        throw Error("cannot lock " + path + ".lock: " + std::strerror(errno));
+      }
+    }
+  }
+  ~FileLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+void warn_once(const std::string& message) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, bool> seen;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (seen[message]) return;
+    seen[message] = true;
+  }
+  TOKAMAX_LOG("cache", kWarning, message);
+}
+
+// Reads a cache file for impl; nullopt (with one warning) if missing, corrupt or stale.
+std::optional<CacheFile> read_cache_file(const std::string& path, const Implementation& impl, bool warn_missing) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    if (warn_missing) warn_once("cache file " + path + " does not exist");
+    return std::nullopt;
+  }
+  try {
+    CacheFile f = CacheFile::from_json(read_json_file(path), path);
+    if (f.schema_version != kCacheSchemaVersion) {
+      warn_once("ignoring cache file " + path + ": schema version " + std::to_string(f.schema_version) +
+                ", this library reads " + std::to_string(kCacheSchemaVersion));
+      return std::nullopt;
+    }
+    if (f.implementation_version != impl.version()) {
+      warn_once("ignoring cache file " + path + ": written for implementation version " +
+                std::to_string(f.implementation_version) + " of " + impl.name() + ", this is version " +
+                std::to_string(impl.version()));
+      return std::nullopt;
+    }
+    return f;
+  } catch (const std::exception& e) {
+    warn_once("ignoring corrupt cache file " + path + ": " + e.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void merge_into_cache_file(const std::string& path, const std::string& family, const Implementation& impl,
+                           const std::string& kind, const std::map<std::string, AutotuningData>& entries) {
+  FileLock lock(path);
+  CacheFile f;
+  if (auto existing = read_cache_file(path, impl, false)) f = std::move(*existing);
+  f.schema_version = kCacheSchemaVersion;
+  f.tokamax_version = library_version();
+  f.family = family;
+  f.implementation = impl.name();
+  f.implementation_version = impl.version();
+  f.device_kind = kind;
+  for (const auto& [key, data] : entries) {
+    Json& slot = f.entries[key];
+    if (!slot.is_object()) slot = Json::object();
+    for (const auto& [cfg, v] : data.successes().to_json().items()) slot[cfg] = v;
+  }
+  write_file_atomic(path, f.to_json().dump(1));
+}
+
+namespace {
+
+struct Loaded {
+  std::unordered_map<std::string, std::pair<Config, std::string>> winners;  // key -> (config, source)
+};
+
+struct CacheState {
+  std::shared_mutex mu;
+  std::unordered_map<const Implementation*, Loaded> loaded;
+  std::unordered_map<const Implementation*, std::unordered_map<std::string, Config>> memory;
+};
+
+CacheState& state() {
+  static CacheState s;
+  return s;
+}
+
+Loaded load_for(const Implementation& impl, const std::string& family) {
+  Loaded l;
+  const std::string kind = device_kind();
+  for (const std::string& dir : {shipped_cache_dir(), user_cache_dir()}) {
+    const std::string path = cache_file_path(dir, kind, family, impl.name());
+    auto f = read_cache_file(path, impl, false);
+    if (!f) continue;
+    for (const auto& [key, configs] : f->entries) {
+      try {
+        AutotuningData d = AutotuningData::from_json(configs, impl);
+        if (!d.has_success()) continue;  // every config failed: a miss
+        l.winners[key] = {d.fastest().config, path};
+      } catch (const std::exception& e) {
+        warn_once("ignoring an entry of cache file " + path + ": " + e.what());
+      }
+    }
+  }
+  return l;
+}
+
+}  // namespace
+
+DiskCache& DiskCache::global() {
+  static DiskCache c;
+  return c;
+}
+
+std::optional<Config> DiskCache::lookup(const Implementation& impl, const BoundArguments& bound, std::string* source) {
+  CacheState& s = state();
+  {
+    std::shared_lock<std::shared_mutex> lock(s.mu);
+    if (auto m = s.memory.find(&impl); m != s.memory.end()) {
+      if (auto it = m->second.find(bound.key()); it != m->second.end()) {
+        if (source) *source = "in-memory autotuning result";
+        return it->second;
+      }
+    }
+    if (auto l = s.loaded.find(&impl); l != s.loaded.end()) {
+      auto it = l->second.winners.find(bound.key());
+      if (it == l->second.winners.end()) return std::nullopt;
+      if (source) *source = it->second.second;
+      return it->second.first;
+    }
+  }
+  Loaded fresh = load_for(impl, bound.family());
+  std::unique_lock<std::shared_mutex> lock(s.mu);
+  auto [pos, inserted] = s.loaded.emplace(&impl, std::move(fresh));
+  auto it = pos->second.winners.find(bound.key());
+  if (it == pos->second.winners.end()) return std::nullopt;
+  if (source) *source = it->second.second;
+  return it->second.first;
+}
+
+void DiskCache::put_memory(const Implementation& impl, const BoundArguments& bound, const Config& config) {
+  CacheState& s = state();
+  std::unique_lock<std::shared_mutex> lock(s.mu);
+  s.memory[&impl][bound.key()] = config;
+}
+
+void DiskCache::clear() {
+  CacheState& s = state();
+  std::unique_lock<std::shared_mutex> lock(s.mu);
+  s.loaded.clear();
+}
+
+}  // namespace tokamax

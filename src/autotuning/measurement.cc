@@ -1,0 +1,84 @@
+// Timing and cache flushing.
+#include "tokamax/autotuning/measurement.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <mutex>
+
+#include "tokamax/core/device.h"
+#include "tokamax/core/tensor.h"
+
+namespace tokamax {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+namespace {
+double quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = pos - static_cast<double>(lo);
+  return sorted[lo] * (1 - frac) + sorted[hi] * frac;
+}
+}  // namespace
+
+SampleStats SampleStats::of(std::vector<double> samples) {
+  SampleStats s;
+  std::vector<double> sorted = samples;
+  std::sort(sorted.begin(), sorted.end());
+  s.samples_ms = std::move(samples);
+  s.median_ms = quantile(sorted, 0.5);
+  s.q1_ms = quantile(sorted, 0.25);
+  s.q3_ms = quantile(sorted, 0.75);
+  s.min_ms = sorted.empty() ? 0 : sorted.front();
+  return s;
+}
+
+void flush_cache() {
+  static std::once_flag once;
+  static std::unique_ptr<Tensor> buffer;
+  std::call_once(once, [] {
+    const int64_t bytes = std::max<int64_t>(2 * device_info().l3_bytes, 8 << 20);
+    buffer = std::make_unique<Tensor>(Tensor::zeros({bytes / 8}, DType::kF64));
+  });
+  double* p = buffer->data_as<double>();
+  const int64_t n = buffer->size();
+  // Read-modify-write every line: dirty lines of the measured data are written back now,
+  // not during the next sample.
+  for (int64_t i = 0; i < n; i += 8) p[i] += 1.0;
+  asm volatile("" ::"r"(p) : "memory");
+}
+
+SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& o) {
+  for (int i = 0; i < o.warmup; ++i) fn();
+  int per = std::max(1, o.calls_per_sample);
+  if (o.calls_per_sample == 0 && !o.cold_cache) {
+    // Batch tiny calls so that clock resolution and call overhead do not dominate a sample.
+    const double t0 = now_seconds();
+    fn();
+    const double one = now_seconds() - t0;
+    per = one > 20e-6 ? 1 : static_cast<int>(std::min(1000.0, std::ceil(20e-6 / std::max(one, 1e-8))));
+  }
+  std::vector<double> samples;
+  const double start = now_seconds();
+  while (true) {
+    if (o.cold_cache) flush_cache();
+    const double t0 = now_seconds();
+    for (int i = 0; i < per; ++i) fn();
+    const double dt = now_seconds() - t0;
+    samples.push_back(dt * 1e3 / per);
+    const double elapsed = now_seconds() - start;
+    const int n = static_cast<int>(samples.size());
+    if (n >= o.max_samples) break;
+    if (n >= o.min_samples && elapsed >= o.min_time_s) break;
+    if (n >= 3 && elapsed >= o.max_time_s) break;
+  }
+  return SampleStats::of(std::move(samples));
+}
+
+}  // namespace tokamax

@@ -1,0 +1,101 @@
+// The roofline measurement: peak loops timed on 1 and all threads; memory loops over buffers
+// far larger than the last-level cache.
+#include "tokamax/autotuning/roofline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "autotuning/roofline_kernels.h"
+#include "core/thread_pool.h"
+#include "tokamax/autotuning/measurement.h"
+#include "tokamax/core/device.h"
+#include "tokamax/core/tensor.h"
+
+namespace tokamax {
+namespace {
+
+constexpr int kRuns = 5;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Runs body(thread) on `threads` threads at once kRuns times; returns the median of
+// work_per_thread * threads / seconds.
+template <class Body>
+double rate(int threads, double work_per_thread, Body body) {
+  std::vector<double> rates;
+  std::atomic<float> sink{0};
+  ThreadPool& pool = ThreadPool::global();
+  for (int r = 0; r < kRuns + 1; ++r) {
+    const double t0 = now_seconds();
+    pool.run(threads, [&](int t) { sink.store(body(t), std::memory_order_relaxed); });
+    const double dt = now_seconds() - t0;
+    if (r > 0) rates.push_back(work_per_thread * threads / dt);  // run 0 warms up
+  }
+  return median(rates);
+}
+
+}  // namespace
+
+Json Roofline::to_json() const {
+  return {{"threads", threads},
+          {"f32_fma_gflops_1core", f32_gflops_1core},
+          {"f32_fma_gflops_all", f32_gflops_all},
+          {"bf16_dot_gflops_1core", bf16_gflops_1core},
+          {"bf16_dot_gflops_all", bf16_gflops_all},
+          {"mem_read_gbps_1core", read_gbps_1core},
+          {"mem_read_gbps_all", read_gbps_all},
+          {"mem_copy_gbps_all", copy_gbps_all}};
+}
+
+Roofline measure_roofline() {
+  const DeviceInfo& dev = device_info();
+  Roofline r;
+  r.threads = std::min(num_threads(), ThreadPool::global().size());
+  const int64_t iters = 4'000'000;  // ~50 ms per run at peak
+  if (dev.isa.has_avx512()) {
+    const double flops = static_cast<double>(iters) * 12 * 16 * 2;
+    r.f32_gflops_1core = rate(1, flops, [&](int) { return roofline::fma_f32_avx512(iters); }) / 1e9;
+    r.f32_gflops_all = rate(r.threads, flops, [&](int) { return roofline::fma_f32_avx512(iters); }) / 1e9;
+  }
+  if (dev.isa.has_avx2_fma()) {
+    const double flops = static_cast<double>(iters) * 12 * 8 * 2;
+    // On some chips (Zen 4) 256-bit FMAs reach the same or a higher rate: take the best ISA.
+    r.f32_gflops_1core = std::max(r.f32_gflops_1core,
+                                  rate(1, flops, [&](int) { return roofline::fma_f32_avx2(iters); }) / 1e9);
+    r.f32_gflops_all = std::max(r.f32_gflops_all,
+                                rate(r.threads, flops, [&](int) { return roofline::fma_f32_avx2(iters); }) / 1e9);
+  }
+  if (dev.isa.has_avx512_bf16()) {
+    const double flops = static_cast<double>(iters) * 12 * 16 * 4;
+    r.bf16_gflops_1core = rate(1, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;
+    r.bf16_gflops_all = rate(r.threads, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;
+  }
+  if (dev.isa.has_avx2_fma()) {
+    const int64_t per_thread = std::max<int64_t>(64 << 20, 2 * dev.l3_bytes) / 4;  // floats
+    Tensor src = Tensor::full({per_thread * r.threads}, DType::kF32, 1.0);
+    Tensor dst = Tensor::zeros({per_thread * r.threads}, DType::kF32);
+    const float* s = src.data_as<float>();
+    float* d = dst.data_as<float>();
+    const double bytes = static_cast<double>(per_thread) * 4;
+    r.read_gbps_1core = rate(1, bytes, [&](int) { return roofline::read_f32_avx2(s, per_thread); }) / 1e9;
+    r.read_gbps_all = rate(r.threads, bytes, [&](int t) {
+                        return roofline::read_f32_avx2(s + per_thread * t, per_thread);
+                      }) / 1e9;
+    r.copy_gbps_all = rate(r.threads, 2 * bytes, [&](int t) {
+                        roofline::copy_f32_avx2(s + per_thread * t, d + per_thread * t, per_thread);
+                        return 0.f;
+                      }) / 1e9;
+  }
+  return r;
+}
+
+const Roofline& cached_roofline() {
+  static const Roofline r = measure_roofline();
+  return r;
+}
+
+}  // namespace tokamax

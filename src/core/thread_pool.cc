@@ -1,0 +1,120 @@
+// ThreadPool implementation.
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "tokamax/core/device.h"
+
+namespace tokamax {
+
+ThreadPool::ThreadPool(int num_threads) {
+  for (int i = 1; i < std::max(1, num_threads); ++i) {
+    workers_.emplace_back([this, i] { worker_loop(i); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    generation_.fetch_add(1);
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  while (true) {
+    // Spin a little first: kernels are often called back to back.
+    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return generation_.load() != seen; });
+    seen = generation_.load();
+    if (stop_) return;
+    const bool participate = index < active_threads_;
+    const auto* fn = fn_;
+    lock.unlock();
+    if (participate) {
+      try {
+        (*fn)(index);
+      } catch (...) {
+        std::lock_guard<std::mutex> elock(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> elock(mu_);
+        cv_.notify_all();
+      }
+    }
+  }
+}
+
+void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
+  threads = std::clamp(threads, 1, size());
+  if (threads == 1) {
+    fn(0);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    active_threads_ = threads;
+    error_ = nullptr;
+    pending_.store(threads - 1);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  cv_.notify_all();
+  std::exception_ptr mine;
+  try {
+    fn(0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0 && spin < 200000; ++spin) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_.load() == 0; });
+  fn_ = nullptr;
+  if (mine) std::rethrow_exception(mine);
+  if (error_) std::rethrow_exception(error_);
+}
+
+ThreadPool& ThreadPool::global() {
+  static std::mutex mu;
+  static std::unique_ptr<ThreadPool> pool;
+  const int want = num_threads();
+  std::lock_guard<std::mutex> lock(mu);
+  if (!pool || pool->size() < want) {
+    pool.reset();
+    pool = std::make_unique<ThreadPool>(want);
+  }
+  return *pool;
+}
+
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {
+  if (n <= 0) return;
+  threads = static_cast<int>(std::min<int64_t>(threads, n));
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  ThreadPool::global().run(threads, [&](int t) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      fn(i, t);
+    }
+  });
+}
+
+}  // namespace tokamax

@@ -1,0 +1,50 @@
+// A persistent thread pool for kernels: parallel_for over work items with low start-up cost
+// (workers spin briefly before sleeping, so back-to-back small calls do not pay for wake-ups).
+// Internal: kernels and the autotuner's parallel preparation use it; not part of the public API.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tokamax {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // Runs fn(thread_index) on `threads` threads (the caller is thread 0) and waits for all.
+  // threads is clamped to [1, size()]. Exceptions from any thread are rethrown (the first one).
+  void run(int threads, const std::function<void(int)>& fn);
+
+  // The process-wide pool used by kernels, grown on demand to num_threads().
+  static ThreadPool& global();
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::mutex run_mu_;  // one run() at a time
+  std::condition_variable cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  int active_threads_ = 0;
+  const std::function<void(int)>* fn_ = nullptr;
+  std::exception_ptr error_;
+  bool stop_ = false;
+};
+
+// Splits [0, n) items over `threads` workers with dynamic scheduling (an atomic counter), so
+// skewed item costs still balance. fn(item, thread_index).
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn);
+
+}  // namespace tokamax

@@ -1,0 +1,194 @@
+// Dispatch and the resolution ladder.
+#include "tokamax/op/dispatch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_set>
+
+#include "tokamax/core/log.h"
+
+namespace tokamax {
+namespace {
+
+thread_local std::optional<CacheMissPolicy> t_policy;
+thread_local CallRecorder* t_recorder = nullptr;
+std::atomic<const TuningBackend*> g_backend{nullptr};
+
+void warn_miss_once(const OpFamily& family, const Implementation& impl, const BoundArguments& bound) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> seen;
+  const std::string id = family.name() + "/" + impl.name() + "/" + bound.key();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!seen.insert(id).second) return;
+  }
+  TOKAMAX_LOG("autotune", kWarning,
+              "autotuning cache miss for op " + family.name() + " (implementation " + impl.name() +
+                  ") on device kind " + device_kind() + " with key " + bound.key() +
+                  "; using the heuristics config");
+}
+
+}  // namespace
+
+void record_call(const BoundArguments& b) {
+  for (CallRecorder* r = t_recorder; r; r = r->outer_) r->calls_.push_back(b);
+}
+
+CallRecorder::CallRecorder() : outer_(t_recorder) { t_recorder = this; }
+CallRecorder::~CallRecorder() { t_recorder = outer_; }
+
+CacheMissPolicy parse_cache_miss_policy(std::string_view s) {
+  if (s == "heuristics") return CacheMissPolicy::kHeuristics;
+  if (s == "autotune") return CacheMissPolicy::kAutotune;
+  if (s == "error") return CacheMissPolicy::kError;
+  throw InvalidArgument("cache-miss policy '" + std::string(s) + "': expected heuristics, autotune or error");
+}
+
+std::string_view cache_miss_policy_name(CacheMissPolicy p) {
+  switch (p) {
+    case CacheMissPolicy::kHeuristics: return "heuristics";
+    case CacheMissPolicy::kAutotune: return "autotune";
+    case CacheMissPolicy::kError: return "error";
+  }
+  return "?";
+}
+
+CacheMissPolicy cache_miss_policy() {
+  if (t_policy) return *t_policy;
+  const char* env = std::getenv("TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK");
+  if (!env || !*env) return CacheMissPolicy::kHeuristics;
+  try {
+    return parse_cache_miss_policy(env);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string("TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK: ") + e.what());
+  }
+}
+
+CacheMissPolicyScope::CacheMissPolicyScope(CacheMissPolicy policy) : previous_(t_policy) { t_policy = policy; }
+CacheMissPolicyScope::~CacheMissPolicyScope() { t_policy = previous_; }
+
+std::string_view rung_name(Rung r) {
+  switch (r) {
+    case Rung::kExplicit: return "explicit";
+    case Rung::kNullConfig: return "null_config";
+    case Rung::kScope: return "autotuning_scope";
+    case Rung::kDiskCache: return "disk_cache";
+    case Rung::kHeuristics: return "heuristics";
+    case Rung::kAutotuned: return "autotuned";
+  }
+  return "?";
+}
+
+void set_tuning_backend(const TuningBackend* backend) { g_backend.store(backend); }
+
+Resolution resolve_config(const OpFamily& family, const Implementation& impl, const CallBase& call,
+                          const std::optional<Config>& explicit_config) {
+  Resolution r;
+  if (explicit_config) {
+    r.config = *explicit_config;
+    r.rung = Rung::kExplicit;
+    r.detail = "given by the caller";
+    return r;
+  }
+  if (!impl.has_config()) {
+    r.rung = Rung::kNullConfig;
+    r.detail = "implementation has nothing to tune";
+    return r;
+  }
+  const TuningBackend* backend = g_backend.load(std::memory_order_acquire);
+  const BoundArguments bound = call.bound.with_implementation(impl.name());
+  if (backend) {
+    if (auto c = backend->scope_lookup(impl, bound, &r.detail)) {
+      r.config = *c;
+      r.rung = Rung::kScope;
+      return r;
+    }
+    if (auto c = backend->cache_lookup(impl, bound, &r.detail)) {
+      r.config = *c;
+      r.rung = Rung::kDiskCache;
+      return r;
+    }
+  }
+  switch (cache_miss_policy()) {
+    case CacheMissPolicy::kError:
+      throw CacheMiss("no tuned config for op " + family.name() + " implementation " + impl.name() +
+                      " on device kind " + device_kind() + " with bound arguments " + canonical_dump(bound.to_json()) +
+                      " (policy 'error'; tune it with `tokamax autotune` or set "
+                      "TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK=heuristics)");
+    case CacheMissPolicy::kAutotune:
+      if (backend) {
+        if (auto c = backend->autotune_now(family, impl, bound, &r.detail)) {
+          r.config = *c;
+          r.rung = Rung::kAutotuned;
+          return r;
+        }
+      }
+      [[fallthrough]];
+    case CacheMissPolicy::kHeuristics:
+      warn_miss_once(family, impl, bound);
+      r.config = impl.heuristics_config(call);
+      r.rung = Rung::kHeuristics;
+      if (r.detail.empty()) r.detail = "cache miss; heuristics";
+      return r;
+  }
+  return r;
+}
+
+namespace {
+
+template <class OnImpl>
+std::string walk(const OpFamily& family, const CallBase& call, const CallOptions& options,
+                 std::vector<std::pair<std::string, std::string>>* skipped, OnImpl on_impl) {
+  if (options.config && options.implementation.empty()) {
+    throw InvalidArgument("an explicit config for op " + family.name() +
+                          " needs the implementation it is for (CallOptions::implementation)");
+  }
+  if (!options.implementation.empty()) {
+    auto impl = family.implementation(options.implementation);
+    if (!impl->supported_on(device_info())) {
+      throw Unsupported(family.name() + " implementation " + impl->name() + " is not supported on " + device_kind());
+    }
+    impl->validate(call);
+    on_impl(*impl);
+    return impl->name();
+  }
+  std::string reasons;
+  for (const auto& impl : family.implementations()) {
+    try {
+      if (!impl->supported_on(device_info())) throw Unsupported("not supported on " + device_kind());
+      impl->validate(call);
+    } catch (const Unsupported& e) {
+      if (skipped) skipped->emplace_back(impl->name(), e.what());
+      reasons += "\n  " + impl->name() + ": " + e.what();
+      continue;
+    }
+    on_impl(*impl);
+    return impl->name();
+  }
+  throw Unsupported("no implementation of " + family.name() + " can serve " + call.bound.key() + ":" + reasons);
+}
+
+}  // namespace
+
+std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& options) {
+  return walk(family, call, options, nullptr, [&](const Implementation& impl) {
+    const Resolution r = resolve_config(family, impl, call, options.config);
+    if (t_recorder) record_call(call.bound.with_implementation(impl.name()));
+    TOKAMAX_LOG("dispatch", kDebug,
+                family.name() + " -> " + impl.name() + " config " + r.config.str() + " (" +
+                    std::string(rung_name(r.rung)) + ")");
+    auto prepared = impl.prepare(call, r.config);
+    impl.run(call, r.config, prepared.get());
+  });
+}
+
+Explanation explain(const OpFamily& family, const CallBase& call, const CallOptions& options) {
+  Explanation e;
+  e.implementation = walk(family, call, options, &e.skipped, [&](const Implementation& impl) {
+    e.resolution = resolve_config(family, impl, call, options.config);
+  });
+  return e;
+}
+
+}  // namespace tokamax

@@ -1,0 +1,92 @@
+// The registry of op families. Built-in families register on first use (no static-init order
+// dependence); tests and extensions add theirs with register_family.
+#include <algorithm>
+#include <mutex>
+
+#include "tokamax/op/op.h"
+
+namespace tokamax {
+
+void register_builtin_families();  // src/ops/*/api.cc
+
+namespace {
+std::mutex& mu() {
+  static std::mutex m;
+  return m;
+}
+std::vector<std::shared_ptr<const OpFamily>>& storage() {
+  static std::vector<std::shared_ptr<const OpFamily>> v;
+  return v;
+}
+void ensure_builtins() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_builtin_families(); });
+}
+}  // namespace
+
+void register_family(std::shared_ptr<const OpFamily> family) {
+  std::lock_guard<std::mutex> lock(mu());
+  auto& v = storage();
+  for (auto& f : v) {
+    if (f->name() == family->name()) {
+      f = std::move(family);
+      return;
+    }
+  }
+  v.push_back(std::move(family));
+}
+
+std::vector<std::shared_ptr<const OpFamily>> families() {
+  ensure_builtins();
+  std::lock_guard<std::mutex> lock(mu());
+  return storage();
+}
+
+const OpFamily& find_family(const std::string& name) {
+  ensure_builtins();
+  std::lock_guard<std::mutex> lock(mu());
+  std::string known;
+  for (const auto& f : storage()) {
+    if (f->name() == name) return *f;
+    known += (known.empty() ? "" : ", ") + f->name();
+  }
+  throw InvalidArgument("unknown op '" + name + "'; known ops: " + known);
+}
+
+std::shared_ptr<const Implementation> OpFamily::implementation(const std::string& impl) const {
+  if (impl == "reference") return reference();
+  for (const auto& i : implementations()) {
+    if (i->name() == impl) return i;
+  }
+  std::string known;
+  for (const auto& n : implementation_names()) known += (known.empty() ? "" : ", ") + n;
+  throw InvalidArgument("unknown implementation '" + impl + "' of op '" + name() + "'; known: " + known);
+}
+
+std::vector<std::string> OpFamily::implementation_names() const {
+  std::vector<std::string> names;
+  for (const auto& i : implementations()) names.push_back(i->name());
+  names.push_back("reference");
+  return names;
+}
+
+std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string& name, const std::string& tag) {
+  std::vector<ArgSpec> out;
+  for (const auto& f : families()) {
+    if (!family.empty() && f->name() != family) continue;
+    for (auto& s : f->arg_specs()) {
+      if (!name.empty() && s.name != name) continue;
+      if (!tag.empty() && !s.has_tag(tag)) continue;
+      out.push_back(std::move(s));
+    }
+  }
+  if (!name.empty() && out.empty()) {
+    std::string known;
+    for (const auto& s : find_arg_specs(family)) known += (known.empty() ? "" : ", ") + s.name;
+    throw InvalidArgument("unknown spec '" + name + "'" + (family.empty() ? "" : " for op '" + family + "'") +
+                          "; known: " + known);
+  }
+  return out;
+}
+
+}  // namespace tokamax

@@ -1,0 +1,107 @@
+// Public ragged_dot functions: bind, allocate the output, dispatch.
+#include "ops/ragged_dot/base.h"
+#include "tokamax/op/dispatch.h"
+
+namespace tokamax {
+
+void register_builtin_families() {
+  register_family(std::shared_ptr<const OpFamily>(&rdot::family(), [](const OpFamily*) {}));
+}
+
+namespace {
+
+using rdot::RaggedDotCall;
+
+Tensor run_call(RaggedDotCall& c, const RaggedDotOptions& o) {
+  const ShapeDtype out = rdot::output_spec(c);
+  Tensor t(out.shape, out.dtype);
+  c.outputs = {t.view()};
+  dispatch(rdot::family(), c, CallOptions{o.implementation, o.config});
+  return t;
+}
+
+}  // namespace
+
+Tensor ragged_dot_general(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
+                          RaggedDimNums dims, const RaggedDotOptions& o) {
+  RaggedDotCall c;
+  rdot::bind_call(c, lhs, rhs.spec(), group_sizes, dims, o);
+  c.rhs = rhs;
+  return run_call(c, o);
+}
+
+Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
+                  const RaggedDotOptions& o) {
+  return ragged_dot_general(lhs, rhs, group_sizes, RaggedDimNums::kForward, o);
+}
+
+Tensor ragged_dot(const TensorView& lhs, const PackedRhs& rhs, std::span<const int32_t> group_sizes,
+                  const RaggedDotOptions& o) {
+  if (rhs.empty()) throw InvalidArgument("ragged_dot: rhs is an empty PackedRhs");
+  RaggedDotCall c;
+  rdot::bind_call(c, lhs, rhs.logical(), group_sizes, rhs.dim_nums(), o);
+  c.packed = rhs;
+  return run_call(c, o);
+}
+
+Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, const TensorView& group_sizes,
+                  const RaggedDotOptions& o) {
+  if (group_sizes.dtype() != DType::kI32 || group_sizes.rank() != 1 || !group_sizes.is_contiguous()) {
+    throw InvalidArgument("ragged_dot: group_sizes has spec " + group_sizes.spec().str() +
+                          "; expected a contiguous i32[G] tensor");
+  }
+  return ragged_dot(lhs, rhs, std::span<const int32_t>(group_sizes.data_as<const int32_t>(), group_sizes.dim(0)), o);
+}
+
+RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
+                              const TensorView& dout, const RaggedDotOptions& o) {
+  RaggedDotCall c;
+  rdot::bind_call(c, lhs, rhs.spec(), group_sizes, RaggedDimNums::kForward, o);
+  if (dout.rank() != 2 || dout.dim(0) != c.m || dout.dim(1) != c.n || !dout.is_contiguous()) {
+    throw InvalidArgument("ragged_dot_vjp: dout has spec " + dout.spec().str() + "; expected contiguous [" +
+                          std::to_string(c.m) + "," + std::to_string(c.n) + "]");
+  }
+  // Cotangent of the pre-activation output, in f32.
+  Tensor dpre({c.m, c.n}, DType::kF32);
+  float* dp = dpre.data_as<float>();
+  if (o.activation != Activation::kNone) {
+    RaggedDotOptions fo = o;
+    fo.activation = Activation::kNone;
+    fo.preferred_element_type = DType::kF32;
+    fo.config.reset();
+    const Tensor pre = ragged_dot(lhs, rhs, group_sizes, fo);
+    for (int64_t i = 0; i < c.m * c.n; ++i) {
+      dp[i] = static_cast<float>(dout.get(i) * rdot::activation_grad(o.activation, pre.data_as<float>()[i]));
+    }
+  } else {
+    for (int64_t i = 0; i < c.m * c.n; ++i) dp[i] = static_cast<float>(dout.get(i));
+  }
+  // dpre in the dtype the primal used for its operands, so the same kernels serve.
+  Tensor dcast;
+  TensorView dview = dpre.view();
+  if (lhs.dtype() == DType::kBF16) {
+    dcast = Tensor({c.m, c.n}, DType::kBF16);
+    for (int64_t i = 0; i < c.m * c.n; ++i) dcast.data_as<uint16_t>()[i] = f32_to_bf16(dp[i]);
+    dview = dcast.view();
+  }
+  RaggedDotOptions go;
+  go.implementation = o.implementation;
+  go.precision = o.precision;
+  go.preferred_element_type = DType::kF32;
+  RaggedDotGrads grads;
+  // dlhs[M,K] = dpre[M,N] x rhs[g]^T: the transposed-rhs form with rhs [G,K,N] read as [G,N',K'].
+  Tensor dl = ragged_dot_general(dview, rhs, group_sizes, RaggedDimNums::kTransposedRhs, go);
+  // drhs[g] = lhs[rows_g]^T x dpre[rows_g]: the ragged-contracting form.
+  Tensor dr = ragged_dot_general(lhs, dview, group_sizes, RaggedDimNums::kRaggedContracting, go);
+  auto cast = [](Tensor t, DType to) {
+    if (to == DType::kF32) return t;
+    Tensor out(t.shape(), to);
+    for (int64_t i = 0; i < t.size(); ++i) out.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
+    return out;
+  };
+  grads.dlhs = cast(std::move(dl), lhs.dtype());
+  grads.drhs = cast(std::move(dr), rhs.dtype());
+  return grads;
+}
+
+}  // namespace tokamax

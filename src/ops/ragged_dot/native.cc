@@ -1,0 +1,435 @@
+// The native ragged_dot: packed weights, cache-blocked loops around SIMD microkernels chosen at
+// run time, threads over (group, row block, column block) work items scheduled dynamically so
+// skewed groups still balance. Loops (BLIS order, per work item):
+//   for kb in K step kc:           (A block mc x kc stays in L2)
+//     for panel in item's columns: (B panel kc x nr stays in L1)
+//       for row tile of mr rows:   microkernel
+//   epilogue: activation on the f32 accumulator, convert, store.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/thread_pool.h"
+#include "ops/ragged_dot/base.h"
+#include "ops/ragged_dot/native_kernels.h"
+
+namespace tokamax {
+
+using rdot::RaggedDotCall;
+namespace k = rdot::kernels;
+
+struct PackedRhs::Rep {
+  ShapeDtype logical;
+  RaggedDimNums dims = RaggedDimNums::kForward;
+  const k::KernelSet* ks = nullptr;
+  bool bf16_pairs = false;  // else f32 panels
+  int64_t g = 0, kdim = 0, n = 0, panels = 0, panel_elems = 0;  // elements are floats or pairs
+  Tensor data;
+  const void* group(int64_t gi) const {
+    return static_cast<const uint8_t*>(data.data()) + gi * panels * panel_elems * 4;
+  }
+};
+
+ShapeDtype PackedRhs::logical() const { return rep_->logical; }
+RaggedDimNums PackedRhs::dim_nums() const { return rep_->dims; }
+
+Json RaggedDotNativeConfig::to_json() const { return {{"mr", mr}, {"mc", mc}, {"kc", kc}, {"nc", nc}}; }
+
+RaggedDotNativeConfig RaggedDotNativeConfig::from_json(const Json& j) {
+  RaggedDotNativeConfig c;
+  try {
+    c.mr = j.at("mr").get<int>();
+    c.mc = j.at("mc").get<int>();
+    c.kc = j.at("kc").get<int>();
+    c.nc = j.at("nc").get<int>();
+  } catch (const Json::exception& e) {
+    throw InvalidArgument("ragged_dot native config " + canonical_dump(j) + ": expected integer fields mr, mc, kc, nc (" +
+                          e.what() + ")");
+  }
+  return c;
+}
+
+namespace rdot {
+namespace {
+
+// Builds packed weights (parallel over panels).
+std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums dims, Precision precision, int threads) {
+  if (dims == RaggedDimNums::kRaggedContracting) throw InvalidArgument("pack_rhs: ragged_contracting rhs is not packed");
+  if (rhs.rank() != 3) throw InvalidArgument("pack_rhs: rhs has shape " + rhs.spec().str() + "; expected rank 3");
+  if (!rhs.is_contiguous()) throw InvalidArgument("pack_rhs: rhs " + rhs.spec().str() + " must be contiguous");
+  if (rhs.dtype() != DType::kF32 && rhs.dtype() != DType::kBF16) {
+    throw InvalidArgument("pack_rhs: rhs dtype " + std::string(dtype_name(rhs.dtype())) + "; expected f32 or bf16");
+  }
+  auto r = std::make_shared<PackedRhs::Rep>();
+  r->logical = rhs.spec();
+  r->dims = dims;
+  r->ks = &k::best_kernels();
+  const bool trans = dims == RaggedDimNums::kTransposedRhs;
+  r->g = rhs.dim(0);
+  r->kdim = trans ? rhs.dim(2) : rhs.dim(1);
+  r->n = trans ? rhs.dim(1) : rhs.dim(2);
+  const int nr = r->ks->nr;
+  r->panels = (r->n + nr - 1) / nr;
+  r->bf16_pairs = rhs.dtype() == DType::kBF16 && precision == Precision::kDefault && r->ks->bf16 != nullptr;
+  r->panel_elems = (r->bf16_pairs ? (r->kdim + 1) / 2 : r->kdim) * nr;
+  r->data = Tensor({r->g * r->panels * r->panel_elems}, DType::kF32);
+  const bool src_bf16 = rhs.dtype() == DType::kBF16;
+  const int64_t per_group = r->kdim * r->n;
+  const size_t es = dtype_size(rhs.dtype());
+  parallel_for(r->g * r->panels, threads, [&](int64_t item, int) {
+    const int64_t gi = item / r->panels, p = item % r->panels;
+    const void* src = static_cast<const uint8_t*>(rhs.data()) + gi * per_group * static_cast<int64_t>(es);
+    void* dst = const_cast<void*>(r->group(gi));
+    if (r->bf16_pairs) {
+      k::pack_panels_bf16(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<uint32_t*>(dst), p, p + 1);
+    } else {
+      k::pack_panels_f32(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<float*>(dst), p, p + 1);
+    }
+  });
+  return r;
+}
+
+struct PreparedPack : Prepared {
+  PackedRhs packed;
+};
+
+// Packing does not depend on the config, so candidates prepared in parallel share one pack of
+// the same weights (keyed by data pointer and spec; weak, so it dies with its last user).
+PackedRhs shared_pack(const RaggedDotCall& c) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, std::string, int, int>, std::weak_ptr<const PackedRhs::Rep>> cache;
+  static std::map<std::tuple<const void*, std::string, int, int>, std::shared_ptr<std::mutex>> building;
+  const auto key = std::make_tuple(c.rhs.data(), c.rhs.spec().str(), static_cast<int>(c.dims), static_cast<int>(c.precision));
+  std::shared_ptr<std::mutex> m;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto sp = cache[key].lock()) return PackedRhs(sp);
+    auto& b = building[key];
+    if (!b) b = std::make_shared<std::mutex>();
+    m = b;
+  }
+  std::lock_guard<std::mutex> build_lock(*m);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto sp = cache[key].lock()) return PackedRhs(sp);
+  }
+  auto rep = pack(c.rhs, c.dims, c.precision, c.num_threads);
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = rep;
+  building.erase(key);
+  return PackedRhs(rep);
+}
+
+struct Item {
+  int64_t g, m0, rows, n0, cols;
+};
+
+class Native : public Implementation {
+ public:
+  std::string name() const override { return "native"; }
+  int version() const override { return 1; }
+  bool has_config() const override { return true; }
+  std::vector<std::string> config_fields() const override { return {"mr", "mc", "kc", "nc"}; }
+
+  void validate(const CallBase& base) const override {
+    const auto& c = static_cast<const RaggedDotCall&>(base);
+    if (!c.lhs.is_contiguous()) throw Unsupported("native needs a contiguous lhs, got strides of " + c.lhs.spec().str());
+    if (c.packed.empty() && c.rhs.data() && !c.rhs.is_contiguous()) {
+      throw Unsupported("native needs a contiguous rhs " + c.rhs.spec().str());
+    }
+    if (!c.packed.empty()) {
+      const auto* r = c.packed.rep();
+      if (r->ks != &k::best_kernels()) throw Unsupported("packed rhs was packed for another ISA");
+      const bool want_pairs = r->logical.dtype == DType::kBF16 && c.precision == Precision::kDefault && r->ks->bf16;
+      if (r->bf16_pairs != want_pairs) throw Unsupported("packed rhs precision differs from the call's precision");
+    }
+  }
+
+  Config config_from_json(const Json& j) const override {
+    const auto c = RaggedDotNativeConfig::from_json(j);
+    check(c, k::best_kernels());
+    return Config::make(c);
+  }
+
+  static void check(const RaggedDotNativeConfig& c, const k::KernelSet& ks) {
+    if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 || c.kc % 2 != 0 || c.nc < ks.nr ||
+        c.nc % ks.nr != 0) {
+      throw InvalidArgument("ragged_dot native config " + canonical_dump(c.to_json()) + " is invalid for ISA " + ks.name +
+                            ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
+                            ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(ks.nr));
+    }
+  }
+
+  static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+  // Rows and columns that the kernel's "M" and "N" mean for this call.
+  static void problem(const RaggedDotCall& c, int64_t* max_rows, int64_t* cols, int64_t* depth, int64_t* groups_nonempty) {
+    *groups_nonempty = 0;
+    int64_t mx = 0;
+    for (int32_t s : c.group_sizes) {
+      mx = std::max<int64_t>(mx, s);
+      *groups_nonempty += s > 0;
+    }
+    if (c.dims == RaggedDimNums::kRaggedContracting) {
+      *max_rows = c.k;
+      *cols = c.n;
+      *depth = mx;
+    } else {
+      *max_rows = mx;
+      *cols = c.n;
+      *depth = c.k;
+    }
+  }
+
+  Config heuristics_config(const CallBase& base) const override {
+    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& ks = k::best_kernels();
+    int64_t rows, cols, depth, ng;
+    problem(c, &rows, &cols, &depth, &ng);
+    RaggedDotNativeConfig cfg;
+    cfg.mr = static_cast<int>(std::clamp<int64_t>(rows, 1, ks.max_mr));
+    if (ks.max_mr == 12 && rows >= 12) cfg.mr = 12;
+    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 8));
+    cfg.kc = static_cast<int>(std::clamp<int64_t>(round_up(std::max<int64_t>(depth, 2), 2), 2, 256));
+    // Enough work items to balance threads, as wide as possible otherwise.
+    const int64_t row_blocks = std::max<int64_t>(1, ng) * std::max<int64_t>(1, (rows + cfg.mc - 1) / cfg.mc);
+    const int64_t want = 4 * std::max(1, c.num_threads);
+    int nc = 512;
+    while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
+    cfg.nc = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr, 1 << 20));
+    cfg.nc = static_cast<int>(round_up(cfg.nc, ks.nr));
+    return Config::make(cfg);
+  }
+
+  std::vector<Config> autotuning_configs(const CallBase& base) const override {
+    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& ks = k::best_kernels();
+    int64_t rows, cols, depth, ng;
+    problem(c, &rows, &cols, &depth, &ng);
+    std::vector<Config> out;
+    std::vector<int> mrs = ks.max_mr >= 12 ? std::vector<int>{4, 8, 12} : std::vector<int>{2, 4, ks.max_mr};
+    for (int mr : mrs) {
+      if (mr > std::max<int64_t>(rows, 1) && mr != mrs.front()) continue;  // taller tiles than rows: pruned
+      for (int mcf : {4, 8, 16}) {
+        const int mc = mr * mcf;
+        if (mc > round_up(std::max<int64_t>(rows, 1), mr) * 2 && mcf != 4) continue;
+        for (int kc : {128, 256, 512}) {
+          if (kc > round_up(std::max<int64_t>(depth, 2), 2) * 2 && kc != 128) continue;
+          for (int nc : {64, 128, 256, 512}) {
+            if (nc % ks.nr || nc > round_up(std::max<int64_t>(cols, 1), ks.nr) * 2) continue;
+            out.push_back(Config::make(RaggedDotNativeConfig{mr, mc, kc, nc}));
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  int64_t scratch_bytes(const CallBase& base, const Config& config) const override {
+    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& cfg = config.get<RaggedDotNativeConfig>();
+    const int64_t per_thread = static_cast<int64_t>(cfg.mc) * cfg.nc * 4 + static_cast<int64_t>(cfg.mc) * (cfg.kc / 2) * 4;
+    return per_thread * c.num_threads;
+  }
+
+  std::shared_ptr<const Prepared> prepare(const CallBase& base, const Config&) const override {
+    const auto& c = static_cast<const RaggedDotCall&>(base);
+    if (c.dims == RaggedDimNums::kRaggedContracting || !c.packed.empty()) return nullptr;
+    auto p = std::make_shared<PreparedPack>();
+    p->packed = shared_pack(c);
+    return p;
+  }
+
+  void run(CallBase& base, const Config& config, const Prepared* prepared) const override {
+    auto& c = static_cast<RaggedDotCall&>(base);
+    const auto& cfg = config.get<RaggedDotNativeConfig>();
+    const auto& ks = k::best_kernels();
+    check(cfg, ks);
+    if (c.dims == RaggedDimNums::kRaggedContracting) {
+      run_contracting(c, cfg, ks);
+      return;
+    }
+    PackedRhs packed = c.packed;
+    if (packed.empty()) {
+      const auto* pp = dynamic_cast<const PreparedPack*>(prepared);
+      packed = pp ? pp->packed : PackedRhs(pack(c.rhs, c.dims, c.precision, c.num_threads));
+    }
+    const PackedRhs::Rep& r = *packed.rep();
+    const int64_t N = c.n, K = c.k;
+    char* out = static_cast<char*>(c.out().data());
+    const size_t es = dtype_size(c.out_dtype);
+    // Rows past the groups are zero.
+    const int64_t used = c.offsets.back();
+    if (used < c.m) std::memset(out + used * N * es, 0, static_cast<size_t>((c.m - used) * N) * es);
+    std::vector<Item> items;
+    for (int64_t g = 0; g < c.g; ++g) {
+      for (int64_t m0 = c.offsets[g]; m0 < c.offsets[g + 1]; m0 += cfg.mc) {
+        for (int64_t n0 = 0; n0 < N; n0 += cfg.nc) {
+          items.push_back({g, m0, std::min<int64_t>(cfg.mc, c.offsets[g + 1] - m0), n0, std::min<int64_t>(cfg.nc, N - n0)});
+        }
+      }
+    }
+    // Biggest items first: dynamic scheduling then balances the tail.
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.rows > b.rows; });
+    const bool pairs = r.bf16_pairs;
+    const bool lhs_bf16 = c.lhs.dtype() == DType::kBF16;
+    std::vector<Tensor> scratch;
+    const int threads = std::min<int>(c.num_threads, ThreadPool::global().size());
+    const int64_t tile_elems = static_cast<int64_t>(cfg.mc) * cfg.nc;
+    const int64_t apack_elems = pairs ? static_cast<int64_t>(cfg.mc) * (cfg.kc / 2) : 0;
+    // An f32 copy of a bf16 lhs for the f32 kernels (kHighest or no bf16 dot): per call.
+    Tensor lhs_f32;
+    const float* A = nullptr;
+    if (!pairs) {
+      if (lhs_bf16) {
+        lhs_f32 = Tensor(c.lhs.shape(), DType::kF32);
+        const uint16_t* s = c.lhs.data_as<uint16_t>();
+        float* d = lhs_f32.data_as<float>();
+        for (int64_t i = 0; i < c.lhs.size(); ++i) d[i] = bf16_to_f32(s[i]);
+        A = d;
+      } else if (r.logical.dtype == DType::kBF16 && c.precision == Precision::kDefault) {
+        // No bf16 dot on this ISA: round the lhs like the bf16 path would.
+        lhs_f32 = Tensor(c.lhs.shape(), DType::kF32);
+        const float* s = c.lhs.data_as<float>();
+        float* d = lhs_f32.data_as<float>();
+        for (int64_t i = 0; i < c.lhs.size(); ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+        A = d;
+      } else {
+        A = c.lhs.data_as<float>();
+      }
+    }
+    for (int t = 0; t < threads; ++t) scratch.emplace_back(Shape{tile_elems + apack_elems + 16}, DType::kF32);
+    parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int t) {
+      const Item& it = items[idx];
+      float* C = scratch[t].data_as<float>();
+      uint32_t* apack = reinterpret_cast<uint32_t*>(C + tile_elems);
+      const int64_t ldc = cfg.nc;
+      const int64_t p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
+      for (int64_t kb = 0; kb < K; kb += cfg.kc) {
+        const int64_t kcur = std::min<int64_t>(cfg.kc, K - kb);
+        const bool acc = kb > 0;
+        if (pairs) {
+          const int64_t kp = (kcur + 1) / 2;
+          const int64_t tiles = (it.rows + cfg.mr - 1) / cfg.mr;
+          for (int64_t tt = 0; tt < tiles; ++tt) {
+            const int64_t rows = std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr);
+            const int64_t esz = lhs_bf16 ? 2 : 4;
+            k::pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (it.m0 + tt * cfg.mr) * K * esz, lhs_bf16, K, rows, kb,
+                           kcur, cfg.mr, apack + tt * cfg.mr * kp);
+          }
+          for (int64_t p = 0; p < np; ++p) {
+            const uint32_t* b = static_cast<const uint32_t*>(r.group(it.g)) + (p0 + p) * r.panel_elems + (kb / 2) * ks.nr;
+            for (int64_t tt = 0; tt < tiles; ++tt) {
+              const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr));
+              ks.bf16(rows, kp, apack + tt * cfg.mr * kp, cfg.mr, b, C + tt * cfg.mr * ldc + p * ks.nr, ldc, acc);
+            }
+          }
+        } else {
+          for (int64_t p = 0; p < np; ++p) {
+            const float* b = static_cast<const float*>(r.group(it.g)) + (p0 + p) * r.panel_elems + kb * ks.nr;
+            for (int64_t i = 0; i < it.rows; i += cfg.mr) {
+              const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
+              ks.f32(rows, kcur, A + (it.m0 + i) * K + kb, K, 1, b, C + i * ldc + p * ks.nr, ldc, acc);
+            }
+          }
+        }
+      }
+      if (K == 0) {
+        for (int64_t i = 0; i < it.rows; ++i) std::fill(C + i * ldc, C + i * ldc + it.cols, 0.0f);
+      }
+      epilogue(c, C, ldc, it.m0, it.rows, it.n0, it.cols, N, out);
+    });
+  }
+
+ private:
+  static void epilogue(const RaggedDotCall& c, const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
+                       int64_t cols, int64_t ld_out, char* out) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* ci = C + i * ldc;
+      const int64_t base = (r0 + i) * ld_out + n0;
+      if (c.out_dtype == DType::kF32) {
+        float* o = reinterpret_cast<float*>(out) + base;
+        if (c.activation == Activation::kNone) {
+          std::memcpy(o, ci, static_cast<size_t>(cols) * 4);
+        } else if (c.activation == Activation::kRelu) {
+          for (int64_t j = 0; j < cols; ++j) o[j] = ci[j] > 0 ? ci[j] : 0.0f;
+        } else {
+          for (int64_t j = 0; j < cols; ++j) o[j] = apply_activation(c.activation, ci[j]);
+        }
+      } else {
+        uint16_t* o = reinterpret_cast<uint16_t*>(out) + base;
+        for (int64_t j = 0; j < cols; ++j) o[j] = f32_to_bf16(apply_activation(c.activation, ci[j]));
+      }
+    }
+  }
+
+  // out[g] = lhs[rows_g]^T @ rhs[rows_g]: A is the transposed lhs block (K x M_g, f32), B the
+  // group's rhs rows packed into f32 panels per call; empty groups are zero.
+  void run_contracting(RaggedDotCall& c, const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) const {
+    const int64_t K = c.k, N = c.n;
+    char* out = static_cast<char*>(c.out().data());
+    const size_t es = dtype_size(c.out_dtype);
+    const int threads = std::min<int>(c.num_threads, ThreadPool::global().size());
+    const int64_t panels = (N + ks.nr - 1) / ks.nr;
+    for (int64_t g = 0; g < c.g; ++g) {
+      const int64_t r0 = c.offsets[g], mg = c.offsets[g + 1] - r0;
+      char* og = out + g * K * N * static_cast<int64_t>(es);
+      if (mg == 0 || K == 0 || N == 0) {
+        std::memset(og, 0, static_cast<size_t>(K * N) * es);
+        continue;
+      }
+      // A^T block as f32 [K][mg] and B panels [panels][mg][nr].
+      Tensor at({K * mg}, DType::kF32);
+      float* a = at.data_as<float>();
+      const bool lb = c.lhs.dtype() == DType::kBF16;
+      const bool round = c.lhs_as_bf16() && !lb;
+      for (int64_t r = 0; r < mg; ++r) {
+        for (int64_t kk = 0; kk < K; ++kk) {
+          float v = load_f32(c.lhs.data(), c.lhs.dtype(), (r0 + r) * K + kk);
+          a[kk * mg + r] = round ? bf16_to_f32(f32_to_bf16(v)) : v;
+        }
+      }
+      Tensor bp({panels * mg * ks.nr}, DType::kF32);
+      const size_t rs = dtype_size(c.rhs.dtype());
+      const char* rhs_rows = static_cast<const char*>(c.rhs.data()) + r0 * N * static_cast<int64_t>(rs);
+      k::pack_panels_f32(rhs_rows, c.rhs.dtype() == DType::kBF16, false, mg, N, ks.nr, bp.data_as<float>(), 0, panels);
+      std::vector<Item> items;
+      for (int64_t m0 = 0; m0 < K; m0 += cfg.mc) {
+        for (int64_t n0 = 0; n0 < N; n0 += cfg.nc) {
+          items.push_back({g, m0, std::min<int64_t>(cfg.mc, K - m0), n0, std::min<int64_t>(cfg.nc, N - n0)});
+        }
+      }
+      std::vector<Tensor> scratch;
+      for (int t = 0; t < threads; ++t) scratch.emplace_back(Shape{static_cast<int64_t>(cfg.mc) * cfg.nc}, DType::kF32);
+      parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int t) {
+        const Item& it = items[idx];
+        float* C = scratch[t].data_as<float>();
+        const int64_t ldc = cfg.nc, p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
+        for (int64_t kb = 0; kb < mg; kb += cfg.kc) {
+          const int64_t kcur = std::min<int64_t>(cfg.kc, mg - kb);
+          for (int64_t p = 0; p < np; ++p) {
+            const float* b = bp.data_as<float>() + (p0 + p) * mg * ks.nr + kb * ks.nr;
+            for (int64_t i = 0; i < it.rows; i += cfg.mr) {
+              const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
+              ks.f32(rows, kcur, a + (it.m0 + i) * mg + kb, mg, 1, b, C + i * ldc + p * ks.nr, ldc, kb > 0);
+            }
+          }
+        }
+        epilogue(c, C, ldc, it.m0, it.rows, it.n0, it.cols, N, og);
+      });
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
+
+}  // namespace rdot
+
+PackedRhs pack_rhs(const TensorView& rhs, RaggedDimNums dims, Precision precision) {
+  return PackedRhs(rdot::pack(rhs, dims, precision, num_threads()));
+}
+
+}  // namespace tokamax

@@ -1,0 +1,57 @@
+// AVX2+FMA microkernel (f32), nr = 16 (two ymm per row), up to 6 rows (12 accumulators of 16
+// registers). bf16 weights are widened to f32 panels at pack time on this ISA.
+#include <immintrin.h>
+
+#include "ops/ragged_dot/native_kernels.h"
+
+namespace tokamax::rdot::kernels {
+namespace {
+
+constexpr int kNr = 16;
+
+template <int MR>
+void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c, int64_t ldc, bool acc) {
+  __m256 c0[MR], c1[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(b + k * kNr), b1 = _mm256_load_ps(b + k * kNr + 8);
+    const float* ak = a + k * cs;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(ak + i * rs);
+      c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* ci = c + i * ldc;
+    if (acc) {
+      c0[i] = _mm256_add_ps(c0[i], _mm256_loadu_ps(ci));
+      c1[i] = _mm256_add_ps(c1[i], _mm256_loadu_ps(ci + 8));
+    }
+    _mm256_storeu_ps(ci, c0[i]);
+    _mm256_storeu_ps(ci + 8, c1[i]);
+  }
+}
+
+void f32_kernel(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c, int64_t ldc,
+                bool acc) {
+  switch (mr) {
+    case 1: f32_tile<1>(kc, a, rs, cs, b, c, ldc, acc); break;
+    case 2: f32_tile<2>(kc, a, rs, cs, b, c, ldc, acc); break;
+    case 3: f32_tile<3>(kc, a, rs, cs, b, c, ldc, acc); break;
+    case 4: f32_tile<4>(kc, a, rs, cs, b, c, ldc, acc); break;
+    case 5: f32_tile<5>(kc, a, rs, cs, b, c, ldc, acc); break;
+    default: f32_tile<6>(kc, a, rs, cs, b, c, ldc, acc); break;
+  }
+}
+
+const KernelSet kSet{Isa::kAvx2, "avx2", kNr, 6, f32_kernel, nullptr};
+
+}  // namespace
+
+const KernelSet* avx2_kernels() { return &kSet; }
+
+}  // namespace tokamax::rdot::kernels

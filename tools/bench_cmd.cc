@@ -1,0 +1,106 @@
+// `tokamax bench`: measures implementations side by side on named specs, with the ratio to the
+// baseline (`blas`) measured in the same run and the percentage of the roofline ceilings.
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "ops/ragged_dot/base.h"
+#include "tools/commands.h"
+
+namespace tokamax::cli {
+
+std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec, const std::string& tag,
+                                              const std::string& file, const std::vector<std::string>& impls) {
+  const int chosen = !spec.empty() + !tag.empty() + !file.empty();
+  if (chosen != 1) throw InvalidArgument("give exactly one of --spec, --tag, --bound-args");
+  std::vector<BoundArguments> base;
+  if (!file.empty()) {
+    base = BoundArguments::loads_list(read_file(file), "'" + file + "'");
+  } else {
+    const OpFamily& f = find_family(op);
+    for (const ArgSpec& s : find_arg_specs(op, spec, tag)) base.push_back(f.bind_json(s.arguments, ""));
+    if (base.empty()) throw InvalidArgument("no spec of op '" + op + "' has tag '" + tag + "'");
+  }
+  std::vector<BoundArguments> out;
+  for (const BoundArguments& b : base) {
+    const OpFamily& f = find_family(b.family());
+    if (!impls.empty()) {
+      for (const auto& i : impls) {
+        f.implementation(i);
+        out.push_back(b.with_implementation(i));
+      }
+    } else if (!b.implementation().empty()) {
+      out.push_back(b);
+    } else {
+      for (const auto& i : f.implementations()) {
+        if (i->supported_on(device_info())) out.push_back(b.with_implementation(i->name()));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
+                                const std::vector<std::string>& impls_in, double min_time_s) {
+  const OpFamily& fam = find_family(op);
+  if (op != rdot::kFamily) throw InvalidArgument("bench supports ragged_dot");
+  std::vector<std::string> impls = impls_in;
+  if (impls.empty()) impls = {"native", "blas"};
+  const Roofline& roof = cached_roofline();
+  std::vector<BenchRow> rows;
+  for (const ArgSpec& s : specs) {
+    const BoundArguments b = fam.bind_json(s.arguments, "");
+    auto call_base = fam.make_call(b, 0);
+    auto& call = static_cast<rdot::RaggedDotCall&>(*call_base);
+    const double flops = rdot::call_flops(call), bytes = rdot::weight_bytes(call);
+    const bool mem = fam.memory_bound(call);
+    const bool bf16_dot = call.lhs_as_bf16() && roof.bf16_gflops_all > 0;
+    std::vector<BenchRow> these;
+    for (const std::string& name : impls) {
+      const auto impl = fam.implementation(name);
+      BenchRow r;
+      r.spec = s.name;
+      r.implementation = name;
+      try {
+        impl->validate(call);
+        const Resolution res = resolve_config(fam, *impl, call, std::nullopt);
+        r.config = res.config.str();
+        r.rung = std::string(rung_name(res.rung));
+        // Preparation (weight packing) is done once, as with pre-packed weights in a model.
+        auto prep = impl->prepare(call, res.config);
+        TimingOptions t;
+        t.cold_cache = mem;
+        t.min_time_s = min_time_s;
+        t.min_samples = 10;
+        t.max_time_s = std::max(5.0, 4 * min_time_s);
+        const SampleStats st = time_callable([&] { impl->run(call, res.config, prep.get()); }, t);
+        r.median_ms = st.median_ms;
+        r.iqr_ms = st.iqr_ms();
+        r.gflops = flops / (st.median_ms * 1e-3) / 1e9;
+        r.gbps = bytes / (st.median_ms * 1e-3) / 1e9;
+        if (mem) {
+          r.peak_kind = "mem_read";
+          r.pct_of_peak = roof.read_gbps_all > 0 ? 100 * r.gbps / roof.read_gbps_all : 0;
+        } else {
+          r.peak_kind = bf16_dot ? "bf16_dot" : "f32_fma";
+          const double peak = bf16_dot ? roof.bf16_gflops_all : roof.f32_gflops_all;
+          r.pct_of_peak = peak > 0 ? 100 * r.gflops / peak : 0;
+        }
+      } catch (const std::exception& e) {
+        r.rung = std::string("error: ") + e.what();
+      }
+      these.push_back(r);
+    }
+    const BenchRow* base = nullptr;
+    for (const auto& r : these) {
+      if (r.implementation == "blas" && r.median_ms > 0) base = &r;
+    }
+    for (auto& r : these) {
+      r.baseline = base ? "blas" : "";
+      r.speedup_vs_baseline = base && r.median_ms > 0 ? base->median_ms / r.median_ms : 0;
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+}  // namespace tokamax::cli

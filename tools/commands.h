@@ -1,0 +1,24 @@
+// Shared pieces of the `tokamax` command's subcommands.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tokamax/tokamax.h"
+
+namespace tokamax::cli {
+
+// Bound arguments for --spec NAME / --tag T / --bound-args FILE (exactly one), each bound to
+// `impls` (empty: the family's implementations supported here).
+std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec, const std::string& tag,
+                                              const std::string& bound_args_file, const std::vector<std::string>& impls);
+
+struct BenchRow {
+  std::string spec, implementation, config, rung;
+  double median_ms = 0, iqr_ms = 0, gflops = 0, gbps = 0, pct_of_peak = 0, speedup_vs_baseline = 0;
+  std::string peak_kind, baseline;
+};
+std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
+                                const std::vector<std::string>& impls, double min_time_s);
+
+}  // namespace tokamax::cli

@@ -1,0 +1,374 @@
+// The `tokamax` command: device, ops, specs, autotune, explain, cache, bench.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fmt/format.h>
+#include <iostream>
+
+#include "tools/commands.h"
+
+namespace tk = tokamax;
+using tk::Json;
+
+namespace {
+
+std::vector<std::string> split_csv(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size() && !s.empty()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+void print_device(bool json, bool roofline) {
+  const tk::DeviceInfo& d = tk::device_info();
+  Json j = d.to_json();
+  if (roofline) j["roofline"] = tk::measure_roofline().to_json();
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  fmt::print("device kind:   {}\n", tk::device_kind());
+  fmt::print("model:         {} ({}, family {:#x} model {:#x})\n", d.model_name, d.vendor, d.family, d.model);
+  fmt::print("microarch:     {}\n", d.microarch);
+  std::string isa;
+  for (const auto& [k, v] : j["isa"].items()) {
+    if (v.get<bool>()) isa += k + " ";
+  }
+  fmt::print("isa:           {}\n", isa);
+  fmt::print("caches:        L1d {} KiB, L2 {} KiB, L3 {} MiB\n", d.l1d_bytes >> 10, d.l2_bytes >> 10, d.l3_bytes >> 20);
+  fmt::print("cores:         {} physical, {} threads available, tokamax uses {}\n", d.physical_cores,
+             d.threads_available, tk::num_threads());
+  if (roofline) {
+    const Json& r = j["roofline"];
+    fmt::print("roofline ({} threads = all):\n", r["threads"].get<int>());
+    fmt::print("  f32 FMA:     {:8.1f} GFLOP/s 1 core, {:8.1f} all\n", r["f32_fma_gflops_1core"].get<double>(),
+               r["f32_fma_gflops_all"].get<double>());
+    fmt::print("  bf16 dot:    {:8.1f} GFLOP/s 1 core, {:8.1f} all\n", r["bf16_dot_gflops_1core"].get<double>(),
+               r["bf16_dot_gflops_all"].get<double>());
+    fmt::print("  mem read:    {:8.1f} GB/s 1 core, {:8.1f} all\n", r["mem_read_gbps_1core"].get<double>(),
+               r["mem_read_gbps_all"].get<double>());
+    fmt::print("  mem copy:    {:8.1f} GB/s all\n", r["mem_copy_gbps_all"].get<double>());
+  }
+}
+
+void print_ops(bool json) {
+  Json arr = Json::array();
+  for (const auto& f : tk::families()) {
+    Json impls = Json::array();
+    for (const auto& n : f->implementation_names()) {
+      const auto impl = f->implementation(n);
+      impls.push_back({{"name", n},
+                       {"version", impl->version()},
+                       {"supported_here", impl->supported_on(tk::device_info())},
+                       {"config_fields", impl->config_fields()}});
+    }
+    arr.push_back({{"op", f->name()}, {"implementations", impls}});
+  }
+  if (json) {
+    std::cout << arr.dump(2) << "\n";
+    return;
+  }
+  for (const auto& f : arr) {
+    fmt::print("{}\n", f["op"].get<std::string>());
+    for (const auto& i : f["implementations"]) {
+      std::string fields;
+      for (const auto& x : i["config_fields"]) fields += (fields.empty() ? "" : ", ") + x.get<std::string>();
+      fmt::print("  {:<10} v{}  {}  config: {}\n", i["name"].get<std::string>(), i["version"].get<int>(),
+                 i["supported_here"].get<bool>() ? "supported" : "unsupported", fields.empty() ? "(none)" : fields);
+    }
+  }
+}
+
+void print_specs(const std::string& op, const std::string& tag, bool json) {
+  Json arr = Json::array();
+  for (const auto& s : tk::find_arg_specs(op, "", tag)) {
+    arr.push_back({{"op", s.family}, {"name", s.name}, {"tags", s.tags}, {"arguments", s.arguments}});
+  }
+  if (json) {
+    std::cout << arr.dump(2) << "\n";
+    return;
+  }
+  for (const auto& s : arr) {
+    std::string tags;
+    for (const auto& t : s["tags"]) tags += (tags.empty() ? "" : ",") + t.get<std::string>();
+    fmt::print("{:<12} {:<36} [{}] {}\n", s["op"].get<std::string>(), s["name"].get<std::string>(), tags,
+               tk::canonical_dump(s["arguments"]));
+  }
+}
+
+void progress_bar(const tk::AutotuneProgress& p) {
+  const int width = 30;
+  const int filled = p.total ? width * p.done / p.total : width;
+  fmt::print(stderr, "\r{:<28.28} [{}{}] {}/{} {:.1f}s ETA {:.1f}s   ", p.key, std::string(filled, '#'),
+             std::string(width - filled, '.'), p.done, p.total, p.elapsed_s, p.eta_s);
+  if (p.done == p.total) fmt::print(stderr, "\n");
+}
+
+void print_result_table(const tk::AutotuningResult& r) {
+  for (const auto& [b, d] : r.data()) {
+    fmt::print("\n{} / {}  key {}\n", b.family(), b.implementation(), b.key());
+    fmt::print("  {:<48} {:>11} {:>10}  {}\n", "config", "median ms", "IQR ms", "status");
+    for (const auto& [k, e] : d.entries()) {
+      if (e.benchmark) {
+        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok\n", k, e.benchmark->median_ms, e.benchmark->iqr_ms);
+      } else {
+        fmt::print("  {:<48} {:>11} {:>10}  {}: {}\n", k, "-", "-", tk::failure_kind_name(e.failure->kind),
+                   e.failure->message.substr(0, 160));
+      }
+    }
+    if (!d.has_success()) {
+      fmt::print("  no config succeeded\n");
+      continue;
+    }
+    const auto& best = d.fastest();
+    // The heuristics config is always candidate 0 (see Autotuner::candidates).
+    const tk::OpFamily& fam = tk::find_family(b.family());
+    auto call = fam.make_call(b, 0);
+    const tk::Config h = fam.implementation(b.implementation())->heuristics_config(*call);
+    auto it = d.entries().find(h.str());
+    if (it != d.entries().end() && it->second.benchmark) {
+      fmt::print("  winner {} at {:.4f} ms: {:.2f}x the heuristics config {}\n", best.config.str(),
+                 best.benchmark->median_ms, it->second.benchmark->median_ms / best.benchmark->median_ms, h.str());
+    } else {
+      fmt::print("  winner {} at {:.4f} ms\n", best.config.str(), best.benchmark->median_ms);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tokamax: fast CPU ML kernels and their autotuner"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", "tokamax " + tk::library_version());
+
+  bool json = false, roofline = false;
+  auto* device = app.add_subcommand("device", "print this CPU, its device kind and (--roofline) its measured ceilings");
+  device->add_flag("--json", json, "JSON output");
+  device->add_flag("--roofline", roofline, "measure peak FLOP/s and memory bandwidth");
+
+  auto* ops = app.add_subcommand("ops", "list op families, implementations and config fields");
+  ops->add_flag("--json", json, "JSON output");
+
+  std::string op = "ragged_dot", tag, spec, bound_args, impl_csv, out_path, into_cache_dir;
+  auto* specs = app.add_subcommand("specs", "list named workloads");
+  specs->add_option("--op", op, "op family");
+  specs->add_option("--tag", tag, "only specs with this tag");
+  specs->add_flag("--json", json, "JSON output");
+
+  double budget_s = 1e30;
+  bool into_cache = false, have_budget = false;
+  auto* autotune = app.add_subcommand("autotune", "tune specs or a bound-args file");
+  autotune->add_option("--op", op, "op family");
+  autotune->add_option("--spec", spec, "a spec name");
+  autotune->add_option("--tag", tag, "every spec with this tag");
+  autotune->add_option("--bound-args", bound_args, "a bound-args JSON file");
+  autotune->add_option("--impl", impl_csv, "implementations, comma separated (default: all supported)");
+  autotune->add_option("-o,--output", out_path, "write the AutotuningResult here");
+  autotune->add_flag("--into-cache", into_cache, "merge the winners into the cache directory");
+  autotune->add_option("--cache-dir", into_cache_dir, "with --into-cache: this directory (default: user cache)");
+  auto* budget_opt = autotune->add_option("--budget-s", budget_s, "whole-run time budget in seconds (> 0)");
+  autotune->add_flag("--json", json, "print the result as JSON");
+
+  auto* explain = app.add_subcommand("explain", "which implementation and config a call would use, and why");
+  explain->add_option("--op", op, "op family");
+  explain->add_option("--spec", spec, "a spec name")->required();
+  explain->add_option("--impl", impl_csv, "pin an implementation");
+  explain->add_flag("--json", json, "JSON output");
+
+  auto* cache = app.add_subcommand("cache", "inspect, merge and verify cache and result files");
+  cache->require_subcommand(1);
+  std::vector<std::string> files;
+  auto* cache_show = cache->add_subcommand("show", "entries of the cache files for this device kind");
+  cache_show->add_option("--op", op, "op family");
+  cache_show->add_flag("--json", json, "JSON output");
+  auto* cache_merge = cache->add_subcommand("merge", "merge AutotuningResult files (right wins per config)");
+  cache_merge->add_option("files", files, "result files")->required()->expected(2, -1);
+  cache_merge->add_option("-o,--output", out_path, "output file")->required();
+  auto* cache_verify = cache->add_subcommand("verify", "check cache or result files parse and match this library");
+  cache_verify->add_option("files", files, "files (default: every cache file for this device kind)");
+
+  double min_time = 0.3;
+  auto* bench = app.add_subcommand("bench", "benchmark implementations side by side");
+  bench->add_option("--op", op, "op family");
+  bench->add_option("--spec", spec, "a spec name");
+  bench->add_option("--tag", tag, "every spec with this tag");
+  bench->add_option("--impl", impl_csv, "implementations (default native,blas)");
+  bench->add_option("--min-time", min_time, "seconds of measurement per row");
+  bench->add_flag("--json", json, "JSON output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  have_budget = budget_opt->count() > 0;
+
+  try {
+    if (device->parsed() || app.get_subcommands().empty()) {
+      print_device(json, roofline);
+    } else if (ops->parsed()) {
+      print_ops(json);
+    } else if (specs->parsed()) {
+      tk::find_family(op);
+      print_specs(op, tag, json);
+    } else if (autotune->parsed()) {
+      tk::AutotuneOptions o;
+      if (have_budget) o.budget_s = budget_s;
+      if (isatty(STDERR_FILENO) && !json) o.progress = progress_bar;
+      tk::Autotuner tuner(o);
+      const auto list = tk::cli::select_bound_args(op, spec, tag, bound_args, split_csv(impl_csv));
+      const tk::AutotuningResult r = tuner.tune_all(list);
+      if (!out_path.empty()) r.dump(out_path);
+      if (into_cache) r.dump_cache(into_cache_dir);
+      if (json) std::cout << r.dumps() << "\n";
+      else print_result_table(r);
+    } else if (explain->parsed()) {
+      const tk::OpFamily& fam = tk::find_family(op);
+      const auto specs_found = tk::find_arg_specs(op, spec);
+      auto call = fam.make_call(fam.bind_json(specs_found.at(0).arguments, ""), 0);
+      tk::CallOptions co;
+      co.implementation = impl_csv;
+      const tk::Explanation e = tk::explain(fam, *call, co);
+      Json skipped = Json::array();
+      for (const auto& [i, why] : e.skipped) skipped.push_back({{"implementation", i}, {"reason", why}});
+      Json j = {{"op", op},
+                {"spec", spec},
+                {"key", call->bound.key()},
+                {"device_kind", tk::device_kind()},
+                {"implementation", e.implementation},
+                {"config", e.resolution.config.json()},
+                {"rung", tk::rung_name(e.resolution.rung)},
+                {"detail", e.resolution.detail},
+                {"policy", tk::cache_miss_policy_name(tk::cache_miss_policy())},
+                {"skipped", skipped}};
+      if (json) {
+        std::cout << j.dump(2) << "\n";
+      } else {
+        fmt::print("op {} spec {} on {}\nkey {}\n", op, spec, tk::device_kind(), call->bound.key());
+        for (const auto& s : skipped) {
+          fmt::print("skipped {}: {}\n", s["implementation"].get<std::string>(), s["reason"].get<std::string>());
+        }
+        fmt::print("implementation {}\nconfig {}\nchosen by {} ({})\n", e.implementation, e.resolution.config.str(),
+                   tk::rung_name(e.resolution.rung), e.resolution.detail);
+      }
+    } else if (cache_show->parsed()) {
+      const tk::OpFamily& fam = tk::find_family(op);
+      Json out = Json::array();
+      for (const auto& name : fam.implementation_names()) {
+        for (const std::string& dir : {tk::shipped_cache_dir(), tk::user_cache_dir()}) {
+          const std::string path = tk::cache_file_path(dir, tk::device_kind(), op, name);
+          if (!std::filesystem::exists(path)) continue;
+          try {
+            const tk::CacheFile f = tk::CacheFile::from_json(tk::read_json_file(path), path);
+            for (const auto& [key, configs] : f.entries) {
+              out.push_back({{"file", path}, {"implementation", name}, {"key", key}, {"configs", configs}});
+            }
+          } catch (const std::exception& e) {
+            out.push_back({{"file", path}, {"error", e.what()}});
+          }
+        }
+      }
+      if (json) {
+        std::cout << out.dump(2) << "\n";
+      } else {
+        for (const auto& e : out) {
+          if (e.contains("error")) {
+            fmt::print("{}: ERROR {}\n", e["file"].get<std::string>(), e["error"].get<std::string>());
+            continue;
+          }
+          fmt::print("{} [{}]\n  key {}\n", e["file"].get<std::string>(), e["implementation"].get<std::string>(),
+                     e["key"].get<std::string>());
+          for (const auto& [cfg, bd] : e["configs"].items()) {
+            fmt::print("    {} {:.4f} ms\n", cfg, bd.value("median_ms", 0.0));
+          }
+        }
+        if (out.empty()) fmt::print("no cache entries for {} on {}\n", op, tk::device_kind());
+      }
+    } else if (cache_merge->parsed()) {
+      tk::AutotuningResult r = tk::AutotuningResult::load(files.at(0));
+      for (size_t i = 1; i < files.size(); ++i) r = r | tk::AutotuningResult::load(files[i]);
+      r.dump(out_path);
+      fmt::print("merged {} files into {} ({} keys)\n", files.size(), out_path, r.data().size());
+    } else if (cache_verify->parsed()) {
+      if (files.empty()) {
+        for (const auto& f : tk::families()) {
+          for (const auto& name : f->implementation_names()) {
+            for (const std::string& dir : {tk::shipped_cache_dir(), tk::user_cache_dir()}) {
+              const std::string p = tk::cache_file_path(dir, tk::device_kind(), f->name(), name);
+              if (std::filesystem::exists(p)) files.push_back(p);
+            }
+          }
+        }
+      }
+      int bad = 0;
+      for (const auto& path : files) {
+        try {
+          const Json j = tk::read_json_file(path);
+          if (j.contains("entries")) {
+            const tk::CacheFile f = tk::CacheFile::from_json(j, path);
+            const auto impl = tk::find_family(f.family).implementation(f.implementation);
+            if (f.implementation_version != impl->version() || f.schema_version != tk::kCacheSchemaVersion) {
+              throw tk::InvalidArgument("stale versions (schema " + std::to_string(f.schema_version) + ", implementation " +
+                                        std::to_string(f.implementation_version) + ")");
+            }
+            for (const auto& [key, configs] : f.entries) {
+              tk::find_family(f.family).bind_json(tk::parse_json(key, "key"), f.implementation);
+              tk::AutotuningData::from_json(configs, *impl);
+            }
+            fmt::print("ok   {} ({} entries)\n", path, f.entries.size());
+          } else {
+            const auto r = tk::AutotuningResult::load(path);
+            fmt::print("ok   {} (result, {} keys)\n", path, r.data().size());
+          }
+        } catch (const std::exception& e) {
+          ++bad;
+          fmt::print("BAD  {}: {}\n", path, e.what());
+        }
+      }
+      return bad ? 1 : 0;
+    } else if (bench->parsed()) {
+      if (spec.empty() == tag.empty()) throw tk::InvalidArgument("bench: give exactly one of --spec, --tag");
+      const auto rows = tk::cli::run_bench(op, tk::find_arg_specs(op, spec, tag), split_csv(impl_csv), min_time);
+      if (json) {
+        Json arr = Json::array();
+        for (const auto& r : rows) {
+          arr.push_back({{"spec", r.spec},
+                         {"implementation", r.implementation},
+                         {"config", r.config},
+                         {"config_source", r.rung},
+                         {"median_ms", r.median_ms},
+                         {"iqr_ms", r.iqr_ms},
+                         {"gflops", r.gflops},
+                         {"gbps", r.gbps},
+                         {"pct_of_peak", r.pct_of_peak},
+                         {"peak", r.peak_kind},
+                         {"baseline", r.baseline},
+                         {"speedup_vs_baseline", r.speedup_vs_baseline}});
+        }
+        std::cout << arr.dump(2) << "\n";
+      } else {
+        fmt::print("{:<34} {:<8} {:>10} {:>9} {:>8} {:>7} {:>9} {:>8}  {}\n", "spec", "impl", "median ms", "GFLOP/s",
+                   "GB/s", "%peak", "peak", "vs blas", "config (source)");
+        for (const auto& r : rows) {
+          fmt::print("{:<34} {:<8} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>9} {:>7.2f}x  {} ({})\n", r.spec,
+                     r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak, r.peak_kind,
+                     r.speedup_vs_baseline, r.config, r.rung);
+        }
+      }
+    }
+  } catch (const tk::Error& e) {
+    std::cerr << "tokamax: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "tokamax: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}
