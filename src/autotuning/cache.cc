@@ -150,7 +150,8 @@ void merge_into_cache_file(const std::string& path, const std::string& family, c
   for (const auto& [key, data] : entries) {
     Json& slot = f.entries[key];
     if (!slot.is_object()) slot = Json::object();
-    for (const auto& [cfg, v] : data.successes().to_json().items()) slot[cfg] = v;
+    const Json configs = data.successes().to_json();  // named: items() must not outlive it
+    for (const auto& [cfg, v] : configs.items()) slot[cfg] = v;
   }
   write_file_atomic(path, f.to_json().dump(1));
 }

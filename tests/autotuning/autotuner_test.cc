@@ -1,1 +1,248 @@
+// The autotuner and autotuning data: failures with reasons, timeouts, selection, tie-break,
+// merges, JSON round trips, the disk cache under concurrent writers and corrupt files.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tests/op/fake_ops.h"
+
+namespace tokamax {
+namespace {
+
+using testing::fake;
+using testing::fake_call;
+using testing::TileConfig;
+
+AutotuneOptions quick() {
+  AutotuneOptions o;
+  o.timing.min_samples = 5;
+  o.timing.min_time_s = 0.005;
+  o.timing.warmup = 1;
+  o.candidate_timeout_s = 0.02;
+  o.remeasure_rounds = 2;
+  return o;
+}
+
+BoundArguments bound(const std::string& impl, int64_t n = 64) { return fake_call(n)->bound.with_implementation(impl); }
+
+TEST(Autotuner, FindsFastestAndMeasuresEveryCandidate) {
+  const AutotuningData d = Autotuner(quick()).tune(bound("one_field"));
+  EXPECT_EQ(d.entries().size(), 4u);
+  for (const auto& [k, e] : d.entries()) {
+    ASSERT_TRUE(e.benchmark) << k;
+    EXPECT_GE(e.benchmark->samples_ms.size(), 5u);
+  }
+  EXPECT_EQ(d.fastest().config.get<TileConfig>().tile, 3);
+}
+
+TEST(Autotuner, CandidatesDeterministicHeuristicsFirst) {
+  const auto c = Autotuner(quick()).candidates(bound("one_field"));
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].get<TileConfig>().tile, 1);
+  EXPECT_EQ(c[1].get<TileConfig>().tile, 2);
+  EXPECT_EQ(c[3].get<TileConfig>().tile, 4);
+}
+
+struct FailCase {
+  const char* impl;
+  FailureKind kind;
+};
+
+class Failures : public ::testing::TestWithParam<FailCase> {};
+
+TEST_P(Failures, RecordedWithReason) {
+  const AutotuningData d = Autotuner(quick()).tune(bound(GetParam().impl));
+  const auto& bad = d.entries().at(Config::make(TileConfig{1}).str());
+  ASSERT_TRUE(bad.failure);
+  EXPECT_EQ(bad.failure->kind, GetParam().kind) << bad.failure->message;
+  EXPECT_FALSE(bad.failure->message.empty());
+  EXPECT_TRUE(d.entries().at(Config::make(TileConfig{0}).str()).benchmark);  // the good one measured
+  EXPECT_EQ(d.fastest().config.get<TileConfig>().tile, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(FakeOps, Failures,
+                         ::testing::Values(FailCase{"sleepy", FailureKind::kTimeout},
+                                           FailCase{"oob", FailureKind::kOutOfBounds},
+                                           FailCase{"unwritten", FailureKind::kUnwritten},
+                                           FailCase{"wrong", FailureKind::kWrongResult},
+                                           FailCase{"throws", FailureKind::kException}));
+
+TEST(Autotuner, WrongResultNamesWorstError) {
+  const AutotuningData d = Autotuner(quick()).tune(bound("wrong"));
+  const std::string m = d.entries().at(Config::make(TileConfig{1}).str()).failure->message;
+  EXPECT_NE(m.find("worst abs error 1.0"), std::string::npos) << m;
+  EXPECT_NE(m.find("flat index 2"), std::string::npos) << m;
+}
+
+TEST(Autotuner, UnsupportedThrowsAndTuneAllSkipsIt) {
+  EXPECT_THROW(Autotuner(quick()).tune(bound("picky")), Unsupported);
+  const AutotuningResult r = Autotuner(quick()).tune_all({bound("picky"), bound("nothing")});
+  ASSERT_EQ(r.data().size(), 1u);
+  EXPECT_EQ(r.data()[0].first.implementation(), "nothing");
+}
+
+TEST(Autotuner, BudgetsAndBadOptions) {
+  AutotuneOptions o = quick();
+  o.max_candidates = 2;
+  const AutotuningData d = Autotuner(o).tune(bound("one_field"));
+  int skipped = 0;
+  for (const auto& [k, e] : d.entries()) skipped += e.failure && e.failure->kind == FailureKind::kSkipped;
+  EXPECT_EQ(skipped, 2);
+  EXPECT_TRUE(d.entries().at(Config::make(TileConfig{1}).str()).benchmark);  // heuristics kept
+  o = quick();
+  o.budget_s = 0;
+  EXPECT_THROW(Autotuner{o}, InvalidArgument);
+  o = quick();
+  o.max_candidates = 0;
+  EXPECT_THROW(Autotuner{o}, InvalidArgument);
+  o = quick();
+  int calls = 0;
+  o.progress = [&](const AutotuneProgress& p) {
+    ++calls;
+    EXPECT_LE(p.done, p.total);
+  };
+  Autotuner(o).tune(bound("one_field", 40));
+  EXPECT_EQ(calls, 4);
+}
+
+TEST(Autotuner, IdenticalKeysTunedOnceAcrossThreads) {
+  auto& one = *fake().one;
+  const int before = one.prepares.load();
+  const BoundArguments b = bound("one_field", 128);
+  std::vector<std::thread> ts;
+  std::vector<AutotuningData> out(4);
+  for (int i = 0; i < 4; ++i) ts.emplace_back([&, i] { out[i] = Autotuner(quick()).tune(b); });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(one.prepares.load() - before, 4);  // one tuning run: 4 candidates prepared once
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(out[i].to_json(), out[0].to_json());
+}
+
+TEST(AutotuningData, SelectionIsDeterministicWithTieBreakOnScratch) {
+  auto mk = [](double ms, int64_t scratch) {
+    BenchmarkData b;
+    b.median_ms = ms;
+    b.scratch_bytes = scratch;
+    return b;
+  };
+  AutotuningData d;
+  d.set(Config::make(TileConfig{1}), mk(1.000, 1000));
+  d.set(Config::make(TileConfig{2}), mk(1.005, 10));   // within 1% and less scratch: wins
+  d.set(Config::make(TileConfig{3}), mk(1.5, 0));      // outside the window
+  EXPECT_EQ(d.fastest().config.get<TileConfig>().tile, 2);
+  AutotuningData e;  // same data inserted in another order: same winner
+  e.set(Config::make(TileConfig{3}), mk(1.5, 0));
+  e.set(Config::make(TileConfig{2}), mk(1.005, 10));
+  e.set(Config::make(TileConfig{1}), mk(1.000, 1000));
+  EXPECT_EQ(e.fastest().config, d.fastest().config);
+  // The 2 us floor of the window for tiny kernels.
+  AutotuningData f;
+  f.set(Config::make(TileConfig{1}), mk(0.0100, 50));
+  f.set(Config::make(TileConfig{2}), mk(0.0115, 5));
+  EXPECT_EQ(f.fastest().config.get<TileConfig>().tile, 2);
+  AutotuningData none;
+  none.set_failure(Config::make(TileConfig{1}), {FailureKind::kTimeout, "slow"});
+  EXPECT_THROW(none.fastest(), Error);
+}
+
+TEST(AutotuningResult, JsonRoundTripAndMerge) {
+  const BoundArguments b = bound("one_field", 20);
+  AutotuningResult a("kind_a"), c("kind_a"), other("kind_b");
+  AutotuningData d1, d2;
+  d1.set(Config::make(TileConfig{1}), BenchmarkData{.median_ms = 3, .samples_ms = {3, 3}});
+  d1.set_failure(Config::make(TileConfig{2}), {FailureKind::kWrongResult, "bad"});
+  d2.set(Config::make(TileConfig{1}), BenchmarkData{.median_ms = 1});
+  a.add(b, d1);
+  c.add(b, d2);
+  const AutotuningResult back = AutotuningResult::loads(a.dumps());
+  EXPECT_EQ(back.dumps(), a.dumps());
+  EXPECT_EQ(back.data()[0].second.entries().at(Config::make(TileConfig{2}).str()).failure->kind, FailureKind::kWrongResult);
+  const AutotuningResult m = a | c;
+  ASSERT_EQ(m.data().size(), 1u);
+  EXPECT_EQ(m.data()[0].second.entries().at(Config::make(TileConfig{1}).str()).benchmark->median_ms, 1);  // rhs wins
+  EXPECT_TRUE(m.data()[0].second.entries().at(Config::make(TileConfig{2}).str()).failure);              // kept
+  EXPECT_THROW(a | other, InvalidArgument);
+  const std::string text = a.dumps();
+  EXPECT_THROW(AutotuningResult::loads(text.substr(0, text.size() / 2)), InvalidArgument);
+  EXPECT_THROW(AutotuningResult::loads("{\"device_kind\": \"x\", \"data\": [[1]]}"), InvalidArgument);
+  const std::string path = std::filesystem::temp_directory_path() / ("tokamax_res_" + std::to_string(getpid()) + ".json");
+  a.dump(path);
+  EXPECT_EQ(AutotuningResult::load(path).dumps(), a.dumps());
+  std::filesystem::remove(path);
+}
+
+TEST(AutotuningResult, CaptureAndTuneFunction) {
+  auto c = fake_call(12);
+  const AutotuningResult r = autotune([&] { dispatch(fake(), *c, {}); }, quick());
+  ASSERT_EQ(r.data().size(), 1u);
+  EXPECT_EQ(r.data()[0].first.implementation(), "one_field");
+}
+
+class DiskCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("tokamax_dc_" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    setenv("TOKAMAX_CACHE_DIR", dir_.c_str(), 1);
+    DiskCache::global().clear();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string file() const { return (dir_ / device_kind() / "fake_one_field.json").string(); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(DiskCacheTest, ConcurrentProcessWritersLoseNothing) {
+  constexpr int kProcs = 6, kPerProc = 5;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < kProcs; ++p) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      for (int i = 0; i < kPerProc; ++i) {
+        std::map<std::string, AutotuningData> entries;
+        AutotuningData d;
+        d.set(Config::make(TileConfig{p}), BenchmarkData{.median_ms = 1.0 + i});
+        entries["key_" + std::to_string(p) + "_" + std::to_string(i)] = d;
+        merge_into_cache_file(file(), "fake", *fake().one, device_kind(), entries);
+      }
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  const CacheFile f = CacheFile::from_json(read_json_file(file()), file());
+  EXPECT_EQ(f.entries.size(), static_cast<size_t>(kProcs * kPerProc));
+}
+
+TEST_F(DiskCacheTest, CorruptAndStaleFilesAreIgnored) {
+  auto c = fake_call(10);
+  std::filesystem::create_directories(std::filesystem::path(file()).parent_path());
+  std::ofstream(file()) << "{\"schema_version\": 1, \"entr";
+  EXPECT_EQ(resolve_config(fake(), *fake().one, *c, std::nullopt).rung, Rung::kHeuristics);
+  // A file of another implementation version.
+  CacheFile f;
+  f.family = "fake";
+  f.implementation = "one_field";
+  f.implementation_version = 99;
+  f.device_kind = device_kind();
+  f.entries[c->bound.key()] = {{Config::make(TileConfig{4}).str(), BenchmarkData{.median_ms = 1}.to_json()}};
+  write_file_atomic(file(), f.to_json().dump());
+  DiskCache::global().clear();
+  EXPECT_EQ(resolve_config(fake(), *fake().one, *c, std::nullopt).rung, Rung::kHeuristics);
+  f.implementation_version = 1;
+  write_file_atomic(file(), f.to_json().dump());
+  DiskCache::global().clear();
+  const Resolution r = resolve_config(fake(), *fake().one, *c, std::nullopt);
+  EXPECT_EQ(r.rung, Rung::kDiskCache);
+  EXPECT_EQ(r.config.get<TileConfig>().tile, 4);
+}
+
+}  // namespace
+}  // namespace tokamax

@@ -1,1 +1,66 @@
+// DeviceInfo sanity, the roofline, and the CLI's device command.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "tokamax/autotuning/roofline.h"
+#include "tokamax/core/device.h"
+#include "tokamax/core/json.h"
+
+namespace tokamax {
+namespace {
+
+std::string run(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *rc = pclose(p);
+  return out;
+}
+
+TEST(Device, Sane) {
+  const DeviceInfo& d = device_info();
+  EXPECT_FALSE(device_kind().empty());
+  for (char c : device_kind()) EXPECT_TRUE(std::islower(static_cast<unsigned char>(c)) || std::isdigit(c) || c == '_');
+  EXPECT_GT(d.threads_available, 0);
+  EXPECT_GT(d.physical_cores, 0);
+  EXPECT_GT(d.l1d_bytes, 0);
+  if (d.isa.avx512f) {
+    EXPECT_TRUE(d.isa.avx2);
+  }
+  if (d.isa.avx2) {
+    EXPECT_TRUE(d.isa.avx);
+  }
+  if (d.isa.avx512_bf16) {
+    EXPECT_TRUE(d.isa.avx512f);
+  }
+  EXPECT_TRUE(d.to_json().contains("isa"));
+}
+
+TEST(Device, RooflinePositiveFinite) {
+  const Roofline r = cached_roofline();
+  if (!device_info().isa.has_avx2_fma()) GTEST_SKIP() << "roofline loops need AVX2";
+  for (double v : {r.f32_gflops_1core, r.f32_gflops_all, r.read_gbps_1core, r.read_gbps_all, r.copy_gbps_all}) {
+    EXPECT_TRUE(std::isfinite(v));
+    EXPECT_GT(v, 0);
+  }
+  if (device_info().isa.has_avx512_bf16()) {
+    EXPECT_GT(r.bf16_gflops_1core, r.f32_gflops_1core);
+  }
+}
+
+TEST(Device, CliPrintsDeviceAndHonoursKindOverride) {
+  int rc = 0;
+  const std::string out = run(std::string("TOKAMAX_DEVICE_KIND='My Test Chip' ") + TOKAMAX_CLI + " device --json", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const Json j = Json::parse(out);
+  EXPECT_EQ(j["device_kind"], "my_test_chip");
+  EXPECT_EQ(run(std::string(TOKAMAX_CLI) + " --version", &rc).find("tokamax"), 0u);
+}
+
+}  // namespace
+}  // namespace tokamax

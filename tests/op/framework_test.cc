@@ -1,1 +1,150 @@
+// The op framework with fake ops: dispatch, every rung of the ladder under every policy, scopes.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "tests/op/fake_ops.h"
+
+namespace tokamax {
+namespace {
+
+using testing::fake;
+using testing::fake_call;
+using testing::TileConfig;
+
+class Framework : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("tokamax_fw_" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    setenv("TOKAMAX_CACHE_DIR", dir_.c_str(), 1);
+    DiskCache::global().clear();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(Framework, DispatchSkipsUnsupportedAndNamedErrorsPropagate) {
+  auto c = fake_call();
+  EXPECT_EQ(dispatch(fake(), *c, {}), "one_field");  // picky is skipped
+  EXPECT_THROW(dispatch(fake(), *c, {.implementation = "picky"}), Unsupported);
+  EXPECT_THROW(dispatch(fake(), *c, {.implementation = "nope"}), InvalidArgument);
+  EXPECT_THROW(dispatch(fake(), *c, {.config = Config::make(TileConfig{2})}), InvalidArgument);
+  const Explanation e = explain(fake(), *c, {});
+  ASSERT_EQ(e.skipped.size(), 1u);
+  EXPECT_EQ(e.skipped[0].first, "picky");
+  EXPECT_NE(e.skipped[0].second.find("refuses"), std::string::npos);
+  for (int64_t i = 0; i < 64; ++i) EXPECT_EQ(c->outputs[0].get(i), 2 * c->x.get(i));
+}
+
+TEST_F(Framework, LadderRungs) {
+  auto c = fake_call();
+  const auto& one = *fake().one;
+  // 1. explicit
+  EXPECT_EQ(resolve_config(fake(), one, *c, Config::make(TileConfig{4})).rung, Rung::kExplicit);
+  // 2. nothing to tune: no lookup, even with policy error
+  {
+    CacheMissPolicyScope p(CacheMissPolicy::kError);
+    EXPECT_EQ(resolve_config(fake(), *fake().implementation("nothing"), *c, std::nullopt).rung, Rung::kNullConfig);
+    // 5. error policy
+    EXPECT_THROW(resolve_config(fake(), one, *c, std::nullopt), CacheMiss);
+  }
+  // 5. heuristics policy (default)
+  Resolution r = resolve_config(fake(), one, *c, std::nullopt);
+  EXPECT_EQ(r.rung, Rung::kHeuristics);
+  EXPECT_EQ(r.config.get<TileConfig>().tile, 1);
+  // 4. disk cache (user dir), written through dump_cache.
+  AutotuningResult res;
+  AutotuningData d;
+  d.set(Config::make(TileConfig{2}), BenchmarkData{.median_ms = 1.0});
+  d.set(Config::make(TileConfig{4}), BenchmarkData{.median_ms = 2.0});
+  res.add(c->bound.with_implementation("one_field"), d);
+  res.dump_cache();
+  r = resolve_config(fake(), one, *c, std::nullopt);
+  EXPECT_EQ(r.rung, Rung::kDiskCache);
+  EXPECT_EQ(r.config.get<TileConfig>().tile, 2);
+  EXPECT_NE(r.detail.find("fake_one_field.json"), std::string::npos);
+  // 3. scopes beat the cache; nested, innermost first; misses fall through.
+  AutotuningResult outer, inner;
+  AutotuningData d3, d4;
+  d3.set(Config::make(TileConfig{3}), BenchmarkData{.median_ms = 1.0});
+  d4.set(Config::make(TileConfig{4}), BenchmarkData{.median_ms = 1.0});
+  outer.add(c->bound.with_implementation("one_field"), d3);
+  auto other = fake_call(32);
+  inner.add(other->bound.with_implementation("one_field"), d4);
+  {
+    AutotuningScope s1(outer);
+    EXPECT_EQ(resolve_config(fake(), one, *c, std::nullopt).config.get<TileConfig>().tile, 3);
+    {
+      AutotuningScope s2(inner);
+      r = resolve_config(fake(), one, *c, std::nullopt);
+      EXPECT_EQ(r.rung, Rung::kScope);
+      EXPECT_EQ(r.config.get<TileConfig>().tile, 3);  // inner has no entry for this key
+      EXPECT_EQ(resolve_config(fake(), one, *other, std::nullopt).config.get<TileConfig>().tile, 4);
+      AutotuningScope s3(outer | inner);
+      EXPECT_EQ(resolve_config(fake(), one, *other, std::nullopt).detail, "AutotuningScope#3");
+    }
+    EXPECT_EQ(resolve_config(fake(), one, *other, std::nullopt).rung, Rung::kHeuristics);
+  }
+  EXPECT_EQ(resolve_config(fake(), one, *c, std::nullopt).rung, Rung::kDiskCache);
+}
+
+TEST_F(Framework, AllFailedEntryIsAMiss) {
+  auto c = fake_call(16);
+  AutotuningResult res;
+  AutotuningData d;
+  d.set_failure(Config::make(TileConfig{2}), {FailureKind::kWrongResult, "x"});
+  res.add(c->bound.with_implementation("one_field"), d);
+  AutotuningScope s(res);
+  EXPECT_EQ(resolve_config(fake(), *fake().one, *c, std::nullopt).rung, Rung::kHeuristics);
+}
+
+TEST_F(Framework, AutotunePolicyTunesAndPersists) {
+  auto c = fake_call(48);
+  CacheMissPolicyScope p(CacheMissPolicy::kAutotune);
+  const Resolution r = resolve_config(fake(), *fake().one, *c, std::nullopt);
+  EXPECT_EQ(r.rung, Rung::kAutotuned);
+  EXPECT_EQ(r.config.get<TileConfig>().tile, 3);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / device_kind() / "fake_one_field.json"));
+  EXPECT_EQ(resolve_config(fake(), *fake().one, *c, std::nullopt).rung, Rung::kDiskCache);
+}
+
+TEST_F(Framework, PolicyFromEnvironmentAndBadValue) {
+  auto c = fake_call(24);
+  setenv("TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK", "error", 1);
+  EXPECT_THROW(resolve_config(fake(), *fake().one, *c, std::nullopt), CacheMiss);
+  setenv("TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK", "sometimes", 1);
+  EXPECT_THROW(resolve_config(fake(), *fake().one, *c, std::nullopt), InvalidArgument);
+  {
+    CacheMissPolicyScope p(CacheMissPolicy::kHeuristics);  // scoped override wins
+    EXPECT_EQ(resolve_config(fake(), *fake().one, *c, std::nullopt).rung, Rung::kHeuristics);
+  }
+  unsetenv("TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK");
+}
+
+TEST_F(Framework, BoundArgumentsRoundTrip) {
+  auto c = fake_call(8);
+  const std::vector<BoundArguments> list = {c->bound.with_implementation("one_field"), c->bound};
+  const auto back = BoundArguments::loads_list(BoundArguments::dumps_list(list));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].key(), list[0].key());
+  EXPECT_EQ(back[0].implementation(), "one_field");
+  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"fake\"}, \"argu"), InvalidArgument);
+  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"nope\"}, \"arguments\": {}}]"), InvalidArgument);
+  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"fake\", \"implementation\": \"zzz\"}, \"arguments\": {\"x\": \"f32[2]\"}}]"),
+               InvalidArgument);
+  EXPECT_THROW(BoundArguments::loads_list("{}"), InvalidArgument);
+}
+
+TEST_F(Framework, CallRecorderCapturesCalls) {
+  auto c = fake_call(8);
+  CallRecorder rec;
+  dispatch(fake(), *c, {});
+  dispatch(fake(), *c, {.implementation = "nothing"});
+  ASSERT_EQ(rec.calls().size(), 2u);
+  EXPECT_EQ(rec.calls()[1].implementation(), "nothing");
+}
+
+}  // namespace
+}  // namespace tokamax

@@ -1,1 +1,292 @@
+// ragged_dot: every implementation against the reference, the reference against a double-
+// precision computation; dtypes, the three dimension-number forms, empty groups (all 2^8
+// patterns), edge sizes, activations, packed weights, the VJP and bad input.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "ops/ragged_dot/base.h"
+#include "ops/ragged_dot/native_kernels.h"
+#include "tokamax/tokamax.h"
+
+namespace tokamax {
+namespace {
+
+uint64_t fresh_seed() {
+  static std::mt19937_64 rng(std::random_device{}());
+  return rng();
+}
+
+// Double-precision ragged_dot on the operands as the call sees them (lhs rounded when the
+// precision says so), activation applied.
+std::vector<double> f64_ragged_dot(const TensorView& lhs, const TensorView& rhs, const std::vector<int32_t>& sizes,
+                                   RaggedDimNums dims, Activation act, bool round_lhs) {
+  const int64_t M = lhs.dim(0), K = lhs.dim(1), G = static_cast<int64_t>(sizes.size());
+  auto a = [&](int64_t i, int64_t k) {
+    const double v = lhs.get(i * K + k);
+    return round_lhs ? static_cast<double>(bf16_to_f32(f32_to_bf16(static_cast<float>(v)))) : v;
+  };
+  auto actf = [&](double x) { return static_cast<double>(rdot::apply_activation(act, static_cast<float>(x))); };
+  std::vector<double> out;
+  if (dims == RaggedDimNums::kRaggedContracting) {
+    const int64_t N = rhs.dim(1);
+    out.assign(G * K * N, 0.0);
+    int64_t r0 = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t n = 0; n < N; ++n) {
+          double s = 0;
+          for (int64_t r = r0; r < r0 + sizes[g]; ++r) s += a(r, k) * rhs.get(r * N + n);
+          out[(g * K + k) * N + n] = actf(s);
+        }
+      }
+      r0 += sizes[g];
+    }
+    return out;
+  }
+  const bool trans = dims == RaggedDimNums::kTransposedRhs;
+  const int64_t N = trans ? rhs.dim(1) : rhs.dim(2);
+  out.assign(M * N, 0.0);
+  int64_t r0 = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = r0; r < r0 + sizes[g]; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += a(r, k) * rhs.get(g * K * N + (trans ? n * K + k : k * N + n));
+        out[r * N + n] = actf(s);
+      }
+    }
+    r0 += sizes[g];
+  }
+  return out;
+}
+
+void expect_close(const Tensor& got, const std::vector<double>& want, double atol, double rtol, double normwise,
+                  const std::string& what) {
+  ASSERT_EQ(static_cast<size_t>(got.size()), want.size()) << what;
+  double e2 = 0, r2 = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    const double g = got.get(i), w = want[i];
+    ASSERT_FALSE(std::isnan(g)) << what << " NaN at " << i;
+    e2 += (g - w) * (g - w);
+    r2 += w * w;
+    if (std::abs(g - w) > atol + rtol * std::abs(w) && bad++ < 3) {
+      ADD_FAILURE() << what << ": element " << i << " got " << g << " want " << w;
+    }
+  }
+  if (normwise > 0 && r2 > 0) {
+    EXPECT_LE(std::sqrt(e2 / r2), normwise) << what;
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+struct Case {
+  DType lhs, rhs;
+  std::optional<DType> out;
+  RaggedDimNums dims;
+  int64_t K, N;
+  std::vector<int32_t> sizes;
+  int64_t extra_rows = 0;
+  Activation act = Activation::kNone;
+  Precision precision = Precision::kDefault;
+};
+
+std::string describe(const Case& c) {
+  std::string s = std::string(dtype_name(c.lhs)) + "x" + std::string(dtype_name(c.rhs)) + " " +
+                  std::string(dim_nums_name(c.dims)) + " K=" + std::to_string(c.K) + " N=" + std::to_string(c.N) +
+                  " act=" + std::string(activation_name(c.act)) + " sizes=";
+  for (int32_t x : c.sizes) s += std::to_string(x) + ",";
+  return s;
+}
+
+// Runs one case through `impl`; checks against the reference and the double computation.
+void check_case(const std::string& impl, const Case& c, bool packed = false) {
+  int64_t M = c.extra_rows;
+  for (int32_t s : c.sizes) M += s;
+  const int64_t G = static_cast<int64_t>(c.sizes.size());
+  const uint64_t seed = fresh_seed();
+  Tensor lhs = Tensor::randn({M, c.K}, c.lhs, seed);
+  Shape rs = c.dims == RaggedDimNums::kForward          ? Shape{G, c.K, c.N}
+             : c.dims == RaggedDimNums::kTransposedRhs ? Shape{G, c.N, c.K}
+                                                        : Shape{M, c.N};
+  Tensor rhs = Tensor::randn(rs, c.rhs, seed + 1);
+  RaggedDotOptions o;
+  o.preferred_element_type = c.out;
+  o.activation = c.act;
+  o.precision = c.precision;
+  o.implementation = impl;
+  Tensor got = packed ? ragged_dot(lhs, pack_rhs(rhs, c.dims, c.precision), c.sizes, o)
+                      : ragged_dot_general(lhs, rhs, c.sizes, c.dims, o);
+  o.implementation = "reference";
+  Tensor ref = ragged_dot_general(lhs, rhs, c.sizes, c.dims, o);
+  const bool round = c.lhs == DType::kBF16 || (c.rhs == DType::kBF16 && c.precision == Precision::kDefault);
+  const std::vector<double> f64 = f64_ragged_dot(lhs, rhs, c.sizes, c.dims, c.act, round);
+  const bool bf16 = c.lhs == DType::kBF16 || c.rhs == DType::kBF16 || got.dtype() == DType::kBF16;
+  const double depth = std::sqrt(static_cast<double>(std::max<int64_t>(c.dims == RaggedDimNums::kRaggedContracting ? M : c.K, 1)));
+  const std::string what = impl + (packed ? " packed " : " ") + describe(c);
+  // The reference against double precision: f32 accumulation error only (plus output rounding).
+  if (got.dtype() == DType::kBF16) {
+    expect_close(ref, f64, 1e-2, 5e-3, 0, "reference " + what);
+  } else {
+    expect_close(ref, f64, 1e-5 * depth, 1e-5, 1e-5, "reference " + what);
+  }
+  std::vector<double> refd(static_cast<size_t>(ref.size()));
+  for (int64_t i = 0; i < ref.size(); ++i) refd[i] = ref.get(i);
+  if (bf16) {
+    expect_close(got, refd, 1e-2, 5e-3, 0, what);
+  } else {
+    expect_close(got, refd, 1e-4 * depth, 1e-4, 1e-5, what);
+  }
+}
+
+class RaggedDot : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RaggedDot, DtypesAndForms) {
+  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs, RaggedDimNums::kRaggedContracting}) {
+    check_case(GetParam(), {DType::kF32, DType::kF32, {}, d, 37, 45, {5, 0, 13, 2}, 3});
+    check_case(GetParam(), {DType::kBF16, DType::kBF16, {}, d, 64, 33, {7, 9, 0}, 1});
+    check_case(GetParam(), {DType::kBF16, DType::kBF16, DType::kF32, d, 31, 40, {4, 4}, 0});
+    check_case(GetParam(), {DType::kF32, DType::kBF16, {}, d, 50, 17, {0, 11, 6}, 2});
+    check_case(GetParam(), {DType::kF32, DType::kBF16, {}, d, 50, 17, {3, 11, 6}, 0, Activation::kNone, Precision::kHighest});
+  }
+}
+
+TEST_P(RaggedDot, EdgeSizes) {
+  const auto f = DType::kF32;
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 16, 16, {}, 0});        // G = 0, M = 0
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 16, 16, {0, 0}, 0});    // M = 0
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 1, 1, {1}, 0});         // G = 1, 1x1
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 0, 7, {3}, 2});         // K = 0
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 17, 1, {5, 8}, 0});     // N = 1
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 300, 129, {1, 70, 0, 2}, 5});  // > one K block, odd
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 33, 65, {200, 1, 1, 0}, 0});   // skewed
+  check_case(GetParam(), {DType::kBF16, DType::kBF16, {}, RaggedDimNums::kForward, 301, 31, {13, 2}, 0});  // odd K pairs
+}
+
+TEST_P(RaggedDot, Activations) {
+  for (Activation a : {Activation::kRelu, Activation::kSilu, Activation::kGelu, Activation::kGeluTanh}) {
+    check_case(GetParam(), {DType::kF32, DType::kF32, {}, RaggedDimNums::kForward, 24, 20, {3, 0, 5}, 1, a});
+    check_case(GetParam(), {DType::kBF16, DType::kBF16, {}, RaggedDimNums::kForward, 24, 20, {3, 5}, 0, a});
+  }
+}
+
+TEST_P(RaggedDot, AllEmptyGroupPatterns) {
+  for (int mask = 0; mask < 256; ++mask) {
+    std::vector<int32_t> sizes(8);
+    for (int g = 0; g < 8; ++g) sizes[g] = (mask >> g) & 1 ? 1 + (g * 3) % 5 : 0;
+    check_case(GetParam(), {DType::kF32, DType::kF32, {}, RaggedDimNums::kForward, 9, 18, sizes, 1});
+    if (mask % 17 == 0) check_case(GetParam(), {DType::kF32, DType::kF32, {}, RaggedDimNums::kRaggedContracting, 5, 6, sizes, 0});
+  }
+}
+
+TEST_P(RaggedDot, Vjp) {
+  for (Activation act : {Activation::kNone, Activation::kSilu}) {
+    const std::vector<int32_t> sizes = {4, 0, 6, 3};
+    const int64_t M = 14, K = 19, N = 11, G = 4;
+    Tensor lhs = Tensor::randn({M, K}, DType::kF32, fresh_seed());
+    Tensor rhs = Tensor::randn({G, K, N}, DType::kF32, fresh_seed());
+    Tensor dout = Tensor::randn({M, N}, DType::kF32, fresh_seed());
+    RaggedDotOptions o;
+    o.activation = act;
+    o.implementation = GetParam();
+    const RaggedDotGrads gr = ragged_dot_vjp(lhs, rhs, sizes, dout, o);
+    // Double-precision gradients.
+    std::vector<double> dl(M * K, 0), dr(G * K * N, 0);
+    int64_t r0 = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t r = r0; r < r0 + sizes[g]; ++r) {
+        for (int64_t n = 0; n < N; ++n) {
+          double pre = 0;
+          for (int64_t k = 0; k < K; ++k) pre += lhs.get(r * K + k) * rhs.get((g * K + k) * N + n);
+          const double d = dout.get(r * N + n) * rdot::activation_grad(act, pre);
+          for (int64_t k = 0; k < K; ++k) {
+            dl[r * K + k] += d * rhs.get((g * K + k) * N + n);
+            dr[(g * K + k) * N + n] += d * lhs.get(r * K + k);
+          }
+        }
+      }
+      r0 += sizes[g];
+    }
+    expect_close(gr.dlhs, dl, 1e-4, 1e-4, 1e-5, GetParam() + " dlhs");
+    expect_close(gr.drhs, dr, 1e-4, 1e-4, 1e-5, GetParam() + " drhs");
+    for (int64_t i = K * N; i < 2 * K * N; ++i) ASSERT_EQ(gr.drhs.get(i), 0.0) << "empty group must get exactly zero";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Impls, RaggedDot, ::testing::Values("native", "blas", "reference"));
+
+TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
+  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs}) {
+    check_case("native", {DType::kF32, DType::kF32, {}, d, 70, 90, {30, 0, 11}, 2}, true);
+    check_case("native", {DType::kF32, DType::kBF16, {}, d, 70, 90, {30, 0, 11}, 2}, true);
+    check_case("native", {DType::kBF16, DType::kBF16, {}, d, 71, 33, {3, 0, 11}, 0}, true);
+  }
+  // The portable and AVX2 kernels directly (best_kernels() is chosen once per process).
+  namespace k = rdot::kernels;
+  for (const k::KernelSet* ks : {&k::portable_kernels(), k::avx2_kernels(), k::avx512_kernels()}) {
+    if (ks->isa == k::Isa::kAvx2 && !device_info().isa.has_avx2_fma()) continue;
+    if (ks->isa == k::Isa::kAvx512 && !device_info().isa.has_avx512_bf16()) continue;
+    const int64_t K = 21, nr = ks->nr;
+    for (int mr = 1; mr <= ks->max_mr; ++mr) {
+      Tensor a = Tensor::randn({mr, K}, DType::kF32, fresh_seed());
+      Tensor b = Tensor::randn({K, nr}, DType::kF32, fresh_seed());
+      Tensor bp({K * nr}, DType::kF32);
+      k::pack_panels_f32(b.data(), false, false, K, nr, ks->nr, bp.data_as<float>(), 0, 1);
+      Tensor c = Tensor::zeros({mr, nr}, DType::kF32);
+      ks->f32(mr, K, a.data_as<float>(), K, 1, bp.data_as<float>(), c.data_as<float>(), nr, false);
+      for (int i = 0; i < mr; ++i) {
+        for (int64_t j = 0; j < nr; ++j) {
+          double s = 0;
+          for (int64_t kk = 0; kk < K; ++kk) s += a.get(i * K + kk) * b.get(kk * nr + j);
+          ASSERT_NEAR(c.get(i * nr + j), s, 1e-4) << ks->name << " mr=" << mr;
+        }
+      }
+    }
+  }
+}
+
+TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
+  const auto& fam = rdot::family();
+  const BoundArguments b = fam.bind_json(find_arg_specs("ragged_dot", "smoke_f32")[0].arguments, "native");
+  auto call = fam.make_call(b, fresh_seed());
+  const auto native = fam.implementation("native");
+  AutotuneOptions o;
+  o.timing.min_samples = 1;
+  o.timing.min_time_s = 0;
+  o.timing.warmup = 0;
+  o.remeasure_rounds = 0;
+  const AutotuningData d = Autotuner(o).tune(b);
+  EXPECT_GE(d.entries().size(), 10u);
+  for (const auto& [k, e] : d.entries()) EXPECT_TRUE(e.benchmark) << k << ": " << e.failure->message;
+}
+
+TEST(RaggedDot, BadInputIsAClearError) {
+  Tensor lhs = Tensor::randn({6, 8}, DType::kF32, 1), rhs = Tensor::randn({2, 8, 5}, DType::kF32, 2);
+  auto expect_error = [](auto fn, const char* needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::vector<int32_t> ok = {3, 3};
+  expect_error([&] { ragged_dot(lhs, Tensor::randn({2, 7, 5}, DType::kF32, 3), ok); }, "contraction sizes must match");
+  expect_error([&] { ragged_dot(lhs, rhs, std::vector<int32_t>{3, 3, 0}); }, "group_sizes has length 3");
+  expect_error([&] { ragged_dot(lhs, rhs, std::vector<int32_t>{-1, 3}); }, "group_sizes[0] = -1");
+  expect_error([&] { ragged_dot(lhs, rhs, std::vector<int32_t>{4, 3}); }, "sum(group_sizes) = 7");
+  expect_error([&] { ragged_dot(Tensor::randn({6}, DType::kF32, 1), rhs, ok); }, "rank 2");
+  expect_error([&] { ragged_dot(lhs, Tensor::randn({8, 5}, DType::kF32, 1), ok); }, "rank 3");
+  expect_error([&] { ragged_dot(Tensor::randn({6, 8}, DType::kBF16, 1), rhs, ok); }, "unsupported dtype combination");
+  expect_error([&] { ragged_dot(lhs, rhs, ok, {.preferred_element_type = DType::kBF16}); }, "preferred_element_type");
+  expect_error([&] { ragged_dot(lhs, rhs, Tensor::zeros({2}, DType::kI64)); }, "i32[G]");
+  TensorView strided(lhs.data(), DType::kF32, {6, 4}, {8, 2});
+  EXPECT_THROW(ragged_dot(strided, rhs, ok), Error);  // shape mismatch or non-contiguous: never a crash
+  TensorView strided8(lhs.data(), DType::kF32, {3, 8}, {16, 1});
+  EXPECT_THROW(ragged_dot(strided8, rhs, std::vector<int32_t>{1, 1}, {.implementation = "native"}), Unsupported);
+}
+
+}  // namespace
+}  // namespace tokamax

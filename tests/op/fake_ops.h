@@ -1,0 +1,154 @@
+// Test-only op family "fake": out = 2 * x, with implementations that exercise every path of the
+// framework and the autotuner (as tokamax's own tests do with fake ops).
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "tokamax/tokamax.h"
+
+namespace tokamax::testing {
+
+struct FakeCall : CallBase {
+  Tensor x;
+};
+
+struct TileConfig {
+  int tile = 1;
+  Json to_json() const { return {{"tile", tile}}; }
+  static TileConfig from_json(const Json& j) { return {j.at("tile").get<int>()}; }
+  bool operator==(const TileConfig&) const = default;
+};
+
+inline void spin_us(double us) {
+  const double end = now_seconds() + us * 1e-6;
+  while (now_seconds() < end) {
+  }
+}
+
+inline void write_double(FakeCall& c) {
+  const TensorView& o = c.outputs.at(0);
+  for (int64_t i = 0; i < c.x.size(); ++i) o.data_as<float>()[i] = 2 * c.x.data_as<float>()[i];
+}
+
+// Configs tile 1..4; tile 3 is fastest; prepare is counted.
+class OneField : public Implementation {
+ public:
+  mutable std::atomic<int> prepares{0};
+  std::string name() const override { return "one_field"; }
+  bool has_config() const override { return true; }
+  std::vector<std::string> config_fields() const override { return {"tile"}; }
+  Config heuristics_config(const CallBase&) const override { return Config::make(TileConfig{1}); }
+  std::vector<Config> autotuning_configs(const CallBase&) const override {
+    return {Config::make(TileConfig{4}), Config::make(TileConfig{2}), Config::make(TileConfig{3}),
+            Config::make(TileConfig{1})};
+  }
+  Config config_from_json(const Json& j) const override { return Config::make(TileConfig::from_json(j)); }
+  std::shared_ptr<const Prepared> prepare(const CallBase&, const Config&) const override {
+    prepares++;
+    return nullptr;
+  }
+  void run(CallBase& base, const Config& c, const Prepared*) const override {
+    spin_us(30 + 60 * std::abs(c.get<TileConfig>().tile - 3));
+    write_double(static_cast<FakeCall&>(base));
+  }
+};
+
+// A config whose behaviour is broken in a given way.
+class Broken : public Implementation {
+ public:
+  enum Mode { kSleep, kOutOfBounds, kUnwritten, kWrong, kThrows };
+  Broken(std::string name, Mode mode) : name_(std::move(name)), mode_(mode) {}
+  std::string name() const override { return name_; }
+  bool has_config() const override { return true; }
+  Config heuristics_config(const CallBase&) const override { return Config::make(TileConfig{0}); }
+  std::vector<Config> autotuning_configs(const CallBase&) const override { return {Config::make(TileConfig{1})}; }
+  Config config_from_json(const Json& j) const override { return Config::make(TileConfig::from_json(j)); }
+  void run(CallBase& base, const Config& c, const Prepared*) const override {
+    auto& call = static_cast<FakeCall&>(base);
+    write_double(call);
+    if (c.get<TileConfig>().tile == 0) return;  // the heuristics config is fine
+    float* o = call.outputs[0].data_as<float>();
+    switch (mode_) {
+      case kSleep: std::this_thread::sleep_for(std::chrono::milliseconds(50)); break;
+      case kOutOfBounds: o[call.x.size() + 3] = 1.0f; break;
+      case kUnwritten: o[1] = std::nanf(""); break;
+      case kWrong: o[2] += 1.0f; break;
+      case kThrows: throw std::runtime_error("boom");
+    }
+  }
+
+ private:
+  std::string name_;
+  Mode mode_;
+};
+
+class Nothing : public Implementation {
+ public:
+  std::string name() const override { return "nothing"; }
+  void run(CallBase& base, const Config&, const Prepared*) const override { write_double(static_cast<FakeCall&>(base)); }
+};
+
+class Picky : public Implementation {  // never supports anything
+ public:
+  std::string name() const override { return "picky"; }
+  void validate(const CallBase&) const override { throw Unsupported("picky refuses every shape"); }
+  void run(CallBase&, const Config&, const Prepared*) const override {}
+};
+
+class FakeFamily : public OpFamily {
+ public:
+  std::shared_ptr<OneField> one = std::make_shared<OneField>();
+  FakeFamily() {
+    impls_ = {std::make_shared<Picky>(), one, std::make_shared<Nothing>(),
+              std::make_shared<Broken>("sleepy", Broken::kSleep), std::make_shared<Broken>("oob", Broken::kOutOfBounds),
+              std::make_shared<Broken>("unwritten", Broken::kUnwritten), std::make_shared<Broken>("wrong", Broken::kWrong),
+              std::make_shared<Broken>("throws", Broken::kThrows)};
+  }
+  std::string name() const override { return "fake"; }
+  std::vector<std::shared_ptr<const Implementation>> implementations() const override { return impls_; }
+  std::shared_ptr<const Implementation> reference() const override { return std::make_shared<Nothing>(); }
+  BoundArguments bind_json(const Json& a, const std::string& impl) const override {
+    const ShapeDtype x = ShapeDtype::parse(a.at("x").get<std::string>());
+    if (x.rank() != 1 || x.dtype != DType::kF32) throw InvalidArgument("fake: x must be f32[n]");
+    return BoundArguments("fake", impl, {{"x", x.str()}, {"num_threads", a.value("num_threads", 1)}});
+  }
+  std::unique_ptr<CallBase> make_call(const BoundArguments& b, uint64_t seed) const override {
+    auto c = std::make_unique<FakeCall>();
+    const ShapeDtype x = ShapeDtype::parse(b.arguments()["x"].get<std::string>());
+    c->x = Tensor::randn(x.shape, DType::kF32, seed);
+    c->bound = b;
+    std::lock_guard<std::mutex> lock(mu_);
+    out_.push_back(std::make_unique<Tensor>(x.shape, DType::kF32));
+    c->outputs = {out_.back()->view()};
+    return c;
+  }
+  Tolerance tolerance(const CallBase&) const override { return {1e-6, 1e-6, 0}; }
+  std::vector<ArgSpec> arg_specs() const override {
+    return {ArgSpec{"fake", "small", {{"x", "f32[64]"}}, {"smoke"}}};
+  }
+
+ private:
+  std::vector<std::shared_ptr<const Implementation>> impls_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::unique_ptr<Tensor>> out_;
+};
+
+inline FakeFamily& fake() {
+  static std::shared_ptr<FakeFamily> f = [] {
+    auto p = std::make_shared<FakeFamily>();
+    register_family(p);
+    return p;
+  }();
+  return *f;
+}
+
+inline std::unique_ptr<FakeCall> fake_call(int64_t n = 64) {
+  auto base = fake().make_call(fake().bind_json({{"x", ShapeDtype{{n}, DType::kF32}.str()}}, ""), 1);
+  return std::unique_ptr<FakeCall>(static_cast<FakeCall*>(base.release()));
+}
+
+}  // namespace tokamax::testing
