@@ -54,41 +54,73 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
     const double flops = rdot::call_flops(call), bytes = rdot::weight_bytes(call);
     const bool mem = fam.memory_bound(call);
     const bool bf16_dot = call.lhs_as_bf16() && roof.bf16_gflops_all > 0;
+    // Prepare every implementation first, then measure them interleaved in rounds, so that
+    // drift in the machine's state (a noisy VM) hits all of them alike.
+    struct Runner {
+      std::shared_ptr<const Implementation> impl;
+      Config config;
+      std::shared_ptr<const Prepared> prepared;
+      std::vector<double> samples;
+    };
     std::vector<BenchRow> these;
+    std::vector<Runner> runners;
     for (const std::string& name : impls) {
-      const auto impl = fam.implementation(name);
       BenchRow r;
       r.spec = s.name;
       r.implementation = name;
+      Runner run;
       try {
-        impl->validate(call);
-        const Resolution res = resolve_config(fam, *impl, call, std::nullopt);
+        run.impl = fam.implementation(name);
+        run.impl->validate(call);
+        const Resolution res = resolve_config(fam, *run.impl, call, std::nullopt);
+        run.config = res.config;
         r.config = res.config.str();
         r.rung = std::string(rung_name(res.rung));
         // Preparation (weight packing) is done once, as with pre-packed weights in a model.
-        auto prep = impl->prepare(call, res.config);
-        TimingOptions t;
-        t.cold_cache = mem;
-        t.min_time_s = min_time_s;
-        t.min_samples = 10;
-        t.max_time_s = std::max(5.0, 4 * min_time_s);
-        const SampleStats st = time_callable([&] { impl->run(call, res.config, prep.get()); }, t);
-        r.median_ms = st.median_ms;
-        r.iqr_ms = st.iqr_ms();
-        r.gflops = flops / (st.median_ms * 1e-3) / 1e9;
-        r.gbps = bytes / (st.median_ms * 1e-3) / 1e9;
-        if (mem) {
-          r.peak_kind = "mem_read";
-          r.pct_of_peak = roof.read_gbps_all > 0 ? 100 * r.gbps / roof.read_gbps_all : 0;
-        } else {
-          r.peak_kind = bf16_dot ? "bf16_dot" : "f32_fma";
-          const double peak = bf16_dot ? roof.bf16_gflops_all : roof.f32_gflops_all;
-          r.pct_of_peak = peak > 0 ? 100 * r.gflops / peak : 0;
-        }
+        run.prepared = run.impl->prepare(call, res.config);
       } catch (const std::exception& e) {
         r.rung = std::string("error: ") + e.what();
+        run.impl = nullptr;
       }
       these.push_back(r);
+      runners.push_back(std::move(run));
+    }
+    constexpr int kRounds = 5;
+    for (int round = 0; round < kRounds; ++round) {
+      for (size_t i = 0; i < runners.size(); ++i) {
+        Runner& run = runners[i];
+        if (!run.impl) continue;
+        TimingOptions t;
+        t.cold_cache = mem;
+        t.warmup = round == 0 ? 2 : 1;
+        t.min_time_s = min_time_s / kRounds;
+        t.min_samples = 3;
+        t.max_time_s = std::max(2.0, min_time_s);
+        try {
+          const SampleStats st = time_callable([&] { run.impl->run(call, run.config, run.prepared.get()); }, t);
+          run.samples.insert(run.samples.end(), st.samples_ms.begin(), st.samples_ms.end());
+        } catch (const std::exception& e) {
+          these[i].rung = std::string("error: ") + e.what();
+          run.impl = nullptr;
+        }
+      }
+    }
+    for (size_t i = 0; i < runners.size(); ++i) {
+      if (!runners[i].impl) continue;
+      BenchRow& r = these[i];
+      const SampleStats st = SampleStats::of(runners[i].samples);
+      r.median_ms = st.median_ms;
+      r.iqr_ms = st.iqr_ms();
+      r.gflops = flops / (st.median_ms * 1e-3) / 1e9;
+      r.gbps = bytes / (st.median_ms * 1e-3) / 1e9;
+      if (mem) {
+        r.peak_kind = "mem_read";
+        r.pct_of_peak = roof.read_gbps_all > 0 ? 100 * r.gbps / roof.read_gbps_all : 0;
+      } else {
+        r.peak_kind = bf16_dot ? "bf16_dot" : "f32_fma";
+        const double peak = bf16_dot ? roof.bf16_gflops_all : roof.f32_gflops_all;
+        r.pct_of_peak = peak > 0 ? 100 * r.gflops / peak : 0;
+      }
     }
     const BenchRow* base = nullptr;
     for (const auto& r : these) {

@@ -26,19 +26,23 @@ float fma_f32_avx2(int64_t iters) {
 }
 
 float read_f32_avx2(const float* p, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-    s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-    s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-    s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+  // Eight interleaved streams (eighths of the buffer), one accumulator each: DRAM bandwidth
+  // needs many misses in flight, which one sequential stream does not produce on every chip
+  // (on Zen 4 here: ~23 GB/s per core from one stream, ~30+ from eight).
+  constexpr int kStreams = 8;
+  const int64_t q = n / kStreams / 8 * 8;
+  __m256 a[kStreams];
+  for (int s = 0; s < kStreams; ++s) a[s] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < q; i += 8) {
+#pragma GCC unroll 8
+    for (int s = 0; s < kStreams; ++s) a[s] = _mm256_add_ps(a[s], _mm256_load_ps(p + s * q + i));
   }
-  __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])),
+                           _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7])));
   alignas(32) float out[8];
-  _mm256_store_ps(out, s);
+  _mm256_store_ps(out, t);
   float r = out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
-  for (; i < n; ++i) r += p[i];
+  for (int64_t i = kStreams * q; i < n; ++i) r += p[i];
   return r;
 }
 

@@ -125,6 +125,9 @@ struct Item {
   int64_t g, m0, rows, n0, cols;
 };
 
+constexpr int64_t kDecodeRows = 4;  // groups this small are weight-streaming
+constexpr int64_t kMaxKc = 8192;    // scratch stays bounded (mc * kc floats per thread)
+
 class Native : public Implementation {
  public:
   std::string name() const override { return "native"; }
@@ -182,23 +185,34 @@ class Native : public Implementation {
     }
   }
 
+  // Measured on Zen 4 (tokamax autotune --tag primary): big row blocks want 8-row tiles,
+  // 64-row items and 512-column items (B panels from L1, A tiles from L2, ~90% of FMA peak);
+  // a few rows per group (decode) want no K blocking, so each weight panel is one contiguous
+  // stream from memory.
   Config heuristics_config(const CallBase& base) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
     RaggedDotNativeConfig cfg;
-    cfg.mr = static_cast<int>(std::clamp<int64_t>(rows, 1, ks.max_mr));
-    if (ks.max_mr == 12 && rows >= 12) cfg.mr = 12;
-    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 8));
-    cfg.kc = static_cast<int>(std::clamp<int64_t>(round_up(std::max<int64_t>(depth, 2), 2), 2, 256));
+    const int64_t depth2 = round_up(std::max<int64_t>(depth, 2), 2);
+    if (rows <= kDecodeRows) {
+      cfg.mr = static_cast<int>(std::clamp<int64_t>(rows, 1, ks.max_mr));
+      cfg.mc = cfg.mr;
+      // Not kc = K: interleaving the panels of an item in K blocks keeps ~nc/nr streams in
+      // flight, which draws more bandwidth than one long stream per thread (measured).
+      cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 256));
+    } else {
+      cfg.mr = std::min(8, ks.max_mr);
+      cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 8));
+      cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 256));
+    }
     // Enough work items to balance threads, as wide as possible otherwise.
     const int64_t row_blocks = std::max<int64_t>(1, ng) * std::max<int64_t>(1, (rows + cfg.mc - 1) / cfg.mc);
     const int64_t want = 4 * std::max(1, c.num_threads);
     int nc = 512;
     while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
-    cfg.nc = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr, 1 << 20));
-    cfg.nc = static_cast<int>(round_up(cfg.nc, ks.nr));
+    cfg.nc = static_cast<int>(round_up(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr));
     return Config::make(cfg);
   }
 
@@ -207,17 +221,23 @@ class Native : public Implementation {
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
+    const int64_t depth2 = round_up(std::max<int64_t>(depth, 2), 2);
+    const int64_t rows1 = std::max<int64_t>(rows, 1), cols_r = round_up(std::max<int64_t>(cols, 1), ks.nr);
     std::vector<Config> out;
     std::vector<int> mrs = ks.max_mr >= 12 ? std::vector<int>{4, 8, 12} : std::vector<int>{2, 4, ks.max_mr};
+    if (rows1 <= kDecodeRows) mrs = {static_cast<int>(std::min<int64_t>(rows1, ks.max_mr))};
+    std::vector<int> kcs = {128, 256, 512};
+    if (depth2 > 512) kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
     for (int mr : mrs) {
-      if (mr > std::max<int64_t>(rows, 1) && mr != mrs.front()) continue;  // taller tiles than rows: pruned
-      for (int mcf : {4, 8, 16}) {
+      if (mr > rows1 && mr != mrs.front()) continue;  // tiles taller than the groups: pruned
+      for (int mcf : {1, 4, 8, 16}) {
         const int mc = mr * mcf;
-        if (mc > round_up(std::max<int64_t>(rows, 1), mr) * 2 && mcf != 4) continue;
-        for (int kc : {128, 256, 512}) {
-          if (kc > round_up(std::max<int64_t>(depth, 2), 2) * 2 && kc != 128) continue;
-          for (int nc : {64, 128, 256, 512}) {
-            if (nc % ks.nr || nc > round_up(std::max<int64_t>(cols, 1), ks.nr) * 2) continue;
+        if ((mcf == 1) != (rows1 <= kDecodeRows)) continue;  // decode: one tile per item
+        if (mc > round_up(rows1, mr) * 2 && mcf != 4) continue;
+        for (int kc : kcs) {
+          if (kc > depth2 * 2 && kc != 128) continue;
+          for (int nc : {64, 128, 256, 512, 1024}) {
+            if (nc % ks.nr || nc > cols_r * 2) continue;
             out.push_back(Config::make(RaggedDotNativeConfig{mr, mc, kc, nc}));
           }
         }
@@ -229,7 +249,7 @@ class Native : public Implementation {
   int64_t scratch_bytes(const CallBase& base, const Config& config) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
     const auto& cfg = config.get<RaggedDotNativeConfig>();
-    const int64_t per_thread = static_cast<int64_t>(cfg.mc) * cfg.nc * 4 + static_cast<int64_t>(cfg.mc) * (cfg.kc / 2) * 4;
+    const int64_t per_thread = (static_cast<int64_t>(cfg.mc) * cfg.nc + static_cast<int64_t>(cfg.mc) * cfg.kc) * 4;
     return per_thread * c.num_threads;
   }
 
@@ -277,7 +297,7 @@ class Native : public Implementation {
     std::vector<Tensor> scratch;
     const int threads = std::min<int>(c.num_threads, ThreadPool::global().size());
     const int64_t tile_elems = static_cast<int64_t>(cfg.mc) * cfg.nc;
-    const int64_t apack_elems = pairs ? static_cast<int64_t>(cfg.mc) * (cfg.kc / 2) : 0;
+    const int64_t apack_elems = static_cast<int64_t>(cfg.mc) * cfg.kc;  // f32 tiles or bf16 pairs
     // An f32 copy of a bf16 lhs for the f32 kernels (kHighest or no bf16 dot): per call.
     Tensor lhs_f32;
     const float* A = nullptr;
@@ -326,11 +346,13 @@ class Native : public Implementation {
             }
           }
         } else {
+          float* af = reinterpret_cast<float*>(apack);
+          k::pack_a_f32(A + it.m0 * K, K, it.rows, kb, kcur, cfg.mr, af);
           for (int64_t p = 0; p < np; ++p) {
             const float* b = static_cast<const float*>(r.group(it.g)) + (p0 + p) * r.panel_elems + kb * ks.nr;
             for (int64_t i = 0; i < it.rows; i += cfg.mr) {
               const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
-              ks.f32(rows, kcur, A + (it.m0 + i) * K + kb, K, 1, b, C + i * ldc + p * ks.nr, ldc, acc);
+              ks.f32(rows, kcur, af + i * kcur, 1, cfg.mr, b, C + i * ldc + p * ks.nr, ldc, acc);
             }
           }
         }

@@ -101,6 +101,22 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool trans, int64_t K, int6
   }
 }
 
+void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr, float* dst) {
+  const int64_t tiles = (rows + mr - 1) / mr;
+  for (int64_t t = 0; t < tiles; ++t) {
+    float* d = dst + t * mr * kc;
+    for (int i = 0; i < mr; ++i) {
+      const int64_t r = t * mr + i;
+      if (r >= rows) {
+        for (int64_t k = 0; k < kc; ++k) d[k * mr + i] = 0.0f;
+        continue;
+      }
+      const float* src = a + r * lda + k0;
+      for (int64_t k = 0; k < kc; ++k) d[k * mr + i] = src[k];
+    }
+  }
+}
+
 void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int64_t as,
                  uint32_t* dst) {
   const int64_t KP = (kc + 1) / 2;

@@ -44,6 +44,11 @@ void pack_panels_f32(const void* src, bool is_bf16, bool src_trans, int64_t K, i
 // f32 sources are rounded to bf16.
 void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr, uint32_t* dst,
                       int64_t panel_begin, int64_t panel_end);
+// Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major f32 matrix (row stride lda) into
+// tiles of mr rows, dst[t][k][mr] (rows past `rows` are zero). The micro-panel of one tile is then
+// one contiguous stream: rows of a row-major lhs are K*4 bytes apart, and for K a multiple of
+// 1024 a dozen of them fall into one L1 set (4 KiB aliasing) if read in place.
+void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr, float* dst);
 // Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major matrix (row stride lda) into bf16 pairs
 // dst[kp*a_stride + i]; rows >= `rows` up to a_stride and the odd tail are zero.
 void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int64_t a_stride,
