@@ -10,14 +10,25 @@ namespace {
 
 using namespace tokamax;
 
-void BM_BindAndResolve_ScopeHit(benchmark::State& state) {
+// A small ragged_dot call and the native implementation.
+struct Setup {
   Tensor x = Tensor::randn({16, 64}, DType::kF32, 0);
   Tensor w = Tensor::randn({4, 64, 64}, DType::kF32, 1);
   std::vector<int32_t> sizes = {4, 4, 4, 4};
-  const auto& fam = rdot::family();
-  const auto native = fam.implementation("native");
+  const rdot::Family& fam = rdot::family();
+  std::shared_ptr<const Implementation> native = fam.implementation("native");
   rdot::RaggedDotCall probe;
-  rdot::bind_call(probe, x, w.spec(), sizes, RaggedDimNums::kForward, {});
+  Setup() { bind(probe); }
+  void bind(rdot::RaggedDotCall& c) const {
+    rdot::bind_call(c, x, w.spec(), sizes, RaggedDimNums::kForward, {});
+  }
+};
+
+void BM_BindAndResolve_ScopeHit(benchmark::State& state) {
+  Setup s;
+  const auto& fam = s.fam;
+  const auto& native = s.native;
+  const auto& probe = s.probe;
   AutotuningResult r;
   AutotuningData d;
   BenchmarkData b;
@@ -27,7 +38,7 @@ void BM_BindAndResolve_ScopeHit(benchmark::State& state) {
   AutotuningScope scope(r);
   for (auto _ : state) {
     rdot::RaggedDotCall c;
-    rdot::bind_call(c, x, w.spec(), sizes, RaggedDimNums::kForward, {});
+    s.bind(c);
     Resolution res = resolve_config(fam, *native, c, std::nullopt);
     benchmark::DoNotOptimize(res);
     if (res.rung != Rung::kScope) state.SkipWithError("expected a scope hit");
@@ -36,18 +47,12 @@ void BM_BindAndResolve_ScopeHit(benchmark::State& state) {
 BENCHMARK(BM_BindAndResolve_ScopeHit);
 
 void BM_BindAndResolve_DiskCacheHit(benchmark::State& state) {
-  Tensor x = Tensor::randn({16, 64}, DType::kF32, 0);
-  Tensor w = Tensor::randn({4, 64, 64}, DType::kF32, 1);
-  std::vector<int32_t> sizes = {4, 4, 4, 4};
-  const auto& fam = rdot::family();
-  const auto native = fam.implementation("native");
-  rdot::RaggedDotCall probe;
-  rdot::bind_call(probe, x, w.spec(), sizes, RaggedDimNums::kForward, {});
-  DiskCache::global().put_memory(*native, probe.bound, native->heuristics_config(probe));
+  Setup s;
+  DiskCache::global().put_memory(*s.native, s.probe.bound, s.native->heuristics_config(s.probe));
   for (auto _ : state) {
     rdot::RaggedDotCall c;
-    rdot::bind_call(c, x, w.spec(), sizes, RaggedDimNums::kForward, {});
-    Resolution res = resolve_config(fam, *native, c, std::nullopt);
+    s.bind(c);
+    Resolution res = resolve_config(s.fam, *s.native, c, std::nullopt);
     benchmark::DoNotOptimize(res);
     if (res.rung != Rung::kDiskCache) state.SkipWithError("expected a cache hit");
   }
@@ -55,16 +60,10 @@ void BM_BindAndResolve_DiskCacheHit(benchmark::State& state) {
 BENCHMARK(BM_BindAndResolve_DiskCacheHit);
 
 void BM_ResolveOnly_DiskCacheHit(benchmark::State& state) {
-  Tensor x = Tensor::randn({16, 64}, DType::kF32, 0);
-  Tensor w = Tensor::randn({4, 64, 64}, DType::kF32, 1);
-  std::vector<int32_t> sizes = {4, 4, 4, 4};
-  const auto& fam = rdot::family();
-  const auto native = fam.implementation("native");
-  rdot::RaggedDotCall c;
-  rdot::bind_call(c, x, w.spec(), sizes, RaggedDimNums::kForward, {});
-  DiskCache::global().put_memory(*native, c.bound, native->heuristics_config(c));
+  Setup s;
+  DiskCache::global().put_memory(*s.native, s.probe.bound, s.native->heuristics_config(s.probe));
   for (auto _ : state) {
-    Resolution res = resolve_config(fam, *native, c, std::nullopt);
+    Resolution res = resolve_config(s.fam, *s.native, s.probe, std::nullopt);
     benchmark::DoNotOptimize(res);
   }
 }

@@ -18,8 +18,10 @@ void run(benchmark::State& state, const ArgSpec& spec, const std::string& impl_n
   const Resolution r = resolve_config(fam, *impl, c, std::nullopt);
   auto prepared = impl->prepare(c, r.config);
   for (auto _ : state) impl->run(c, r.config, prepared.get());
-  state.counters["GFLOP/s"] = benchmark::Counter(rdot::call_flops(c), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["weight_GB/s"] = benchmark::Counter(rdot::weight_bytes(c), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(rdot::call_flops(c), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(rdot::weight_bytes(c), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 const int registered = [] {

@@ -1,15 +1,17 @@
 // `tokamax bench`: measures implementations side by side on named specs, with the ratio to the
 // baseline (`blas`) measured in the same run and the percentage of the roofline ceilings.
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "ops/ragged_dot/base.h"
 #include "tools/commands.h"
 
 namespace tokamax::cli {
 
-std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec, const std::string& tag,
-                                              const std::string& file, const std::vector<std::string>& impls) {
+std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec,
+                                              const std::string& tag, const std::string& file,
+                                              const std::vector<std::string>& impls) {
   const int chosen = !spec.empty() + !tag.empty() + !file.empty();
   if (chosen != 1) throw InvalidArgument("give exactly one of --spec, --tag, --bound-args");
   std::vector<BoundArguments> base;
@@ -17,7 +19,8 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
     base = BoundArguments::loads_list(read_file(file), "'" + file + "'");
   } else {
     const OpFamily& f = find_family(op);
-    for (const ArgSpec& s : find_arg_specs(op, spec, tag)) base.push_back(f.bind_json(s.arguments, ""));
+    for (const ArgSpec& s : find_arg_specs(op, spec, tag))
+      base.push_back(f.bind_json(s.arguments, ""));
     if (base.empty()) throw InvalidArgument("no spec of op '" + op + "' has tag '" + tag + "'");
   }
   std::vector<BoundArguments> out;
@@ -97,7 +100,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         t.min_samples = 3;
         t.max_time_s = std::max(2.0, min_time_s);
         try {
-          const SampleStats st = time_callable([&] { run.impl->run(call, run.config, run.prepared.get()); }, t);
+          const SampleStats st =
+              time_callable([&] { run.impl->run(call, run.config, run.prepared.get()); }, t);
           run.samples.insert(run.samples.end(), st.samples_ms.begin(), st.samples_ms.end());
         } catch (const std::exception& e) {
           these[i].rung = std::string("error: ") + e.what();

@@ -10,8 +10,10 @@ namespace tokamax::cli {
 
 // Bound arguments for --spec NAME / --tag T / --bound-args FILE (exactly one), each bound to
 // `impls` (empty: the family's implementations supported here).
-std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec, const std::string& tag,
-                                              const std::string& bound_args_file, const std::vector<std::string>& impls);
+std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec,
+                                              const std::string& tag,
+                                              const std::string& bound_args_file,
+                                              const std::vector<std::string>& impls);
 
 struct BenchRow {
   std::string spec, implementation, config, rung;

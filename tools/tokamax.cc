@@ -1,9 +1,9 @@
 // The `tokamax` command: device, ops, specs, autotune, explain, cache, bench.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
-#include <fmt/format.h>
 #include <iostream>
 
 #include "tools/commands.h"
@@ -34,25 +34,27 @@ void print_device(bool json, bool roofline) {
     return;
   }
   fmt::print("device kind:   {}\n", tk::device_kind());
-  fmt::print("model:         {} ({}, family {:#x} model {:#x})\n", d.model_name, d.vendor, d.family, d.model);
+  fmt::print("model:         {} ({}, family {:#x} model {:#x})\n", d.model_name, d.vendor, d.family,
+             d.model);
   fmt::print("microarch:     {}\n", d.microarch);
   std::string isa;
   for (const auto& [k, v] : j["isa"].items()) {
     if (v.get<bool>()) isa += k + " ";
   }
   fmt::print("isa:           {}\n", isa);
-  fmt::print("caches:        L1d {} KiB, L2 {} KiB, L3 {} MiB\n", d.l1d_bytes >> 10, d.l2_bytes >> 10, d.l3_bytes >> 20);
-  fmt::print("cores:         {} physical, {} threads available, tokamax uses {}\n", d.physical_cores,
-             d.threads_available, tk::num_threads());
+  fmt::print("caches:        L1d {} KiB, L2 {} KiB, L3 {} MiB\n", d.l1d_bytes >> 10,
+             d.l2_bytes >> 10, d.l3_bytes >> 20);
+  fmt::print("cores:         {} physical, {} threads available, tokamax uses {}\n",
+             d.physical_cores, d.threads_available, tk::num_threads());
   if (roofline) {
     const Json& r = j["roofline"];
     fmt::print("roofline ({} threads = all):\n", r["threads"].get<int>());
-    fmt::print("  f32 FMA:     {:8.1f} GFLOP/s 1 core, {:8.1f} all\n", r["f32_fma_gflops_1core"].get<double>(),
-               r["f32_fma_gflops_all"].get<double>());
-    fmt::print("  bf16 dot:    {:8.1f} GFLOP/s 1 core, {:8.1f} all\n", r["bf16_dot_gflops_1core"].get<double>(),
-               r["bf16_dot_gflops_all"].get<double>());
-    fmt::print("  mem read:    {:8.1f} GB/s 1 core, {:8.1f} all\n", r["mem_read_gbps_1core"].get<double>(),
-               r["mem_read_gbps_all"].get<double>());
+    fmt::print("  f32 FMA:     {:8.1f} GFLOP/s 1 core, {:8.1f} all\n",
+               r["f32_fma_gflops_1core"].get<double>(), r["f32_fma_gflops_all"].get<double>());
+    fmt::print("  bf16 dot:    {:8.1f} GFLOP/s 1 core, {:8.1f} all\n",
+               r["bf16_dot_gflops_1core"].get<double>(), r["bf16_dot_gflops_all"].get<double>());
+    fmt::print("  mem read:    {:8.1f} GB/s 1 core, {:8.1f} all\n",
+               r["mem_read_gbps_1core"].get<double>(), r["mem_read_gbps_all"].get<double>());
     fmt::print("  mem copy:    {:8.1f} GB/s all\n", r["mem_copy_gbps_all"].get<double>());
   }
 }
@@ -77,10 +79,11 @@ void print_ops(bool json) {
   for (const auto& f : arr) {
     fmt::print("{}\n", f["op"].get<std::string>());
     for (const auto& i : f["implementations"]) {
-      std::string fields;
-      for (const auto& x : i["config_fields"]) fields += (fields.empty() ? "" : ", ") + x.get<std::string>();
-      fmt::print("  {:<10} v{}  {}  config: {}\n", i["name"].get<std::string>(), i["version"].get<int>(),
-                 i["supported_here"].get<bool>() ? "supported" : "unsupported", fields.empty() ? "(none)" : fields);
+      const std::string fields = tk::join(i["config_fields"].get<std::vector<std::string>>(), ", ");
+      fmt::print("  {:<10} v{}  {}  config: {}\n", i["name"].get<std::string>(),
+                 i["version"].get<int>(),
+                 i["supported_here"].get<bool>() ? "supported" : "unsupported",
+                 fields.empty() ? "(none)" : fields);
     }
   }
 }
@@ -88,25 +91,26 @@ void print_ops(bool json) {
 void print_specs(const std::string& op, const std::string& tag, bool json) {
   Json arr = Json::array();
   for (const auto& s : tk::find_arg_specs(op, "", tag)) {
-    arr.push_back({{"op", s.family}, {"name", s.name}, {"tags", s.tags}, {"arguments", s.arguments}});
+    arr.push_back(
+        {{"op", s.family}, {"name", s.name}, {"tags", s.tags}, {"arguments", s.arguments}});
   }
   if (json) {
     std::cout << arr.dump(2) << "\n";
     return;
   }
   for (const auto& s : arr) {
-    std::string tags;
-    for (const auto& t : s["tags"]) tags += (tags.empty() ? "" : ",") + t.get<std::string>();
-    fmt::print("{:<12} {:<36} [{}] {}\n", s["op"].get<std::string>(), s["name"].get<std::string>(), tags,
-               tk::canonical_dump(s["arguments"]));
+    const std::string tags = tk::join(s["tags"].get<std::vector<std::string>>(), ",");
+    fmt::print("{:<12} {:<36} [{}] {}\n", s["op"].get<std::string>(), s["name"].get<std::string>(),
+               tags, tk::canonical_dump(s["arguments"]));
   }
 }
 
 void progress_bar(const tk::AutotuneProgress& p) {
   const int width = 30;
   const int filled = p.total ? width * p.done / p.total : width;
-  fmt::print(stderr, "\r{:<28.28} [{}{}] {}/{} {:.1f}s ETA {:.1f}s   ", p.key, std::string(filled, '#'),
-             std::string(width - filled, '.'), p.done, p.total, p.elapsed_s, p.eta_s);
+  fmt::print(stderr, "\r{:<28.28} [{}{}] {}/{} {:.1f}s ETA {:.1f}s   ", p.key,
+             std::string(filled, '#'), std::string(width - filled, '.'), p.done, p.total,
+             p.elapsed_s, p.eta_s);
   if (p.done == p.total) fmt::print(stderr, "\n");
 }
 
@@ -116,10 +120,11 @@ void print_result_table(const tk::AutotuningResult& r) {
     fmt::print("  {:<48} {:>11} {:>10}  {}\n", "config", "median ms", "IQR ms", "status");
     for (const auto& [k, e] : d.entries()) {
       if (e.benchmark) {
-        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok\n", k, e.benchmark->median_ms, e.benchmark->iqr_ms);
+        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok\n", k, e.benchmark->median_ms,
+                   e.benchmark->iqr_ms);
       } else {
-        fmt::print("  {:<48} {:>11} {:>10}  {}: {}\n", k, "-", "-", tk::failure_kind_name(e.failure->kind),
-                   e.failure->message.substr(0, 160));
+        fmt::print("  {:<48} {:>11} {:>10}  {}: {}\n", k, "-", "-",
+                   tk::failure_kind_name(e.failure->kind), e.failure->message.substr(0, 160));
       }
     }
     if (!d.has_success()) {
@@ -134,7 +139,8 @@ void print_result_table(const tk::AutotuningResult& r) {
     auto it = d.entries().find(h.str());
     if (it != d.entries().end() && it->second.benchmark) {
       fmt::print("  winner {} at {:.4f} ms: {:.2f}x the heuristics config {}\n", best.config.str(),
-                 best.benchmark->median_ms, it->second.benchmark->median_ms / best.benchmark->median_ms, h.str());
+                 best.benchmark->median_ms,
+                 it->second.benchmark->median_ms / best.benchmark->median_ms, h.str());
     } else {
       fmt::print("  winner {} at {:.4f} ms\n", best.config.str(), best.benchmark->median_ms);
     }
@@ -149,7 +155,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tokamax " + tk::library_version());
 
   bool json = false, roofline = false;
-  auto* device = app.add_subcommand("device", "print this CPU, its device kind and (--roofline) its measured ceilings");
+  auto* device = app.add_subcommand(
+      "device", "print this CPU, its device kind and (--roofline) its measured ceilings");
   device->add_flag("--json", json, "JSON output");
   device->add_flag("--roofline", roofline, "measure peak FLOP/s and memory bandwidth");
 
@@ -169,14 +176,18 @@ int main(int argc, char** argv) {
   autotune->add_option("--spec", spec, "a spec name");
   autotune->add_option("--tag", tag, "every spec with this tag");
   autotune->add_option("--bound-args", bound_args, "a bound-args JSON file");
-  autotune->add_option("--impl", impl_csv, "implementations, comma separated (default: all supported)");
+  autotune->add_option("--impl", impl_csv,
+                       "implementations, comma separated (default: all supported)");
   autotune->add_option("-o,--output", out_path, "write the AutotuningResult here");
   autotune->add_flag("--into-cache", into_cache, "merge the winners into the cache directory");
-  autotune->add_option("--cache-dir", into_cache_dir, "with --into-cache: this directory (default: user cache)");
-  auto* budget_opt = autotune->add_option("--budget-s", budget_s, "whole-run time budget in seconds (> 0)");
+  autotune->add_option("--cache-dir", into_cache_dir,
+                       "with --into-cache: this directory (default: user cache)");
+  auto* budget_opt =
+      autotune->add_option("--budget-s", budget_s, "whole-run time budget in seconds (> 0)");
   autotune->add_flag("--json", json, "print the result as JSON");
 
-  auto* explain = app.add_subcommand("explain", "which implementation and config a call would use, and why");
+  auto* explain =
+      app.add_subcommand("explain", "which implementation and config a call would use, and why");
   explain->add_option("--op", op, "op family");
   explain->add_option("--spec", spec, "a spec name")->required();
   explain->add_option("--impl", impl_csv, "pin an implementation");
@@ -185,14 +196,18 @@ int main(int argc, char** argv) {
   auto* cache = app.add_subcommand("cache", "inspect, merge and verify cache and result files");
   cache->require_subcommand(1);
   std::vector<std::string> files;
-  auto* cache_show = cache->add_subcommand("show", "entries of the cache files for this device kind");
+  auto* cache_show =
+      cache->add_subcommand("show", "entries of the cache files for this device kind");
   cache_show->add_option("--op", op, "op family");
   cache_show->add_flag("--json", json, "JSON output");
-  auto* cache_merge = cache->add_subcommand("merge", "merge AutotuningResult files (right wins per config)");
+  auto* cache_merge =
+      cache->add_subcommand("merge", "merge AutotuningResult files (right wins per config)");
   cache_merge->add_option("files", files, "result files")->required()->expected(2, -1);
   cache_merge->add_option("-o,--output", out_path, "output file")->required();
-  auto* cache_verify = cache->add_subcommand("verify", "check cache or result files parse and match this library");
-  cache_verify->add_option("files", files, "files (default: every cache file for this device kind)");
+  auto* cache_verify =
+      cache->add_subcommand("verify", "check cache or result files parse and match this library");
+  cache_verify->add_option("files", files,
+                           "files (default: every cache file for this device kind)");
 
   double min_time = 0.3;
   auto* bench = app.add_subcommand("bench", "benchmark implementations side by side");
@@ -227,8 +242,10 @@ int main(int argc, char** argv) {
       const tk::AutotuningResult r = tuner.tune_all(list);
       if (!out_path.empty()) r.dump(out_path);
       if (into_cache) r.dump_cache(into_cache_dir);
-      if (json) std::cout << r.dumps() << "\n";
-      else print_result_table(r);
+      if (json)
+        std::cout << r.dumps() << "\n";
+      else
+        print_result_table(r);
     } else if (explain->parsed()) {
       const tk::OpFamily& fam = tk::find_family(op);
       const auto specs_found = tk::find_arg_specs(op, spec);
@@ -237,7 +254,8 @@ int main(int argc, char** argv) {
       co.implementation = impl_csv;
       const tk::Explanation e = tk::explain(fam, *call, co);
       Json skipped = Json::array();
-      for (const auto& [i, why] : e.skipped) skipped.push_back({{"implementation", i}, {"reason", why}});
+      for (const auto& [i, why] : e.skipped)
+        skipped.push_back({{"implementation", i}, {"reason", why}});
       Json j = {{"op", op},
                 {"spec", spec},
                 {"key", call->bound.key()},
@@ -253,10 +271,12 @@ int main(int argc, char** argv) {
       } else {
         fmt::print("op {} spec {} on {}\nkey {}\n", op, spec, tk::device_kind(), call->bound.key());
         for (const auto& s : skipped) {
-          fmt::print("skipped {}: {}\n", s["implementation"].get<std::string>(), s["reason"].get<std::string>());
+          fmt::print("skipped {}: {}\n", s["implementation"].get<std::string>(),
+                     s["reason"].get<std::string>());
         }
-        fmt::print("implementation {}\nconfig {}\nchosen by {} ({})\n", e.implementation, e.resolution.config.str(),
-                   tk::rung_name(e.resolution.rung), e.resolution.detail);
+        fmt::print("implementation {}\nconfig {}\nchosen by {} ({})\n", e.implementation,
+                   e.resolution.config.str(), tk::rung_name(e.resolution.rung),
+                   e.resolution.detail);
       }
     } else if (cache_show->parsed()) {
       const tk::OpFamily& fam = tk::find_family(op);
@@ -268,7 +288,8 @@ int main(int argc, char** argv) {
           try {
             const tk::CacheFile f = tk::CacheFile::from_json(tk::read_json_file(path), path);
             for (const auto& [key, configs] : f.entries) {
-              out.push_back({{"file", path}, {"implementation", name}, {"key", key}, {"configs", configs}});
+              out.push_back(
+                  {{"file", path}, {"implementation", name}, {"key", key}, {"configs", configs}});
             }
           } catch (const std::exception& e) {
             out.push_back({{"file", path}, {"error", e.what()}});
@@ -280,11 +301,12 @@ int main(int argc, char** argv) {
       } else {
         for (const auto& e : out) {
           if (e.contains("error")) {
-            fmt::print("{}: ERROR {}\n", e["file"].get<std::string>(), e["error"].get<std::string>());
+            fmt::print("{}: ERROR {}\n", e["file"].get<std::string>(),
+                       e["error"].get<std::string>());
             continue;
           }
-          fmt::print("{} [{}]\n  key {}\n", e["file"].get<std::string>(), e["implementation"].get<std::string>(),
-                     e["key"].get<std::string>());
+          fmt::print("{} [{}]\n  key {}\n", e["file"].get<std::string>(),
+                     e["implementation"].get<std::string>(), e["key"].get<std::string>());
           for (const auto& [cfg, bd] : e["configs"].items()) {
             fmt::print("    {} {:.4f} ms\n", cfg, bd.value("median_ms", 0.0));
           }
@@ -314,8 +336,10 @@ int main(int argc, char** argv) {
           if (j.contains("entries")) {
             const tk::CacheFile f = tk::CacheFile::from_json(j, path);
             const auto impl = tk::find_family(f.family).implementation(f.implementation);
-            if (f.implementation_version != impl->version() || f.schema_version != tk::kCacheSchemaVersion) {
-              throw tk::InvalidArgument("stale versions (schema " + std::to_string(f.schema_version) + ", implementation " +
+            if (f.implementation_version != impl->version() ||
+                f.schema_version != tk::kCacheSchemaVersion) {
+              throw tk::InvalidArgument("stale versions (schema " +
+                                        std::to_string(f.schema_version) + ", implementation " +
                                         std::to_string(f.implementation_version) + ")");
             }
             for (const auto& [key, configs] : f.entries) {
@@ -334,8 +358,10 @@ int main(int argc, char** argv) {
       }
       return bad ? 1 : 0;
     } else if (bench->parsed()) {
-      if (spec.empty() == tag.empty()) throw tk::InvalidArgument("bench: give exactly one of --spec, --tag");
-      const auto rows = tk::cli::run_bench(op, tk::find_arg_specs(op, spec, tag), split_csv(impl_csv), min_time);
+      if (spec.empty() == tag.empty())
+        throw tk::InvalidArgument("bench: give exactly one of --spec, --tag");
+      const auto rows =
+          tk::cli::run_bench(op, tk::find_arg_specs(op, spec, tag), split_csv(impl_csv), min_time);
       if (json) {
         Json arr = Json::array();
         for (const auto& r : rows) {
@@ -354,12 +380,13 @@ int main(int argc, char** argv) {
         }
         std::cout << arr.dump(2) << "\n";
       } else {
-        fmt::print("{:<34} {:<8} {:>10} {:>9} {:>8} {:>7} {:>9} {:>8}  {}\n", "spec", "impl", "median ms", "GFLOP/s",
-                   "GB/s", "%peak", "peak", "vs blas", "config (source)");
+        fmt::print("{:<34} {:<8} {:>10} {:>9} {:>8} {:>7} {:>9} {:>8}  {}\n", "spec", "impl",
+                   "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs blas", "config (source)");
         for (const auto& r : rows) {
-          fmt::print("{:<34} {:<8} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>9} {:>7.2f}x  {} ({})\n", r.spec,
-                     r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak, r.peak_kind,
-                     r.speedup_vs_baseline, r.config, r.rung);
+          fmt::print(
+              "{:<34} {:<8} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>9} {:>7.2f}x  {} ({})\n",
+              r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak, r.peak_kind,
+              r.speedup_vs_baseline, r.config, r.rung);
         }
       }
     }

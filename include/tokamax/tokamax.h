@@ -12,6 +12,7 @@
 #include "tokamax/core/json.h"
 #include "tokamax/core/log.h"
 #include "tokamax/core/shape_dtype.h"
+#include "tokamax/core/strings.h"
 #include "tokamax/core/tensor.h"
 #include "tokamax/op/config.h"
 #include "tokamax/op/dispatch.h"

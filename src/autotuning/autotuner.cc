@@ -40,8 +40,10 @@ struct GuardedOutputs {
   }
   void poison() {
     for (const TensorView& v : views) {
-      if (is_floating(v.dtype())) fill_value(v, std::nan(""));
-      else std::memset(v.data(), 0xFF, static_cast<size_t>(v.spec().bytes()));
+      if (is_floating(v.dtype()))
+        fill_value(v, std::nan(""));
+      else
+        std::memset(v.data(), 0xFF, static_cast<size_t>(v.spec().bytes()));
     }
   }
   // Index of the first output whose guard zone was written, or -1.
@@ -49,7 +51,8 @@ struct GuardedOutputs {
     for (size_t i = 0; i < storage.size(); ++i) {
       const uint8_t* p = static_cast<const uint8_t*>(storage[i].data());
       for (size_t b = 0; b < kGuardBytes; ++b) {
-        if (p[b] != kGuardByte || p[kGuardBytes + sizes[i] + b] != kGuardByte) return static_cast<int>(i);
+        if (p[b] != kGuardByte || p[kGuardBytes + sizes[i] + b] != kGuardByte)
+          return static_cast<int>(i);
       }
     }
     return -1;
@@ -72,7 +75,8 @@ std::vector<double> to_f64(const TensorView& v) {
 }
 
 // Compares outputs with the reference; returns a failure or nullopt.
-std::optional<Failure> check_outputs(const std::vector<TensorView>& outs, const std::vector<std::vector<double>>& refs,
+std::optional<Failure> check_outputs(const std::vector<TensorView>& outs,
+                                     const std::vector<std::vector<double>>& refs,
                                      const Tolerance& tol) {
   for (size_t o = 0; o < outs.size(); ++o) {
     const std::vector<double> got = to_f64(outs[o]);
@@ -98,17 +102,19 @@ std::optional<Failure> check_outputs(const std::vector<TensorView>& outs, const 
     }
     const std::string which = "output " + std::to_string(o) + " " + outs[o].spec().str();
     if (unwritten) {
-      return Failure{FailureKind::kUnwritten, which + ": " + std::to_string(unwritten) +
-                                                  " elements left unwritten (poison NaN), first at flat index " +
-                                                  std::to_string(first_unwritten)};
+      return Failure{FailureKind::kUnwritten,
+                     which + ": " + std::to_string(unwritten) +
+                         " elements left unwritten (poison NaN), first at flat index " +
+                         std::to_string(first_unwritten)};
     }
     const double normwise = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
     if (bad || (tol.normwise > 0 && normwise > tol.normwise)) {
-      std::string msg = which + ": " + std::to_string(bad) + " elements outside atol " + std::to_string(tol.atol) +
-                        " rtol " + std::to_string(tol.rtol);
+      std::string msg = which + ": " + std::to_string(bad) + " elements outside atol " +
+                        std::to_string(tol.atol) + " rtol " + std::to_string(tol.rtol);
       if (worst_at >= 0) {
-        msg += "; worst abs error " + std::to_string(worst) + " at flat index " + std::to_string(worst_at) +
-               " (got " + std::to_string(got[worst_at]) + ", expected " + std::to_string(ref[worst_at]) + ")";
+        msg += "; worst abs error " + std::to_string(worst) + " at flat index " +
+               std::to_string(worst_at) + " (got " + std::to_string(got[worst_at]) + ", expected " +
+               std::to_string(ref[worst_at]) + ")";
       }
       msg += "; normwise relative error " + std::to_string(normwise);
       return Failure{FailureKind::kWrongResult, msg};
@@ -117,7 +123,9 @@ std::optional<Failure> check_outputs(const std::vector<TensorView>& outs, const 
   return std::nullopt;
 }
 
-std::string id_of(const BoundArguments& b) { return b.family() + "/" + b.implementation() + "/" + b.key(); }
+std::string id_of(const BoundArguments& b) {
+  return b.family() + "/" + b.implementation() + "/" + b.key();
+}
 
 template <class Fn>
 void parallel_indices(int n, int threads, Fn fn) {
@@ -134,20 +142,26 @@ void parallel_indices(int n, int threads, Fn fn) {
 }  // namespace
 
 void AutotuneOptions::validate() const {
-  if (!(budget_s > 0)) throw InvalidArgument("autotuning budget_s is " + std::to_string(budget_s) + "; expected > 0");
+  if (!(budget_s > 0))
+    throw InvalidArgument("autotuning budget_s is " + std::to_string(budget_s) + "; expected > 0");
   if (candidate_timeout_s <= 0) {
-    throw InvalidArgument("candidate_timeout_s is " + std::to_string(candidate_timeout_s) + "; expected > 0");
+    throw InvalidArgument("candidate_timeout_s is " + std::to_string(candidate_timeout_s) +
+                          "; expected > 0");
   }
   if (max_candidates <= 0) {
-    throw InvalidArgument("autotuning max_candidates is " + std::to_string(max_candidates) + "; expected > 0");
+    throw InvalidArgument("autotuning max_candidates is " + std::to_string(max_candidates) +
+                          "; expected > 0");
   }
-  if (finalists < 1 || remeasure_rounds < 0) throw InvalidArgument("finalists must be >= 1, remeasure_rounds >= 0");
+  if (finalists < 1 || remeasure_rounds < 0)
+    throw InvalidArgument("finalists must be >= 1, remeasure_rounds >= 0");
   if (timing.min_samples < 1 || timing.max_samples < timing.min_samples) {
     throw InvalidArgument("timing: need 1 <= min_samples <= max_samples");
   }
 }
 
-Autotuner::Autotuner(AutotuneOptions options) : options_(std::move(options)) { options_.validate(); }
+Autotuner::Autotuner(AutotuneOptions options) : options_(std::move(options)) {
+  options_.validate();
+}
 
 std::vector<Config> Autotuner::candidates(const BoundArguments& bound) const {
   const OpFamily& family = find_family(bound.family());
@@ -174,7 +188,8 @@ std::vector<Config> Autotuner::candidates(const BoundArguments& bound) const {
 }
 
 AutotuningData Autotuner::tune(const BoundArguments& bound) const {
-  if (bound.implementation().empty()) throw InvalidArgument("Autotuner::tune: bound arguments must name an implementation");
+  if (bound.implementation().empty())
+    throw InvalidArgument("Autotuner::tune: bound arguments must name an implementation");
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_future<AutotuningData>> in_flight;
   const std::string id = id_of(bound);
@@ -212,7 +227,8 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   const OpFamily& family = find_family(bound.family());
   const auto impl = family.implementation(bound.implementation());
   if (!impl->supported_on(device_info())) {
-    throw Unsupported(family.name() + " implementation " + impl->name() + " is not supported on " + device_kind());
+    throw Unsupported(family.name() + " implementation " + impl->name() + " is not supported on " +
+                      device_kind());
   }
   auto call = family.make_call(bound, options_.seed);
   impl->validate(*call);
@@ -234,8 +250,9 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   if (static_cast<size_t>(options_.max_candidates) < keep) {
     keep = static_cast<size_t>(options_.max_candidates);
     for (size_t i = keep; i < cands.size(); ++i) {
-      data.set_failure(cands[i], {FailureKind::kSkipped, "over the candidate budget of " +
-                                                             std::to_string(options_.max_candidates)});
+      data.set_failure(cands[i],
+                       {FailureKind::kSkipped,
+                        "over the candidate budget of " + std::to_string(options_.max_candidates)});
     }
     cands.resize(keep);
   }
@@ -249,8 +266,9 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
     std::optional<Failure> failure;
   };
   std::vector<Prep> preps(static_cast<size_t>(n));
-  const int threads = options_.prepare_threads > 0 ? options_.prepare_threads
-                                                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = options_.prepare_threads > 0
+                          ? options_.prepare_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   parallel_indices(n, threads, [&](int i) {
     Prep& p = preps[i];
     const double t0 = now_seconds();
@@ -271,14 +289,17 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   auto report = [&](int done, const Config& c) {
     if (!options_.progress) return;
     const double el = now_seconds() - start;
-    options_.progress({done, n, el, done ? el / done * (n - done) : 0, family.name() + "/" + impl->name(), c.str()});
+    options_.progress({done, n, el, done ? el / done * (n - done) : 0,
+                       family.name() + "/" + impl->name(), c.str()});
   };
   std::vector<int> ok;
   for (int i = 0; i < n; ++i) {
     const Config& cfg = cands[i];
     Prep& p = preps[i];
     if (now_seconds() - start > options_.budget_s) {
-      data.set_failure(cfg, {FailureKind::kSkipped, "time budget of " + std::to_string(options_.budget_s) + " s exhausted"});
+      data.set_failure(cfg,
+                       {FailureKind::kSkipped,
+                        "time budget of " + std::to_string(options_.budget_s) + " s exhausted"});
       report(i + 1, cfg);
       continue;
     }
@@ -294,13 +315,15 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
       run();
       const double dt = now_seconds() - t0;
       if (int g = out.damaged_guard(); g >= 0) {
-        data.set_failure(cfg, {FailureKind::kOutOfBounds, "wrote outside output " + std::to_string(g) + " " +
-                                                              call->outputs[g].spec().str() + " (guard zone damaged)"});
+        data.set_failure(cfg, {FailureKind::kOutOfBounds,
+                               "wrote outside output " + std::to_string(g) + " " +
+                                   call->outputs[g].spec().str() + " (guard zone damaged)"});
       } else if (auto f = check_outputs(out.views, refs, tol)) {
         data.set_failure(cfg, *f);
       } else if (dt > options_.candidate_timeout_s) {
-        data.set_failure(cfg, {FailureKind::kTimeout, "one call took " + std::to_string(dt) + " s, over the timeout of " +
-                                                          std::to_string(options_.candidate_timeout_s) + " s"});
+        data.set_failure(cfg, {FailureKind::kTimeout,
+                               "one call took " + std::to_string(dt) + " s, over the timeout of " +
+                                   std::to_string(options_.candidate_timeout_s) + " s"});
       } else {
         TimingOptions t = options_.timing;
         t.cold_cache = cold;
@@ -328,14 +351,16 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   // clocks) hits them alike before a winner is declared.
   if (ok.size() > 1 && options_.remeasure_rounds > 0) {
     std::sort(ok.begin(), ok.end(), [&](int a, int b) {
-      return data.entries().at(cands[a].str()).benchmark->median_ms < data.entries().at(cands[b].str()).benchmark->median_ms;
+      return data.entries().at(cands[a].str()).benchmark->median_ms <
+             data.entries().at(cands[b].str()).benchmark->median_ms;
     });
     ok.resize(std::min<size_t>(ok.size(), static_cast<size_t>(options_.finalists)));
     std::vector<std::vector<double>> samples(ok.size());
     TimingOptions t = options_.timing;
     t.cold_cache = cold;
     t.warmup = 1;
-    t.min_samples = std::max(3, options_.timing.min_samples / std::max(1, options_.remeasure_rounds));
+    t.min_samples =
+        std::max(3, options_.timing.min_samples / std::max(1, options_.remeasure_rounds));
     t.min_time_s = options_.timing.min_time_s / std::max(1, options_.remeasure_rounds);
     t.max_time_s = std::min(t.max_time_s, options_.candidate_timeout_s);
     for (int r = 0; r < options_.remeasure_rounds; ++r) {
@@ -356,10 +381,12 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
     }
   }
   if (!data.has_success()) {
-    TOKAMAX_LOG("autotune", kWarning, "all configs failed for " + family.name() + "/" + impl->name() + " " + bound.key());
+    TOKAMAX_LOG("autotune", kWarning,
+                "all configs failed for " + family.name() + "/" + impl->name() + " " + bound.key());
   } else {
-    TOKAMAX_LOG("autotune", kInfo, family.name() + "/" + impl->name() + " " + bound.key() + ": best " +
-                                       data.fastest().config.str());
+    TOKAMAX_LOG("autotune", kInfo,
+                family.name() + "/" + impl->name() + " " + bound.key() + ": best " +
+                    data.fastest().config.str());
   }
   return data;
 }
@@ -386,13 +413,17 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
     AutotuneOptions o = options_;
     o.budget_s -= now_seconds() - start;
     if (o.budget_s <= 0) {
-      TOKAMAX_LOG("autotune", kWarning, "time budget exhausted before " + b.family() + "/" + b.implementation() + " " + b.key());
+      TOKAMAX_LOG(
+          "autotune", kWarning,
+          "time budget exhausted before " + b.family() + "/" + b.implementation() + " " + b.key());
       continue;
     }
     try {
       result.add(b, Autotuner(o).tune(b));
     } catch (const std::exception& e) {
-      TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + b.family() + "/" + b.implementation() + " " + b.key() + ": " + e.what());
+      TOKAMAX_LOG("autotune", kWarning,
+                  "failed to autotune " + b.family() + "/" + b.implementation() + " " + b.key() +
+                      ": " + e.what());
     }
   }
   return result;
@@ -433,13 +464,15 @@ class Backend : public TuningBackend {
                                      std::string* detail) const override {
     return DiskCache::global().lookup(impl, bound, detail);
   }
-  std::optional<Config> autotune_now(const OpFamily&, const Implementation& impl, const BoundArguments& bound,
+  std::optional<Config> autotune_now(const OpFamily&, const Implementation& impl,
+                                     const BoundArguments& bound,
                                      std::string* detail) const override {
     AutotuningData data;
     try {
       data = Autotuner().tune(bound);
     } catch (const std::exception& e) {
-      TOKAMAX_LOG("autotune", kWarning, "autotune on cache miss failed for " + bound.key() + ": " + e.what());
+      TOKAMAX_LOG("autotune", kWarning,
+                  "autotune on cache miss failed for " + bound.key() + ": " + e.what());
       return std::nullopt;
     }
     if (!data.has_success()) return std::nullopt;

@@ -17,12 +17,14 @@ namespace {
 template <class T>
 T get_field(const Json& j, const char* name, const char* what) {
   if (!j.is_object() || !j.contains(name)) {
-    throw InvalidArgument(std::string(what) + ": missing field '" + name + "' in " + canonical_dump(j).substr(0, 200));
+    throw InvalidArgument(std::string(what) + ": missing field '" + name + "' in " +
+                          canonical_dump(j).substr(0, 200));
   }
   try {
     return j.at(name).get<T>();
   } catch (const Json::exception& e) {
-    throw InvalidArgument(std::string(what) + ": field '" + name + "' has the wrong type: " + e.what());
+    throw InvalidArgument(std::string(what) + ": field '" + name +
+                          "' has the wrong type: " + e.what());
   }
 }
 }  // namespace
@@ -39,32 +41,43 @@ Json BenchmarkData::to_json() const {
 BenchmarkData BenchmarkData::from_json(const Json& j) {
   BenchmarkData b;
   b.median_ms = get_field<double>(j, "median_ms", "BenchmarkData");
-  if (!std::isfinite(b.median_ms) || b.median_ms < 0) throw InvalidArgument("BenchmarkData: bad median_ms");
-  if (j.contains("evaluation_times_ms")) b.samples_ms = get_field<std::vector<double>>(j, "evaluation_times_ms", "BenchmarkData");
+  if (!std::isfinite(b.median_ms) || b.median_ms < 0)
+    throw InvalidArgument("BenchmarkData: bad median_ms");
+  if (j.contains("evaluation_times_ms"))
+    b.samples_ms = get_field<std::vector<double>>(j, "evaluation_times_ms", "BenchmarkData");
   if (j.contains("iqr_ms")) b.iqr_ms = get_field<double>(j, "iqr_ms", "BenchmarkData");
-  if (j.contains("prepare_time_ms")) b.prepare_ms = get_field<double>(j, "prepare_time_ms", "BenchmarkData");
-  if (j.contains("scratch_bytes")) b.scratch_bytes = get_field<int64_t>(j, "scratch_bytes", "BenchmarkData");
+  if (j.contains("prepare_time_ms"))
+    b.prepare_ms = get_field<double>(j, "prepare_time_ms", "BenchmarkData");
+  if (j.contains("scratch_bytes"))
+    b.scratch_bytes = get_field<int64_t>(j, "scratch_bytes", "BenchmarkData");
   if (j.contains("cold_cache")) b.cold_cache = get_field<bool>(j, "cold_cache", "BenchmarkData");
   return b;
 }
 
 std::string_view failure_kind_name(FailureKind k) {
   switch (k) {
-    case FailureKind::kUnsupported: return "unsupported";
-    case FailureKind::kWrongResult: return "wrong_result";
-    case FailureKind::kUnwritten: return "unwritten";
-    case FailureKind::kOutOfBounds: return "out_of_bounds";
-    case FailureKind::kTimeout: return "timeout";
-    case FailureKind::kException: return "exception";
-    case FailureKind::kSkipped: return "skipped";
+    case FailureKind::kUnsupported:
+      return "unsupported";
+    case FailureKind::kWrongResult:
+      return "wrong_result";
+    case FailureKind::kUnwritten:
+      return "unwritten";
+    case FailureKind::kOutOfBounds:
+      return "out_of_bounds";
+    case FailureKind::kTimeout:
+      return "timeout";
+    case FailureKind::kException:
+      return "exception";
+    case FailureKind::kSkipped:
+      return "skipped";
   }
   return "?";
 }
 
 FailureKind parse_failure_kind(std::string_view s) {
-  for (FailureKind k : {FailureKind::kUnsupported, FailureKind::kWrongResult, FailureKind::kUnwritten,
-                        FailureKind::kOutOfBounds, FailureKind::kTimeout, FailureKind::kException,
-                        FailureKind::kSkipped}) {
+  for (FailureKind k : {FailureKind::kUnsupported, FailureKind::kWrongResult,
+                        FailureKind::kUnwritten, FailureKind::kOutOfBounds, FailureKind::kTimeout,
+                        FailureKind::kException, FailureKind::kSkipped}) {
     if (failure_kind_name(k) == s) return k;
   }
   throw InvalidArgument("unknown failure kind '" + std::string(s) + "'");
@@ -72,7 +85,8 @@ FailureKind parse_failure_kind(std::string_view s) {
 
 Json Failure::to_json() const { return {{"kind", failure_kind_name(kind)}, {"message", message}}; }
 Failure Failure::from_json(const Json& j) {
-  return {parse_failure_kind(get_field<std::string>(j, "kind", "Failure")), get_field<std::string>(j, "message", "Failure")};
+  return {parse_failure_kind(get_field<std::string>(j, "kind", "Failure")),
+          get_field<std::string>(j, "message", "Failure")};
 }
 
 void AutotuningData::set(const Config& config, BenchmarkData data) {
@@ -96,7 +110,9 @@ const AutotuningData::Entry& AutotuningData::fastest() const {
   }
   if (!best) {
     std::string why = entries_.empty() ? "autotuning data is empty" : "all configs failed:";
-    for (const auto& [k, e] : entries_) why += "\n  " + k + ": " + std::string(failure_kind_name(e.failure->kind)) + ": " + e.failure->message;
+    for (const auto& [k, e] : entries_)
+      why += "\n  " + k + ": " + std::string(failure_kind_name(e.failure->kind)) + ": " +
+             e.failure->message;
     throw Error(why);
   }
   // Tie window: within max(2 us, 1%) of the fastest, prefer less scratch memory, then speed,
@@ -137,7 +153,8 @@ Json AutotuningData::to_json() const {
 }
 
 AutotuningData AutotuningData::from_json(const Json& j, const Implementation& impl) {
-  if (!j.is_object()) throw InvalidArgument("autotuning data must be a JSON object of config -> result");
+  if (!j.is_object())
+    throw InvalidArgument("autotuning data must be a JSON object of config -> result");
   AutotuningData d;
   for (const auto& [k, v] : j.items()) {
     const Config c = impl.config_from_json(parse_json(k, "config key"));
@@ -183,13 +200,17 @@ AutotuningResult AutotuningResult::loads(std::string_view text, std::string_view
   const Json j = parse_json(text, source);
   const std::string src(source);
   AutotuningResult r(get_field<std::string>(j, "device_kind", src.c_str()));
-  if (j.contains("tokamax_version")) r.version_ = get_field<std::string>(j, "tokamax_version", src.c_str());
+  if (j.contains("tokamax_version"))
+    r.version_ = get_field<std::string>(j, "tokamax_version", src.c_str());
   const Json& data = j.contains("data") ? j["data"] : Json();
-  if (!data.is_array()) throw InvalidArgument(src + ": 'data' must be a list of [bound_arguments, data] pairs");
+  if (!data.is_array())
+    throw InvalidArgument(src + ": 'data' must be a list of [bound_arguments, data] pairs");
   for (const Json& e : data) {
-    if (!e.is_array() || e.size() != 2) throw InvalidArgument(src + ": each data item must be [bound_arguments, data]");
+    if (!e.is_array() || e.size() != 2)
+      throw InvalidArgument(src + ": each data item must be [bound_arguments, data]");
     const BoundArguments b = BoundArguments::from_json(e[0]);
-    if (b.implementation().empty()) throw InvalidArgument(src + ": bound arguments must name the implementation");
+    if (b.implementation().empty())
+      throw InvalidArgument(src + ": bound arguments must name the implementation");
     const auto impl = find_family(b.family()).implementation(b.implementation());
     r.add(b, AutotuningData::from_json(e[1], *impl));
   }
@@ -198,12 +219,14 @@ AutotuningResult AutotuningResult::loads(std::string_view text, std::string_view
 
 void AutotuningResult::dump(const std::string& path) const { write_file_atomic(path, dumps()); }
 
-AutotuningResult AutotuningResult::load(const std::string& path) { return loads(read_file(path), "'" + path + "'"); }
+AutotuningResult AutotuningResult::load(const std::string& path) {
+  return loads(read_file(path), "'" + path + "'");
+}
 
 AutotuningResult AutotuningResult::operator|(const AutotuningResult& other) const {
   if (device_kind_ != other.device_kind_) {
-    throw InvalidArgument("cannot merge autotuning results of different device kinds: '" + device_kind_ +
-                          "' and '" + other.device_kind_ + "'");
+    throw InvalidArgument("cannot merge autotuning results of different device kinds: '" +
+                          device_kind_ + "' and '" + other.device_kind_ + "'");
   }
   AutotuningResult out = *this;
   for (const auto& [b, d] : other.data_) out.add(b, d);
@@ -222,8 +245,8 @@ void AutotuningResult::dump_cache(const std::string& dir) const {
   }
   for (const auto& [fi, entries] : files) {
     const auto impl = find_family(fi.first).implementation(fi.second);
-    merge_into_cache_file(cache_file_path(root, device_kind_, fi.first, fi.second), fi.first, *impl, device_kind_,
-                          entries);
+    merge_into_cache_file(cache_file_path(root, device_kind_, fi.first, fi.second), fi.first, *impl,
+                          device_kind_, entries);
   }
   DiskCache::global().clear();
 }
@@ -242,8 +265,8 @@ AutotuningScope::AutotuningScope(const AutotuningResult& result) : depth_(t_scop
   overlay->name = "AutotuningScope#" + std::to_string(depth_ + 1);
   if (result.device_kind() != device_kind()) {
     TOKAMAX_LOG("autotune", kWarning,
-                "AutotuningScope: result is for device kind '" + result.device_kind() + "', this is '" +
-                    device_kind() + "'; its entries will not be used");
+                "AutotuningScope: result is for device kind '" + result.device_kind() +
+                    "', this is '" + device_kind() + "'; its entries will not be used");
   }
   for (const auto& [b, d] : result.data()) {
     if (!d.has_success()) continue;  // all failed: a miss, as in the disk cache

@@ -28,27 +28,34 @@ std::string shipped_cache_dir() {
 
 std::string user_cache_dir() {
   if (const char* env = std::getenv("TOKAMAX_CACHE_DIR"); env && *env) return env;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/tokamax";
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/tokamax";
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return std::string(xdg) + "/tokamax";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/tokamax";
   return ".tokamax-cache";
 }
 
-std::string cache_file_path(const std::string& dir, const std::string& kind, const std::string& family,
-                            const std::string& implementation) {
+std::string cache_file_path(const std::string& dir, const std::string& kind,
+                            const std::string& family, const std::string& implementation) {
   return dir + "/" + kind + "/" + family + "_" + implementation + ".json";
 }
 
 Json CacheFile::to_json() const {
   Json e = Json::object();
   for (const auto& [k, v] : entries) e[k] = v;
-  return {{"schema_version", schema_version}, {"tokamax_version", tokamax_version},
-          {"family", family},                {"implementation", implementation},
+  return {{"schema_version", schema_version},
+          {"tokamax_version", tokamax_version},
+          {"family", family},
+          {"implementation", implementation},
           {"implementation_version", implementation_version},
-          {"device_kind", device_kind},      {"entries", e}};
+          {"device_kind", device_kind},
+          {"entries", e}};
 }
 
 CacheFile CacheFile::from_json(const Json& j, const std::string& source) {
-  auto bad = [&](const std::string& why) { return InvalidArgument("cache file " + source + ": " + why); };
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("cache file " + source + ": " + why);
+  };
   if (!j.is_object()) throw bad("not a JSON object");
   CacheFile f;
   try {
@@ -108,7 +115,8 @@ void warn_once(const std::string& message) {
 }
 
 // Reads a cache file for impl; nullopt (with one warning) if missing, corrupt or stale.
-std::optional<CacheFile> read_cache_file(const std::string& path, const Implementation& impl, bool warn_missing) {
+std::optional<CacheFile> read_cache_file(const std::string& path, const Implementation& impl,
+                                         bool warn_missing) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     if (warn_missing) warn_once("cache file " + path + " does not exist");
@@ -117,14 +125,15 @@ std::optional<CacheFile> read_cache_file(const std::string& path, const Implemen
   try {
     CacheFile f = CacheFile::from_json(read_json_file(path), path);
     if (f.schema_version != kCacheSchemaVersion) {
-      warn_once("ignoring cache file " + path + ": schema version " + std::to_string(f.schema_version) +
-                ", this library reads " + std::to_string(kCacheSchemaVersion));
+      warn_once("ignoring cache file " + path + ": schema version " +
+                std::to_string(f.schema_version) + ", this library reads " +
+                std::to_string(kCacheSchemaVersion));
       return std::nullopt;
     }
     if (f.implementation_version != impl.version()) {
       warn_once("ignoring cache file " + path + ": written for implementation version " +
-                std::to_string(f.implementation_version) + " of " + impl.name() + ", this is version " +
-                std::to_string(impl.version()));
+                std::to_string(f.implementation_version) + " of " + impl.name() +
+                ", this is version " + std::to_string(impl.version()));
       return std::nullopt;
     }
     return f;
@@ -136,8 +145,9 @@ std::optional<CacheFile> read_cache_file(const std::string& path, const Implemen
 
 }  // namespace
 
-void merge_into_cache_file(const std::string& path, const std::string& family, const Implementation& impl,
-                           const std::string& kind, const std::map<std::string, AutotuningData>& entries) {
+void merge_into_cache_file(const std::string& path, const std::string& family,
+                           const Implementation& impl, const std::string& kind,
+                           const std::map<std::string, AutotuningData>& entries) {
   FileLock lock(path);
   CacheFile f;
   if (auto existing = read_cache_file(path, impl, false)) f = std::move(*existing);
@@ -159,7 +169,8 @@ void merge_into_cache_file(const std::string& path, const std::string& family, c
 namespace {
 
 struct Loaded {
-  std::unordered_map<std::string, std::pair<Config, std::string>> winners;  // key -> (config, source)
+  std::unordered_map<std::string, std::pair<Config, std::string>>
+      winners;  // key -> (config, source)
 };
 
 struct CacheState {
@@ -200,7 +211,8 @@ DiskCache& DiskCache::global() {
   return c;
 }
 
-std::optional<Config> DiskCache::lookup(const Implementation& impl, const BoundArguments& bound, std::string* source) {
+std::optional<Config> DiskCache::lookup(const Implementation& impl, const BoundArguments& bound,
+                                        std::string* source) {
   CacheState& s = state();
   {
     std::shared_lock<std::shared_mutex> lock(s.mu);
@@ -226,7 +238,8 @@ std::optional<Config> DiskCache::lookup(const Implementation& impl, const BoundA
   return it->second.first;
 }
 
-void DiskCache::put_memory(const Implementation& impl, const BoundArguments& bound, const Config& config) {
+void DiskCache::put_memory(const Implementation& impl, const BoundArguments& bound,
+                           const Config& config) {
   CacheState& s = state();
   std::unique_lock<std::shared_mutex> lock(s.mu);
   s.memory[&impl][bound.key()] = config;

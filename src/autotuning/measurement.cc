@@ -64,7 +64,8 @@ SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& 
     const double t0 = now_seconds();
     fn();
     const double one = now_seconds() - t0;
-    per = one > 20e-6 ? 1 : static_cast<int>(std::min(1000.0, std::ceil(20e-6 / std::max(one, 1e-8))));
+    per = one > 20e-6 ? 1
+                      : static_cast<int>(std::min(1000.0, std::ceil(20e-6 / std::max(one, 1e-8))));
   }
   std::vector<double> samples;
   const double start = now_seconds();

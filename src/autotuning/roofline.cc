@@ -59,20 +59,25 @@ Roofline measure_roofline() {
   if (dev.isa.has_avx512()) {
     const double flops = static_cast<double>(iters) * 12 * 16 * 2;
     r.f32_gflops_1core = rate(1, flops, [&](int) { return roofline::fma_f32_avx512(iters); }) / 1e9;
-    r.f32_gflops_all = rate(r.threads, flops, [&](int) { return roofline::fma_f32_avx512(iters); }) / 1e9;
+    r.f32_gflops_all =
+        rate(r.threads, flops, [&](int) { return roofline::fma_f32_avx512(iters); }) / 1e9;
   }
   if (dev.isa.has_avx2_fma()) {
     const double flops = static_cast<double>(iters) * 12 * 8 * 2;
     // On some chips (Zen 4) 256-bit FMAs reach the same or a higher rate: take the best ISA.
-    r.f32_gflops_1core = std::max(r.f32_gflops_1core,
-                                  rate(1, flops, [&](int) { return roofline::fma_f32_avx2(iters); }) / 1e9);
-    r.f32_gflops_all = std::max(r.f32_gflops_all,
-                                rate(r.threads, flops, [&](int) { return roofline::fma_f32_avx2(iters); }) / 1e9);
+    r.f32_gflops_1core =
+        std::max(r.f32_gflops_1core,
+                 rate(1, flops, [&](int) { return roofline::fma_f32_avx2(iters); }) / 1e9);
+    r.f32_gflops_all =
+        std::max(r.f32_gflops_all,
+                 rate(r.threads, flops, [&](int) { return roofline::fma_f32_avx2(iters); }) / 1e9);
   }
   if (dev.isa.has_avx512_bf16()) {
     const double flops = static_cast<double>(iters) * 12 * 16 * 4;
-    r.bf16_gflops_1core = rate(1, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;
-    r.bf16_gflops_all = rate(r.threads, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;
+    r.bf16_gflops_1core =
+        rate(1, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;
+    r.bf16_gflops_all =
+        rate(r.threads, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;
   }
   if (dev.isa.has_avx2_fma()) {
     const int64_t per_thread = std::max<int64_t>(64 << 20, 2 * dev.l3_bytes) / 4;  // floats
@@ -81,14 +86,19 @@ Roofline measure_roofline() {
     const float* s = src.data_as<float>();
     float* d = dst.data_as<float>();
     const double bytes = static_cast<double>(per_thread) * 4;
-    r.read_gbps_1core = rate(1, bytes, [&](int) { return roofline::read_f32_avx2(s, per_thread); }) / 1e9;
-    r.read_gbps_all = rate(r.threads, bytes, [&](int t) {
-                        return roofline::read_f32_avx2(s + per_thread * t, per_thread);
-                      }) / 1e9;
-    r.copy_gbps_all = rate(r.threads, 2 * bytes, [&](int t) {
-                        roofline::copy_f32_avx2(s + per_thread * t, d + per_thread * t, per_thread);
-                        return 0.f;
-                      }) / 1e9;
+    r.read_gbps_1core =
+        rate(1, bytes, [&](int) { return roofline::read_f32_avx2(s, per_thread); }) / 1e9;
+    r.read_gbps_all =
+        rate(r.threads, bytes,
+             [&](int t) { return roofline::read_f32_avx2(s + per_thread * t, per_thread); }) /
+        1e9;
+    r.copy_gbps_all =
+        rate(r.threads, 2 * bytes,
+             [&](int t) {
+               roofline::copy_f32_avx2(s + per_thread * t, d + per_thread * t, per_thread);
+               return 0.f;
+             }) /
+        1e9;
   }
   return r;
 }

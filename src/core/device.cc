@@ -10,11 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "tokamax/core/error.h"
 
@@ -74,7 +73,9 @@ int count_physical_cores() {
     std::ifstream pf(base + "physical_package_id"), cf(base + "core_id");
     int pkg = 0, core = 0;
     if (!(pf >> pkg) || !(cf >> core)) {
-      if (cpu > 0 && access(("/sys/devices/system/cpu/cpu" + std::to_string(cpu)).c_str(), F_OK) != 0) break;
+      if (cpu > 0 &&
+          access(("/sys/devices/system/cpu/cpu" + std::to_string(cpu)).c_str(), F_OK) != 0)
+        break;
       continue;
     }
     cores.insert({pkg, core});
@@ -94,7 +95,8 @@ std::string microarch_of(const DeviceInfo& d) {
   if (d.vendor == "AuthenticAMD") {
     if (d.family == 0x19) {
       // Zen 4: models 0x10-0x1f (Genoa), 0x60-0x7f (Phoenix/Raphael), 0xa0-0xaf (Bergamo).
-      if ((d.model >= 0x10 && d.model <= 0x1f) || (d.model >= 0x60 && d.model <= 0xaf)) return "zen4";
+      if ((d.model >= 0x10 && d.model <= 0x1f) || (d.model >= 0x60 && d.model <= 0xaf))
+        return "zen4";
       return "zen3";
     }
     if (d.family == 0x1a) return "zen5";
@@ -103,14 +105,32 @@ std::string microarch_of(const DeviceInfo& d) {
   }
   if (d.vendor == "GenuineIntel" && d.family == 6) {
     switch (d.model) {
-      case 0x8f: return "sapphirerapids";
-      case 0xcf: return "emeraldrapids";
-      case 0x6a: case 0x6c: return "icelake-server";
-      case 0x55: return d.isa.avx512_bf16 ? "cooperlake" : "skylake-x";
-      case 0x3c: case 0x3f: case 0x45: case 0x46: return "haswell";
-      case 0x3d: case 0x47: case 0x4f: case 0x56: return "broadwell";
-      case 0x4e: case 0x5e: case 0x8e: case 0x9e: return "skylake";
-      default: break;
+      case 0x8f:
+        return "sapphirerapids";
+      case 0xcf:
+        return "emeraldrapids";
+      case 0x6a:
+      case 0x6c:
+        return "icelake-server";
+      case 0x55:
+        return d.isa.avx512_bf16 ? "cooperlake" : "skylake-x";
+      case 0x3c:
+      case 0x3f:
+      case 0x45:
+      case 0x46:
+        return "haswell";
+      case 0x3d:
+      case 0x47:
+      case 0x4f:
+      case 0x56:
+        return "broadwell";
+      case 0x4e:
+      case 0x5e:
+      case 0x8e:
+      case 0x9e:
+        return "skylake";
+      default:
+        break;
     }
     if (d.isa.amx_bf16) return "sapphirerapids";
     if (d.isa.has_avx512()) return "intel_avx512";
@@ -136,15 +156,23 @@ std::string snake(const std::string& s) {
 std::string kind_of(const DeviceInfo& d) {
   std::string brand;
   const std::string m = d.model_name;
-  if (m.find("EPYC") != std::string::npos) brand = "amd_epyc";
-  else if (m.find("Ryzen") != std::string::npos) brand = "amd_ryzen";
-  else if (m.find("Xeon") != std::string::npos) brand = "intel_xeon";
-  else if (m.find("Core") != std::string::npos) brand = "intel_core";
-  else if (d.vendor == "AuthenticAMD") brand = "amd";
-  else if (d.vendor == "GenuineIntel") brand = "intel";
-  else brand = snake(d.arch.empty() ? "cpu" : d.arch);
+  if (m.find("EPYC") != std::string::npos)
+    brand = "amd_epyc";
+  else if (m.find("Ryzen") != std::string::npos)
+    brand = "amd_ryzen";
+  else if (m.find("Xeon") != std::string::npos)
+    brand = "intel_xeon";
+  else if (m.find("Core") != std::string::npos)
+    brand = "intel_core";
+  else if (d.vendor == "AuthenticAMD")
+    brand = "amd";
+  else if (d.vendor == "GenuineIntel")
+    brand = "intel";
+  else
+    brand = snake(d.arch.empty() ? "cpu" : d.arch);
   std::string arch = snake(d.microarch);
-  if (arch.rfind("amd_", 0) == 0 || arch.rfind("intel_", 0) == 0) arch = arch.substr(arch.find('_') + 1);
+  if (arch.rfind("amd_", 0) == 0 || arch.rfind("intel_", 0) == 0)
+    arch = arch.substr(arch.find('_') + 1);
   return brand + "_" + arch;
 }
 
@@ -161,9 +189,11 @@ DeviceInfo detect() {
   const unsigned max_leaf = r0.a;
   Regs r1 = cpuid(1);
   const unsigned base_family = (r1.a >> 8) & 0xf, base_model = (r1.a >> 4) & 0xf;
-  d.family = static_cast<int>(base_family == 0xf ? base_family + ((r1.a >> 20) & 0xff) : base_family);
-  d.model = static_cast<int>((base_family == 0x6 || base_family == 0xf) ? (((r1.a >> 16) & 0xf) << 4) | base_model
-                                                                         : base_model);
+  d.family =
+      static_cast<int>(base_family == 0xf ? base_family + ((r1.a >> 20) & 0xff) : base_family);
+  d.model = static_cast<int>((base_family == 0x6 || base_family == 0xf)
+                                 ? (((r1.a >> 16) & 0xf) << 4) | base_model
+                                 : base_model);
   const bool osxsave = (r1.c >> 27) & 1;
   const bool ymm_os = osxsave && xgetbv_ok(0x6);
   const bool zmm_os = osxsave && xgetbv_ok(0xe6);
@@ -219,12 +249,20 @@ std::atomic<int> g_num_threads{0};
 }  // namespace
 
 nlohmann::json DeviceInfo::to_json() const {
-  nlohmann::json isa_json = {
-      {"sse4.2", isa.sse42},         {"avx", isa.avx},           {"avx2", isa.avx2},
-      {"fma", isa.fma},              {"f16c", isa.f16c},         {"avx512f", isa.avx512f},
-      {"avx512bw", isa.avx512bw},    {"avx512vl", isa.avx512vl}, {"avx512dq", isa.avx512dq},
-      {"avx512_bf16", isa.avx512_bf16}, {"avx512_vnni", isa.avx512_vnni},
-      {"amx-bf16", isa.amx_bf16},    {"neon", isa.neon},         {"sve", isa.sve}};
+  nlohmann::json isa_json = {{"sse4.2", isa.sse42},
+                             {"avx", isa.avx},
+                             {"avx2", isa.avx2},
+                             {"fma", isa.fma},
+                             {"f16c", isa.f16c},
+                             {"avx512f", isa.avx512f},
+                             {"avx512bw", isa.avx512bw},
+                             {"avx512vl", isa.avx512vl},
+                             {"avx512dq", isa.avx512dq},
+                             {"avx512_bf16", isa.avx512_bf16},
+                             {"avx512_vnni", isa.avx512_vnni},
+                             {"amx-bf16", isa.amx_bf16},
+                             {"neon", isa.neon},
+                             {"sve", isa.sve}};
   return {{"arch", arch},
           {"vendor", vendor},
           {"model_name", model_name},
@@ -252,7 +290,8 @@ std::string device_kind() {
     if (const char* env = std::getenv("TOKAMAX_DEVICE_KIND"); env && *env) {
       const std::string k = snake(env);
       if (k.empty()) {
-        throw InvalidArgument("TOKAMAX_DEVICE_KIND='" + std::string(env) + "' has no letters or digits");
+        throw InvalidArgument("TOKAMAX_DEVICE_KIND='" + std::string(env) +
+                              "' has no letters or digits");
       }
       return k;
     }
@@ -270,7 +309,8 @@ int num_threads() {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
     if (*end != '\0' || v <= 0 || v > 4096) {
-      throw InvalidArgument("TOKAMAX_NUM_THREADS='" + std::string(env) + "': expected a positive integer");
+      throw InvalidArgument("TOKAMAX_NUM_THREADS='" + std::string(env) +
+                            "': expected a positive integer");
     }
     return static_cast<int>(v);
   }();

@@ -7,28 +7,44 @@ namespace tokamax {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kF64: return 8;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
-    case DType::kBool: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kF64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
+    case DType::kBool:
+      return 1;
   }
   throw InvalidArgument("dtype_size: unknown dtype value");
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kF64: return "f64";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kF64:
+      return "f64";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
+    case DType::kBool:
+      return "bool";
   }
   throw InvalidArgument("dtype_name: unknown dtype value");
 }
@@ -41,10 +57,10 @@ DType parse_dtype(std::string_view name) {
     std::string_view name;
     DType dtype;
   };
-  static constexpr Alias kAliases[] = {
-      {"float32", DType::kF32}, {"bfloat16", DType::kBF16}, {"float16", DType::kF16},
-      {"float64", DType::kF64}, {"int32", DType::kI32},     {"int64", DType::kI64},
-      {"uint8", DType::kU8},    {"bool_", DType::kBool}};
+  static constexpr Alias kAliases[] = {{"float32", DType::kF32}, {"bfloat16", DType::kBF16},
+                                       {"float16", DType::kF16}, {"float64", DType::kF64},
+                                       {"int32", DType::kI32},   {"int64", DType::kI64},
+                                       {"uint8", DType::kU8},    {"bool_", DType::kBool}};
   for (const Alias& a : kAliases) {
     if (a.name == name) return a.dtype;
   }
@@ -93,7 +109,8 @@ float f16_to_f32(uint16_t h) {
       ++e;
       mant <<= 1;
     } while ((mant & 0x400u) == 0);
-    return f32_from_bits(sign | static_cast<uint32_t>(127 - 15 - e) << 23 | ((mant & 0x3ffu) << 13));
+    return f32_from_bits(sign | static_cast<uint32_t>(127 - 15 - e) << 23 |
+                         ((mant & 0x3ffu) << 13));
   }
   return f32_from_bits(sign | (exp + 112) << 23 | (mant << 13));
 }

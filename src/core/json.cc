@@ -15,7 +15,9 @@
 
 namespace tokamax {
 
-std::string canonical_dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string canonical_dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 Json parse_json(std::string_view text, std::string_view source) {
   try {
@@ -34,7 +36,9 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-Json read_json_file(const std::string& path) { return parse_json(read_file(path), "'" + path + "'"); }
+Json read_json_file(const std::string& path) {
+  return parse_json(read_file(path), "'" + path + "'");
+}
 
 void write_file_atomic(const std::string& path, std::string_view content) {
   namespace fs = std::filesystem;

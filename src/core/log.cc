@@ -2,10 +2,10 @@
 #include "tokamax/core/log.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <iostream>
-#include <atomic>
 #include <mutex>
 
 #include "tokamax/core/error.h"
@@ -14,18 +14,24 @@ namespace tokamax {
 namespace {
 
 bool parse_level(std::string_view s, LogLevel* out) {
-  if (s == "error") *out = LogLevel::kError;
-  else if (s == "warning" || s == "warn") *out = LogLevel::kWarning;
-  else if (s == "info") *out = LogLevel::kInfo;
-  else if (s == "debug") *out = LogLevel::kDebug;
-  else return false;
+  if (s == "error")
+    *out = LogLevel::kError;
+  else if (s == "warning" || s == "warn")
+    *out = LogLevel::kWarning;
+  else if (s == "info")
+    *out = LogLevel::kInfo;
+  else if (s == "debug")
+    *out = LogLevel::kDebug;
+  else
+    return false;
   return true;
 }
 
 bool valid_category(std::string_view s) {
   if (s.empty()) return false;
   for (char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '*')) return false;
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '*'))
+      return false;
   }
   return true;
 }
@@ -65,8 +71,9 @@ LogSettings LogSettings::parse(std::string_view spec) {
     if (end == std::string_view::npos) end = spec.size();
     std::string_view item = spec.substr(start, end - start);
     auto bad = [&](const std::string& why) {
-      return InvalidArgument("TOKAMAX_LOG='" + std::string(spec) + "': item '" + std::string(item) +
-                             "' " + why + "; expected category[:level] or level, levels error|warning|info|debug");
+      return InvalidArgument(
+          "TOKAMAX_LOG='" + std::string(spec) + "': item '" + std::string(item) + "' " + why +
+          "; expected category[:level] or level, levels error|warning|info|debug");
     };
     if (item.empty()) throw bad("is empty");
     const size_t colon = item.find(':');
@@ -83,8 +90,10 @@ LogSettings LogSettings::parse(std::string_view spec) {
       const std::string_view cat = item.substr(0, colon), lvl = item.substr(colon + 1);
       if (!valid_category(cat)) throw bad("has a bad category name");
       if (!parse_level(lvl, &level)) throw bad("has an unknown level '" + std::string(lvl) + "'");
-      if (cat == "*" || cat == "all") s.default_level = level;
-      else s.categories.emplace_back(std::string(cat), level);
+      if (cat == "*" || cat == "all")
+        s.default_level = level;
+      else
+        s.categories.emplace_back(std::string(cat), level);
     }
     start = end + 1;
   }
@@ -105,7 +114,8 @@ bool log_enabled(std::string_view category, LogLevel level) {
 void log_message(std::string_view category, LogLevel level, const std::string& message) {
   static const char* kNames[] = {"error", "warning", "info", "debug"};
   std::lock_guard<std::mutex> lock(g_mu);
-  std::cerr << "[tokamax:" << kNames[static_cast<int>(level)] << ":" << category << "] " << message << "\n";
+  std::cerr << "[tokamax:" << kNames[static_cast<int>(level)] << ":" << category << "] " << message
+            << "\n";
 }
 
 void set_log_settings(LogSettings s) {

@@ -24,31 +24,51 @@ double unit(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53;
 
 void store(void* base, DType dtype, int64_t offset, double v) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(base)[offset] = static_cast<float>(v); return;
+    case DType::kF32:
+      static_cast<float*>(base)[offset] = static_cast<float>(v);
+      return;
     case DType::kBF16:
       static_cast<uint16_t*>(base)[offset] = f32_to_bf16(static_cast<float>(v));
       return;
     case DType::kF16:
       static_cast<uint16_t*>(base)[offset] = f32_to_f16(static_cast<float>(v));
       return;
-    case DType::kF64: static_cast<double*>(base)[offset] = v; return;
-    case DType::kI32: static_cast<int32_t*>(base)[offset] = static_cast<int32_t>(v); return;
-    case DType::kI64: static_cast<int64_t*>(base)[offset] = static_cast<int64_t>(v); return;
-    case DType::kU8: static_cast<uint8_t*>(base)[offset] = static_cast<uint8_t>(v); return;
-    case DType::kBool: static_cast<uint8_t*>(base)[offset] = v != 0.0; return;
+    case DType::kF64:
+      static_cast<double*>(base)[offset] = v;
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(base)[offset] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(base)[offset] = static_cast<int64_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(base)[offset] = static_cast<uint8_t>(v);
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(base)[offset] = v != 0.0;
+      return;
   }
 }
 
 double load(const void* base, DType dtype, int64_t offset) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(base)[offset];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[offset]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[offset]);
-    case DType::kF64: return static_cast<const double*>(base)[offset];
-    case DType::kI32: return static_cast<const int32_t*>(base)[offset];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(base)[offset]);
-    case DType::kU8: return static_cast<const uint8_t*>(base)[offset];
-    case DType::kBool: return static_cast<const uint8_t*>(base)[offset] ? 1.0 : 0.0;
+    case DType::kF32:
+      return static_cast<const float*>(base)[offset];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(base)[offset]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(base)[offset]);
+    case DType::kF64:
+      return static_cast<const double*>(base)[offset];
+    case DType::kI32:
+      return static_cast<const int32_t*>(base)[offset];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[offset]);
+    case DType::kU8:
+      return static_cast<const uint8_t*>(base)[offset];
+    case DType::kBool:
+      return static_cast<const uint8_t*>(base)[offset] ? 1.0 : 0.0;
   }
   return 0.0;
 }
@@ -96,8 +116,12 @@ int64_t offset_of(const Shape& shape, const Strides& strides, int64_t flat) {
 }
 }  // namespace
 
-double TensorView::get(int64_t i) const { return load(data_, dtype_, offset_of(shape_, strides_, i)); }
-void TensorView::set(int64_t i, double v) const { store(data_, dtype_, offset_of(shape_, strides_, i), v); }
+double TensorView::get(int64_t i) const {
+  return load(data_, dtype_, offset_of(shape_, strides_, i));
+}
+void TensorView::set(int64_t i, double v) const {
+  store(data_, dtype_, offset_of(shape_, strides_, i), v);
+}
 
 void Tensor::Free::operator()(void* p) const { std::free(p); }
 
@@ -157,7 +181,8 @@ void fill_randn(const TensorView& v, uint64_t seed) {
     // Box-Muller on two independent counter-based uniforms; u1 in (0, 1].
     const double u1 = 1.0 - unit(mix(seed, 2 * static_cast<uint64_t>(i)));
     const double u2 = unit(mix(seed, 2 * static_cast<uint64_t>(i) + 1));
-    store(v.data(), v.dtype(), i, std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    store(v.data(), v.dtype(), i,
+          std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
   }
 }
 

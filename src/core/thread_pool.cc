@@ -28,7 +28,8 @@ void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   while (true) {
     // Spin a little first: kernels are often called back to back.
-    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen;
+         ++spin) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif

@@ -6,8 +6,8 @@ namespace tokamax {
 BoundArguments::BoundArguments(std::string family, std::string implementation, Json arguments)
     : implementation_(std::move(implementation)) {
   if (!arguments.is_object()) {
-    throw InvalidArgument("BoundArguments arguments for '" + family + "' must be a JSON object, got " +
-                          std::string(arguments.type_name()));
+    throw InvalidArgument("BoundArguments arguments for '" + family +
+                          "' must be a JSON object, got " + std::string(arguments.type_name()));
   }
   auto r = std::make_shared<Rep>();
   r->family = std::move(family);
@@ -29,19 +29,23 @@ BoundArguments BoundArguments::with_implementation(std::string implementation) c
 }
 
 Json BoundArguments::to_json() const {
-  return {{"op", {{"family", family()}, {"implementation", implementation()}}}, {"arguments", arguments()}};
+  return {{"op", {{"family", family()}, {"implementation", implementation()}}},
+          {"arguments", arguments()}};
 }
 
 BoundArguments BoundArguments::from_json(const Json& j) {
   if (!j.is_object() || !j.contains("op") || !j.contains("arguments") || !j["op"].is_object() ||
       !j["op"].contains("family") || !j["op"]["family"].is_string()) {
-    throw InvalidArgument("bound arguments must look like {\"op\": {\"family\": ..., \"implementation\": ...}, "
-                          "\"arguments\": {...}}; got " + canonical_dump(j).substr(0, 200));
+    throw InvalidArgument(
+        "bound arguments must look like {\"op\": {\"family\": ..., \"implementation\": ...}, "
+        "\"arguments\": {...}}; got " +
+        canonical_dump(j).substr(0, 200));
   }
   const std::string family = j["op"]["family"].get<std::string>();
   std::string impl;
   if (j["op"].contains("implementation")) {
-    if (!j["op"]["implementation"].is_string()) throw InvalidArgument("op.implementation must be a string");
+    if (!j["op"]["implementation"].is_string())
+      throw InvalidArgument("op.implementation must be a string");
     impl = j["op"]["implementation"].get<std::string>();
   }
   const OpFamily& f = find_family(family);
@@ -55,9 +59,11 @@ std::string BoundArguments::dumps_list(const std::vector<BoundArguments>& list) 
   return arr.dump(1);
 }
 
-std::vector<BoundArguments> BoundArguments::loads_list(std::string_view text, std::string_view source) {
+std::vector<BoundArguments> BoundArguments::loads_list(std::string_view text,
+                                                       std::string_view source) {
   const Json j = parse_json(text, source);
-  if (!j.is_array()) throw InvalidArgument(std::string(source) + ": expected a JSON list of bound arguments");
+  if (!j.is_array())
+    throw InvalidArgument(std::string(source) + ": expected a JSON list of bound arguments");
   std::vector<BoundArguments> out;
   for (const Json& e : j) out.push_back(from_json(e));
   return out;
@@ -65,7 +71,8 @@ std::vector<BoundArguments> BoundArguments::loads_list(std::string_view text, st
 
 Config Implementation::config_from_json(const Json& j) const {
   if (j.is_object() && j.empty()) return Config::null();
-  throw InvalidArgument("implementation '" + name() + "' has no config fields; got config " + canonical_dump(j));
+  throw InvalidArgument("implementation '" + name() + "' has no config fields; got config " +
+                        canonical_dump(j));
 }
 
 bool ArgSpec::has_tag(const std::string& t) const {

@@ -15,7 +15,8 @@ thread_local std::optional<CacheMissPolicy> t_policy;
 thread_local CallRecorder* t_recorder = nullptr;
 std::atomic<const TuningBackend*> g_backend{nullptr};
 
-void warn_miss_once(const OpFamily& family, const Implementation& impl, const BoundArguments& bound) {
+void warn_miss_once(const OpFamily& family, const Implementation& impl,
+                    const BoundArguments& bound) {
   static std::mutex mu;
   static std::unordered_set<std::string> seen;
   const std::string id = family.name() + "/" + impl.name() + "/" + bound.key();
@@ -42,14 +43,18 @@ CacheMissPolicy parse_cache_miss_policy(std::string_view s) {
   if (s == "heuristics") return CacheMissPolicy::kHeuristics;
   if (s == "autotune") return CacheMissPolicy::kAutotune;
   if (s == "error") return CacheMissPolicy::kError;
-  throw InvalidArgument("cache-miss policy '" + std::string(s) + "': expected heuristics, autotune or error");
+  throw InvalidArgument("cache-miss policy '" + std::string(s) +
+                        "': expected heuristics, autotune or error");
 }
 
 std::string_view cache_miss_policy_name(CacheMissPolicy p) {
   switch (p) {
-    case CacheMissPolicy::kHeuristics: return "heuristics";
-    case CacheMissPolicy::kAutotune: return "autotune";
-    case CacheMissPolicy::kError: return "error";
+    case CacheMissPolicy::kHeuristics:
+      return "heuristics";
+    case CacheMissPolicy::kAutotune:
+      return "autotune";
+    case CacheMissPolicy::kError:
+      return "error";
   }
   return "?";
 }
@@ -65,17 +70,25 @@ CacheMissPolicy cache_miss_policy() {
   }
 }
 
-CacheMissPolicyScope::CacheMissPolicyScope(CacheMissPolicy policy) : previous_(t_policy) { t_policy = policy; }
+CacheMissPolicyScope::CacheMissPolicyScope(CacheMissPolicy policy) : previous_(t_policy) {
+  t_policy = policy;
+}
 CacheMissPolicyScope::~CacheMissPolicyScope() { t_policy = previous_; }
 
 std::string_view rung_name(Rung r) {
   switch (r) {
-    case Rung::kExplicit: return "explicit";
-    case Rung::kNullConfig: return "null_config";
-    case Rung::kScope: return "autotuning_scope";
-    case Rung::kDiskCache: return "disk_cache";
-    case Rung::kHeuristics: return "heuristics";
-    case Rung::kAutotuned: return "autotuned";
+    case Rung::kExplicit:
+      return "explicit";
+    case Rung::kNullConfig:
+      return "null_config";
+    case Rung::kScope:
+      return "autotuning_scope";
+    case Rung::kDiskCache:
+      return "disk_cache";
+    case Rung::kHeuristics:
+      return "heuristics";
+    case Rung::kAutotuned:
+      return "autotuned";
   }
   return "?";
 }
@@ -113,7 +126,8 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
   switch (cache_miss_policy()) {
     case CacheMissPolicy::kError:
       throw CacheMiss("no tuned config for op " + family.name() + " implementation " + impl.name() +
-                      " on device kind " + device_kind() + " with bound arguments " + canonical_dump(bound.to_json()) +
+                      " on device kind " + device_kind() + " with bound arguments " +
+                      canonical_dump(bound.to_json()) +
                       " (policy 'error'; tune it with `tokamax autotune` or set "
                       "TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK=heuristics)");
     case CacheMissPolicy::kAutotune:
@@ -147,7 +161,8 @@ std::string walk(const OpFamily& family, const CallBase& call, const CallOptions
   if (!options.implementation.empty()) {
     auto impl = family.implementation(options.implementation);
     if (!impl->supported_on(device_info())) {
-      throw Unsupported(family.name() + " implementation " + impl->name() + " is not supported on " + device_kind());
+      throw Unsupported(family.name() + " implementation " + impl->name() +
+                        " is not supported on " + device_kind());
     }
     impl->validate(call);
     on_impl(*impl);
@@ -156,7 +171,8 @@ std::string walk(const OpFamily& family, const CallBase& call, const CallOptions
   std::string reasons;
   for (const auto& impl : family.implementations()) {
     try {
-      if (!impl->supported_on(device_info())) throw Unsupported("not supported on " + device_kind());
+      if (!impl->supported_on(device_info()))
+        throw Unsupported("not supported on " + device_kind());
       impl->validate(call);
     } catch (const Unsupported& e) {
       if (skipped) skipped->emplace_back(impl->name(), e.what());
@@ -166,7 +182,8 @@ std::string walk(const OpFamily& family, const CallBase& call, const CallOptions
     on_impl(*impl);
     return impl->name();
   }
-  throw Unsupported("no implementation of " + family.name() + " can serve " + call.bound.key() + ":" + reasons);
+  throw Unsupported("no implementation of " + family.name() + " can serve " + call.bound.key() +
+                    ":" + reasons);
 }
 
 }  // namespace

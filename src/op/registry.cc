@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "tokamax/core/strings.h"
 #include "tokamax/op/op.h"
 
 namespace tokamax {
@@ -45,12 +46,12 @@ std::vector<std::shared_ptr<const OpFamily>> families() {
 const OpFamily& find_family(const std::string& name) {
   ensure_builtins();
   std::lock_guard<std::mutex> lock(mu());
-  std::string known;
+  std::vector<std::string> known;
   for (const auto& f : storage()) {
     if (f->name() == name) return *f;
-    known += (known.empty() ? "" : ", ") + f->name();
+    known.push_back(f->name());
   }
-  throw InvalidArgument("unknown op '" + name + "'; known ops: " + known);
+  throw InvalidArgument("unknown op '" + name + "'; known ops: " + join(known, ", "));
 }
 
 std::shared_ptr<const Implementation> OpFamily::implementation(const std::string& impl) const {
@@ -58,9 +59,8 @@ std::shared_ptr<const Implementation> OpFamily::implementation(const std::string
   for (const auto& i : implementations()) {
     if (i->name() == impl) return i;
   }
-  std::string known;
-  for (const auto& n : implementation_names()) known += (known.empty() ? "" : ", ") + n;
-  throw InvalidArgument("unknown implementation '" + impl + "' of op '" + name() + "'; known: " + known);
+  throw InvalidArgument("unknown implementation '" + impl + "' of op '" + name() +
+                        "'; known: " + join(implementation_names(), ", "));
 }
 
 std::vector<std::string> OpFamily::implementation_names() const {
@@ -70,7 +70,8 @@ std::vector<std::string> OpFamily::implementation_names() const {
   return names;
 }
 
-std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string& name, const std::string& tag) {
+std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string& name,
+                                    const std::string& tag) {
   std::vector<ArgSpec> out;
   for (const auto& f : families()) {
     if (!family.empty() && f->name() != family) continue;
@@ -81,10 +82,11 @@ std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string
     }
   }
   if (!name.empty() && out.empty()) {
-    std::string known;
-    for (const auto& s : find_arg_specs(family)) known += (known.empty() ? "" : ", ") + s.name;
-    throw InvalidArgument("unknown spec '" + name + "'" + (family.empty() ? "" : " for op '" + family + "'") +
-                          "; known: " + known);
+    std::vector<std::string> known;
+    for (const auto& s : find_arg_specs(family)) known.push_back(s.name);
+    throw InvalidArgument("unknown spec '" + name + "'" +
+                          (family.empty() ? "" : " for op '" + family + "'") +
+                          "; known: " + join(known, ", "));
   }
   return out;
 }

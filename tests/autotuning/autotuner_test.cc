@@ -27,7 +27,9 @@ AutotuneOptions quick() {
   return o;
 }
 
-BoundArguments bound(const std::string& impl, int64_t n = 64) { return fake_call(n)->bound.with_implementation(impl); }
+BoundArguments bound(const std::string& impl, int64_t n = 64) {
+  return fake_call(n)->bound.with_implementation(impl);
+}
 
 TEST(Autotuner, FindsFastestAndMeasuresEveryCandidate) {
   const AutotuningData d = Autotuner(quick()).tune(bound("one_field"));
@@ -60,7 +62,8 @@ TEST_P(Failures, RecordedWithReason) {
   ASSERT_TRUE(bad.failure);
   EXPECT_EQ(bad.failure->kind, GetParam().kind) << bad.failure->message;
   EXPECT_FALSE(bad.failure->message.empty());
-  EXPECT_TRUE(d.entries().at(Config::make(TileConfig{0}).str()).benchmark);  // the good one measured
+  EXPECT_TRUE(
+      d.entries().at(Config::make(TileConfig{0}).str()).benchmark);  // the good one measured
   EXPECT_EQ(d.fastest().config.get<TileConfig>().tile, 0);
 }
 
@@ -90,7 +93,8 @@ TEST(Autotuner, BudgetsAndBadOptions) {
   o.max_candidates = 2;
   const AutotuningData d = Autotuner(o).tune(bound("one_field"));
   int skipped = 0;
-  for (const auto& [k, e] : d.entries()) skipped += e.failure && e.failure->kind == FailureKind::kSkipped;
+  for (const auto& [k, e] : d.entries())
+    skipped += e.failure && e.failure->kind == FailureKind::kSkipped;
   EXPECT_EQ(skipped, 2);
   EXPECT_TRUE(d.entries().at(Config::make(TileConfig{1}).str()).benchmark);  // heuristics kept
   o = quick();
@@ -130,8 +134,8 @@ TEST(AutotuningData, SelectionIsDeterministicWithTieBreakOnScratch) {
   };
   AutotuningData d;
   d.set(Config::make(TileConfig{1}), mk(1.000, 1000));
-  d.set(Config::make(TileConfig{2}), mk(1.005, 10));   // within 1% and less scratch: wins
-  d.set(Config::make(TileConfig{3}), mk(1.5, 0));      // outside the window
+  d.set(Config::make(TileConfig{2}), mk(1.005, 10));  // within 1% and less scratch: wins
+  d.set(Config::make(TileConfig{3}), mk(1.5, 0));     // outside the window
   EXPECT_EQ(d.fastest().config.get<TileConfig>().tile, 2);
   AutotuningData e;  // same data inserted in another order: same winner
   e.set(Config::make(TileConfig{3}), mk(1.5, 0));
@@ -159,16 +163,20 @@ TEST(AutotuningResult, JsonRoundTripAndMerge) {
   c.add(b, d2);
   const AutotuningResult back = AutotuningResult::loads(a.dumps());
   EXPECT_EQ(back.dumps(), a.dumps());
-  EXPECT_EQ(back.data()[0].second.entries().at(Config::make(TileConfig{2}).str()).failure->kind, FailureKind::kWrongResult);
+  EXPECT_EQ(back.data()[0].second.entries().at(Config::make(TileConfig{2}).str()).failure->kind,
+            FailureKind::kWrongResult);
   const AutotuningResult m = a | c;
   ASSERT_EQ(m.data().size(), 1u);
-  EXPECT_EQ(m.data()[0].second.entries().at(Config::make(TileConfig{1}).str()).benchmark->median_ms, 1);  // rhs wins
-  EXPECT_TRUE(m.data()[0].second.entries().at(Config::make(TileConfig{2}).str()).failure);              // kept
+  EXPECT_EQ(m.data()[0].second.entries().at(Config::make(TileConfig{1}).str()).benchmark->median_ms,
+            1);  // rhs wins
+  EXPECT_TRUE(m.data()[0].second.entries().at(Config::make(TileConfig{2}).str()).failure);  // kept
   EXPECT_THROW(a | other, InvalidArgument);
   const std::string text = a.dumps();
   EXPECT_THROW(AutotuningResult::loads(text.substr(0, text.size() / 2)), InvalidArgument);
-  EXPECT_THROW(AutotuningResult::loads("{\"device_kind\": \"x\", \"data\": [[1]]}"), InvalidArgument);
-  const std::string path = std::filesystem::temp_directory_path() / ("tokamax_res_" + std::to_string(getpid()) + ".json");
+  EXPECT_THROW(AutotuningResult::loads("{\"device_kind\": \"x\", \"data\": [[1]]}"),
+               InvalidArgument);
+  const std::string path = std::filesystem::temp_directory_path() /
+                           ("tokamax_res_" + std::to_string(getpid()) + ".json");
   a.dump(path);
   EXPECT_EQ(AutotuningResult::load(path).dumps(), a.dumps());
   std::filesystem::remove(path);
@@ -183,15 +191,9 @@ TEST(AutotuningResult, CaptureAndTuneFunction) {
 
 class DiskCacheTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("tokamax_dc_" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir_);
-    setenv("TOKAMAX_CACHE_DIR", dir_.c_str(), 1);
-    DiskCache::global().clear();
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  testing::ScopedCacheDir cache_{"dc"};
+  const std::filesystem::path& dir_ = cache_.path();
   std::string file() const { return (dir_ / device_kind() / "fake_one_field.json").string(); }
-  std::filesystem::path dir_;
 };
 
 TEST_F(DiskCacheTest, ConcurrentProcessWritersLoseNothing) {
@@ -232,7 +234,8 @@ TEST_F(DiskCacheTest, CorruptAndStaleFilesAreIgnored) {
   f.implementation = "one_field";
   f.implementation_version = 99;
   f.device_kind = device_kind();
-  f.entries[c->bound.key()] = {{Config::make(TileConfig{4}).str(), BenchmarkData{.median_ms = 1}.to_json()}};
+  f.entries[c->bound.key()] = {
+      {Config::make(TileConfig{4}).str(), BenchmarkData{.median_ms = 1}.to_json()}};
   write_file_atomic(file(), f.to_json().dump());
   DiskCache::global().clear();
   EXPECT_EQ(resolve_config(fake(), *fake().one, *c, std::nullopt).rung, Rung::kHeuristics);

@@ -1,4 +1,6 @@
 // DeviceInfo sanity, the roofline, and the CLI's device command.
+#include "tokamax/core/device.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 #include <string>
 
 #include "tokamax/autotuning/roofline.h"
-#include "tokamax/core/device.h"
 #include "tokamax/core/json.h"
 
 namespace tokamax {
@@ -25,7 +26,8 @@ std::string run(const std::string& cmd, int* rc) {
 TEST(Device, Sane) {
   const DeviceInfo& d = device_info();
   EXPECT_FALSE(device_kind().empty());
-  for (char c : device_kind()) EXPECT_TRUE(std::islower(static_cast<unsigned char>(c)) || std::isdigit(c) || c == '_');
+  for (char c : device_kind())
+    EXPECT_TRUE(std::islower(static_cast<unsigned char>(c)) || std::isdigit(c) || c == '_');
   EXPECT_GT(d.threads_available, 0);
   EXPECT_GT(d.physical_cores, 0);
   EXPECT_GT(d.l1d_bytes, 0);
@@ -44,7 +46,8 @@ TEST(Device, Sane) {
 TEST(Device, RooflinePositiveFinite) {
   const Roofline r = cached_roofline();
   if (!device_info().isa.has_avx2_fma()) GTEST_SKIP() << "roofline loops need AVX2";
-  for (double v : {r.f32_gflops_1core, r.f32_gflops_all, r.read_gbps_1core, r.read_gbps_all, r.copy_gbps_all}) {
+  for (double v : {r.f32_gflops_1core, r.f32_gflops_all, r.read_gbps_1core, r.read_gbps_all,
+                   r.copy_gbps_all}) {
     EXPECT_TRUE(std::isfinite(v));
     EXPECT_GT(v, 0);
   }
@@ -55,7 +58,8 @@ TEST(Device, RooflinePositiveFinite) {
 
 TEST(Device, CliPrintsDeviceAndHonoursKindOverride) {
   int rc = 0;
-  const std::string out = run(std::string("TOKAMAX_DEVICE_KIND='My Test Chip' ") + TOKAMAX_CLI + " device --json", &rc);
+  const std::string out =
+      run(std::string("TOKAMAX_DEVICE_KIND='My Test Chip' ") + TOKAMAX_CLI + " device --json", &rc);
   ASSERT_EQ(rc, 0) << out;
   const Json j = Json::parse(out);
   EXPECT_EQ(j["device_kind"], "my_test_chip");

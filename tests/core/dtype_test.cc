@@ -1,10 +1,11 @@
 // DType names and exhaustive bf16 / f16 conversions against independent formulas.
+#include "tokamax/core/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "tokamax/core/dtype.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/log.h"
 
@@ -18,9 +19,13 @@ double decode(uint32_t bits, int exp_bits, int mant_bits) {
   const uint32_t m = bits & ((1u << mant_bits) - 1);
   const int bias = (1 << (exp_bits - 1)) - 1;
   double v;
-  if (e == (1u << exp_bits) - 1) v = m ? std::numeric_limits<double>::quiet_NaN() : INFINITY;
-  else if (e == 0) v = std::ldexp(static_cast<double>(m), 1 - bias - mant_bits);
-  else v = std::ldexp(static_cast<double>(m | (1u << mant_bits)), static_cast<int>(e) - bias - mant_bits);
+  if (e == (1u << exp_bits) - 1)
+    v = m ? std::numeric_limits<double>::quiet_NaN() : INFINITY;
+  else if (e == 0)
+    v = std::ldexp(static_cast<double>(m), 1 - bias - mant_bits);
+  else
+    v = std::ldexp(static_cast<double>(m | (1u << mant_bits)),
+                   static_cast<int>(e) - bias - mant_bits);
   return sign ? -v : v;
 }
 
@@ -33,20 +38,26 @@ uint32_t round_to(double x, int exp_bits, int mant_bits) {
   uint32_t lo = 0, hi = inf;  // binary search over positive patterns (monotonic in value)
   while (hi - lo > 1) {
     const uint32_t mid = (lo + hi) / 2;
-    if (decode(mid, exp_bits, mant_bits) <= ax) lo = mid;
-    else hi = mid;
+    if (decode(mid, exp_bits, mant_bits) <= ax)
+      lo = mid;
+    else
+      hi = mid;
   }
   (void)n;
   const double vl = decode(lo, exp_bits, mant_bits);
   double vh = decode(hi, exp_bits, mant_bits);
   if (hi == inf) {
     // The overflow threshold: halfway between max finite and the next (virtual) step.
-    vh = decode(lo, exp_bits, mant_bits) + (decode(lo, exp_bits, mant_bits) - decode(lo - 1, exp_bits, mant_bits));
+    vh = decode(lo, exp_bits, mant_bits) +
+         (decode(lo, exp_bits, mant_bits) - decode(lo - 1, exp_bits, mant_bits));
   }
   uint32_t r;
-  if (ax - vl < vh - ax) r = lo;
-  else if (ax - vl > vh - ax) r = hi;
-  else r = (lo & 1) ? hi : lo;
+  if (ax - vl < vh - ax)
+    r = lo;
+  else if (ax - vl > vh - ax)
+    r = hi;
+  else
+    r = (lo & 1) ? hi : lo;
   if (ax == vl) r = lo;
   const uint32_t sign = std::signbit(x) ? 1u << (exp_bits + mant_bits) : 0;
   return r | sign;
@@ -93,7 +104,8 @@ TEST(DType, RoundingAtEveryMidpoint) {
   for (uint32_t h = 0; h < 0x7f80; ++h) {  // positive finite bf16
     const double a = decode(h, 8, 7), b = decode(h + 1, 8, 7);
     const double mid = (a + b) / 2;
-    for (double x : {mid, std::nextafter(static_cast<float>(mid), 0.0f) * 1.0, std::nextafter(static_cast<float>(mid), INFINITY) * 1.0}) {
+    for (double x : {mid, std::nextafter(static_cast<float>(mid), 0.0f) * 1.0,
+                     std::nextafter(static_cast<float>(mid), INFINITY) * 1.0}) {
       const float xf = static_cast<float>(x);
       ASSERT_EQ(f32_to_bf16(xf), round_to(xf, 8, 7)) << h;
       ASSERT_EQ(f32_to_bf16(-xf), round_to(-static_cast<double>(xf), 8, 7)) << h;

@@ -1,14 +1,16 @@
 // ShapeDtype parse/format round trips and malformed input.
+#include "tokamax/core/shape_dtype.h"
+
 #include <gtest/gtest.h>
 
 #include "tokamax/core/error.h"
-#include "tokamax/core/shape_dtype.h"
 
 namespace tokamax {
 namespace {
 
 TEST(ShapeDtype, RoundTrip) {
-  for (const char* s : {"bf16[8,128]", "f32[]", "i32[0]", "u8[1,2,3,4]", "bool[7]", "u8[9223372036854775807]"}) {
+  for (const char* s :
+       {"bf16[8,128]", "f32[]", "i32[0]", "u8[1,2,3,4]", "bool[7]", "u8[9223372036854775807]"}) {
     EXPECT_EQ(ShapeDtype::parse(s).str(), s);
   }
   const ShapeDtype sd{{8, 128}, DType::kBF16};
@@ -21,15 +23,17 @@ TEST(ShapeDtype, MalformedNamesPosition) {
     const char* text;
     const char* needle;
   };
-  for (const Case& c : {Case{"f32[8,", "position 6"}, Case{"f32[8,x]", "position 6"}, Case{"f32", "position 3"},
-                        Case{"[8]", "position 0"}, Case{"f7[8]", "unknown dtype"}, Case{"f32[-1]", "negative"},
-                        Case{"f32[8]x", "trailing"}, Case{"f32[99999999999999999999]", "overflows"},
-                        Case{"f32[4294967296,4294967296]", "overflow"}, Case{"f32[08]", "leading zero"}}) {
+  for (const Case& c :
+       {Case{"f32[8,", "position 6"}, Case{"f32[8,x]", "position 6"}, Case{"f32", "position 3"},
+        Case{"[8]", "position 0"}, Case{"f7[8]", "unknown dtype"}, Case{"f32[-1]", "negative"},
+        Case{"f32[8]x", "trailing"}, Case{"f32[99999999999999999999]", "overflows"},
+        Case{"f32[4294967296,4294967296]", "overflow"}, Case{"f32[08]", "leading zero"}}) {
     try {
       ShapeDtype::parse(c.text);
       ADD_FAILURE() << c.text << " parsed";
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << c.text << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos)
+          << c.text << ": " << e.what();
     }
   }
 }

@@ -1,4 +1,6 @@
 // Tensor storage, views and seeded determinism.
+#include "tokamax/core/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 
 #include "tokamax/core/error.h"
 #include "tokamax/core/json.h"
-#include "tokamax/core/tensor.h"
 
 namespace tokamax {
 namespace {

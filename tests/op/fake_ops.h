@@ -2,10 +2,15 @@
 // framework and the autotuner (as tokamax's own tests do with fake ops).
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
-#include <mutex>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "tokamax/tokamax.h"
@@ -46,7 +51,9 @@ class OneField : public Implementation {
     return {Config::make(TileConfig{4}), Config::make(TileConfig{2}), Config::make(TileConfig{3}),
             Config::make(TileConfig{1})};
   }
-  Config config_from_json(const Json& j) const override { return Config::make(TileConfig::from_json(j)); }
+  Config config_from_json(const Json& j) const override {
+    return Config::make(TileConfig::from_json(j));
+  }
   std::shared_ptr<const Prepared> prepare(const CallBase&, const Config&) const override {
     prepares++;
     return nullptr;
@@ -65,19 +72,32 @@ class Broken : public Implementation {
   std::string name() const override { return name_; }
   bool has_config() const override { return true; }
   Config heuristics_config(const CallBase&) const override { return Config::make(TileConfig{0}); }
-  std::vector<Config> autotuning_configs(const CallBase&) const override { return {Config::make(TileConfig{1})}; }
-  Config config_from_json(const Json& j) const override { return Config::make(TileConfig::from_json(j)); }
+  std::vector<Config> autotuning_configs(const CallBase&) const override {
+    return {Config::make(TileConfig{1})};
+  }
+  Config config_from_json(const Json& j) const override {
+    return Config::make(TileConfig::from_json(j));
+  }
   void run(CallBase& base, const Config& c, const Prepared*) const override {
     auto& call = static_cast<FakeCall&>(base);
     write_double(call);
     if (c.get<TileConfig>().tile == 0) return;  // the heuristics config is fine
     float* o = call.outputs[0].data_as<float>();
     switch (mode_) {
-      case kSleep: std::this_thread::sleep_for(std::chrono::milliseconds(50)); break;
-      case kOutOfBounds: o[call.x.size() + 3] = 1.0f; break;
-      case kUnwritten: o[1] = std::nanf(""); break;
-      case kWrong: o[2] += 1.0f; break;
-      case kThrows: throw std::runtime_error("boom");
+      case kSleep:
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        break;
+      case kOutOfBounds:
+        o[call.x.size() + 3] = 1.0f;
+        break;
+      case kUnwritten:
+        o[1] = std::nanf("");
+        break;
+      case kWrong:
+        o[2] += 1.0f;
+        break;
+      case kThrows:
+        throw std::runtime_error("boom");
     }
   }
 
@@ -89,7 +109,9 @@ class Broken : public Implementation {
 class Nothing : public Implementation {
  public:
   std::string name() const override { return "nothing"; }
-  void run(CallBase& base, const Config&, const Prepared*) const override { write_double(static_cast<FakeCall&>(base)); }
+  void run(CallBase& base, const Config&, const Prepared*) const override {
+    write_double(static_cast<FakeCall&>(base));
+  }
 };
 
 class Picky : public Implementation {  // never supports anything
@@ -103,18 +125,27 @@ class FakeFamily : public OpFamily {
  public:
   std::shared_ptr<OneField> one = std::make_shared<OneField>();
   FakeFamily() {
-    impls_ = {std::make_shared<Picky>(), one, std::make_shared<Nothing>(),
-              std::make_shared<Broken>("sleepy", Broken::kSleep), std::make_shared<Broken>("oob", Broken::kOutOfBounds),
-              std::make_shared<Broken>("unwritten", Broken::kUnwritten), std::make_shared<Broken>("wrong", Broken::kWrong),
+    impls_ = {std::make_shared<Picky>(),
+              one,
+              std::make_shared<Nothing>(),
+              std::make_shared<Broken>("sleepy", Broken::kSleep),
+              std::make_shared<Broken>("oob", Broken::kOutOfBounds),
+              std::make_shared<Broken>("unwritten", Broken::kUnwritten),
+              std::make_shared<Broken>("wrong", Broken::kWrong),
               std::make_shared<Broken>("throws", Broken::kThrows)};
   }
   std::string name() const override { return "fake"; }
-  std::vector<std::shared_ptr<const Implementation>> implementations() const override { return impls_; }
-  std::shared_ptr<const Implementation> reference() const override { return std::make_shared<Nothing>(); }
+  std::vector<std::shared_ptr<const Implementation>> implementations() const override {
+    return impls_;
+  }
+  std::shared_ptr<const Implementation> reference() const override {
+    return std::make_shared<Nothing>();
+  }
   BoundArguments bind_json(const Json& a, const std::string& impl) const override {
     const ShapeDtype x = ShapeDtype::parse(a.at("x").get<std::string>());
     if (x.rank() != 1 || x.dtype != DType::kF32) throw InvalidArgument("fake: x must be f32[n]");
-    return BoundArguments("fake", impl, {{"x", x.str()}, {"num_threads", a.value("num_threads", 1)}});
+    return BoundArguments("fake", impl,
+                          {{"x", x.str()}, {"num_threads", a.value("num_threads", 1)}});
   }
   std::unique_ptr<CallBase> make_call(const BoundArguments& b, uint64_t seed) const override {
     auto c = std::make_unique<FakeCall>();
@@ -147,8 +178,35 @@ inline FakeFamily& fake() {
 }
 
 inline std::unique_ptr<FakeCall> fake_call(int64_t n = 64) {
-  auto base = fake().make_call(fake().bind_json({{"x", ShapeDtype{{n}, DType::kF32}.str()}}, ""), 1);
+  auto base =
+      fake().make_call(fake().bind_json({{"x", ShapeDtype{{n}, DType::kF32}.str()}}, ""), 1);
   return std::unique_ptr<FakeCall>(static_cast<FakeCall*>(base.release()));
 }
+
+// Points the user cache at a fresh temporary directory for one test, and back afterwards.
+class ScopedCacheDir {
+ public:
+  explicit ScopedCacheDir(const std::string& tag)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("tokamax_" + tag + "_" + std::to_string(getpid()))) {
+    if (const char* old = std::getenv("TOKAMAX_CACHE_DIR")) previous_ = old;
+    std::filesystem::remove_all(dir_);
+    setenv("TOKAMAX_CACHE_DIR", dir_.c_str(), 1);
+    DiskCache::global().clear();
+  }
+  ~ScopedCacheDir() {
+    std::filesystem::remove_all(dir_);
+    if (previous_)
+      setenv("TOKAMAX_CACHE_DIR", previous_->c_str(), 1);
+    else
+      unsetenv("TOKAMAX_CACHE_DIR");
+    DiskCache::global().clear();
+  }
+  const std::filesystem::path& path() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::optional<std::string> previous_;
+};
 
 }  // namespace tokamax::testing

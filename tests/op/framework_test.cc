@@ -15,14 +15,8 @@ using testing::TileConfig;
 
 class Framework : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("tokamax_fw_" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir_);
-    setenv("TOKAMAX_CACHE_DIR", dir_.c_str(), 1);
-    DiskCache::global().clear();
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::filesystem::path dir_;
+  testing::ScopedCacheDir cache_{"fw"};
+  const std::filesystem::path& dir_ = cache_.path();
 };
 
 TEST_F(Framework, DispatchSkipsUnsupportedAndNamedErrorsPropagate) {
@@ -46,7 +40,8 @@ TEST_F(Framework, LadderRungs) {
   // 2. nothing to tune: no lookup, even with policy error
   {
     CacheMissPolicyScope p(CacheMissPolicy::kError);
-    EXPECT_EQ(resolve_config(fake(), *fake().implementation("nothing"), *c, std::nullopt).rung, Rung::kNullConfig);
+    EXPECT_EQ(resolve_config(fake(), *fake().implementation("nothing"), *c, std::nullopt).rung,
+              Rung::kNullConfig);
     // 5. error policy
     EXPECT_THROW(resolve_config(fake(), one, *c, std::nullopt), CacheMiss);
   }
@@ -130,9 +125,12 @@ TEST_F(Framework, BoundArgumentsRoundTrip) {
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].key(), list[0].key());
   EXPECT_EQ(back[0].implementation(), "one_field");
-  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"fake\"}, \"argu"), InvalidArgument);
-  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"nope\"}, \"arguments\": {}}]"), InvalidArgument);
-  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"fake\", \"implementation\": \"zzz\"}, \"arguments\": {\"x\": \"f32[2]\"}}]"),
+  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"fake\"}, \"argu"),
+               InvalidArgument);
+  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"nope\"}, \"arguments\": {}}]"),
+               InvalidArgument);
+  EXPECT_THROW(BoundArguments::loads_list("[{\"op\": {\"family\": \"fake\", \"implementation\": "
+                                          "\"zzz\"}, \"arguments\": {\"x\": \"f32[2]\"}}]"),
                InvalidArgument);
   EXPECT_THROW(BoundArguments::loads_list("{}"), InvalidArgument);
 }

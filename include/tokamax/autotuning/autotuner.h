@@ -24,18 +24,19 @@ struct AutotuneProgress {
 };
 
 struct AutotuneOptions {
-  TimingOptions timing{.warmup = 2, .min_samples = 10, .min_time_s = 0.05, .max_samples = 200, .max_time_s = 2.0};
-  std::optional<bool> cold_cache;    // default: the family's memory_bound(call)
-  double candidate_timeout_s = 10;   // the checked run of a candidate; slower -> timeout
-  double budget_s = 1e30;            // whole run, seconds; must be > 0
-  int max_candidates = 1 << 30;      // per key; must be > 0 (the heuristics config is always kept)
-  int finalists = 3;                 // re-measured interleaved
+  TimingOptions timing{
+      .warmup = 2, .min_samples = 10, .min_time_s = 0.05, .max_samples = 200, .max_time_s = 2.0};
+  std::optional<bool> cold_cache;   // default: the family's memory_bound(call)
+  double candidate_timeout_s = 10;  // the checked run of a candidate; slower -> timeout
+  double budget_s = 1e30;           // whole run, seconds; must be > 0
+  int max_candidates = 1 << 30;     // per key; must be > 0 (the heuristics config is always kept)
+  int finalists = 3;                // re-measured interleaved
   int remeasure_rounds = 5;
-  int prepare_threads = 0;           // 0 = hardware threads
-  uint64_t seed = 0;                 // inputs, shared by all candidates
-  std::vector<Config> configs;       // explicit candidates (empty = heuristics + search space)
+  int prepare_threads = 0;      // 0 = hardware threads
+  uint64_t seed = 0;            // inputs, shared by all candidates
+  std::vector<Config> configs;  // explicit candidates (empty = heuristics + search space)
   std::function<void(const AutotuneProgress&)> progress;
-  void validate() const;             // InvalidArgument on a zero or negative budget etc.
+  void validate() const;  // InvalidArgument on a zero or negative budget etc.
 };
 
 class Autotuner {

@@ -29,7 +29,15 @@ struct BenchmarkData {
   static BenchmarkData from_json(const Json& j);
 };
 
-enum class FailureKind { kUnsupported, kWrongResult, kUnwritten, kOutOfBounds, kTimeout, kException, kSkipped };
+enum class FailureKind {
+  kUnsupported,
+  kWrongResult,
+  kUnwritten,
+  kOutOfBounds,
+  kTimeout,
+  kException,
+  kSkipped
+};
 std::string_view failure_kind_name(FailureKind k);
 FailureKind parse_failure_kind(std::string_view s);
 
@@ -72,7 +80,8 @@ class AutotuningData {
 class AutotuningResult {
  public:
   AutotuningResult() : device_kind_(tokamax::device_kind()), version_(library_version()) {}
-  explicit AutotuningResult(std::string device_kind) : device_kind_(std::move(device_kind)), version_(library_version()) {}
+  explicit AutotuningResult(std::string device_kind)
+      : device_kind_(std::move(device_kind)), version_(library_version()) {}
 
   const std::string& device_kind() const { return device_kind_; }
   const std::string& tokamax_version() const { return version_; }
@@ -82,7 +91,8 @@ class AutotuningResult {
   const AutotuningData* find(const BoundArguments& bound) const;
 
   std::string dumps() const;
-  static AutotuningResult loads(std::string_view text, std::string_view source = "autotuning result");
+  static AutotuningResult loads(std::string_view text,
+                                std::string_view source = "autotuning result");
   void dump(const std::string& path) const;  // atomic
   static AutotuningResult load(const std::string& path);
   // Device kinds must match (else InvalidArgument); the right-hand side wins per config.

@@ -21,8 +21,8 @@ inline constexpr int kCacheSchemaVersion = 1;
 
 std::string shipped_cache_dir();  // TOKAMAX_DATA_DIR, installed data, or the source tree's
 std::string user_cache_dir();
-std::string cache_file_path(const std::string& dir, const std::string& device_kind, const std::string& family,
-                            const std::string& implementation);
+std::string cache_file_path(const std::string& dir, const std::string& device_kind,
+                            const std::string& family, const std::string& implementation);
 
 struct CacheFile {
   std::string family, implementation, device_kind, tokamax_version;
@@ -35,15 +35,17 @@ struct CacheFile {
 };
 
 // Merges `entries` (key -> AutotuningData successes) into the file at `path` under a lock.
-void merge_into_cache_file(const std::string& path, const std::string& family, const Implementation& impl,
-                           const std::string& device_kind, const std::map<std::string, AutotuningData>& entries);
+void merge_into_cache_file(const std::string& path, const std::string& family,
+                           const Implementation& impl, const std::string& device_kind,
+                           const std::map<std::string, AutotuningData>& entries);
 
 class DiskCache {
  public:
   static DiskCache& global();
   // The winning config for bound (its implementation) on this device kind, if any. `source`
   // says which file (or "memory").
-  std::optional<Config> lookup(const Implementation& impl, const BoundArguments& bound, std::string* source);
+  std::optional<Config> lookup(const Implementation& impl, const BoundArguments& bound,
+                               std::string* source);
   // In-memory results (autotune on miss); also written to the user cache by the caller.
   void put_memory(const Implementation& impl, const BoundArguments& bound, const Config& config);
   // Forgets everything loaded (tests; after the files changed).

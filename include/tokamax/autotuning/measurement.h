@@ -24,8 +24,8 @@ struct TimingOptions {
   int min_samples = 10;
   double min_time_s = 0.1;
   int max_samples = 1000;
-  double max_time_s = 5.0;       // stop early when a very slow call would exceed this
-  bool cold_cache = false;       // flush the last-level cache before every sample (not timed)
+  double max_time_s = 5.0;  // stop early when a very slow call would exceed this
+  bool cold_cache = false;  // flush the last-level cache before every sample (not timed)
   // Calls timed together as one sample; 0 = choose so that a sample takes >= ~20 us (warm only).
   int calls_per_sample = 0;
 };

@@ -7,14 +7,14 @@
 namespace tokamax {
 
 struct Roofline {
-  int threads = 1;                  // "all threads" = this many
-  double f32_gflops_1core = 0;      // peak f32 FMA rate, one core
+  int threads = 1;              // "all threads" = this many
+  double f32_gflops_1core = 0;  // peak f32 FMA rate, one core
   double f32_gflops_all = 0;
-  double bf16_gflops_1core = 0;     // 0 where the ISA has no bf16 dot
+  double bf16_gflops_1core = 0;  // 0 where the ISA has no bf16 dot
   double bf16_gflops_all = 0;
-  double read_gbps_1core = 0;       // large streaming read
+  double read_gbps_1core = 0;  // large streaming read
   double read_gbps_all = 0;
-  double copy_gbps_all = 0;         // large copy, bytes read + written
+  double copy_gbps_all = 0;  // large copy, bytes read + written
   Json to_json() const;
 };
 

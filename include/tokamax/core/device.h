@@ -4,9 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 namespace tokamax {
 
@@ -22,16 +21,17 @@ struct IsaFeatures {
 };
 
 struct DeviceInfo {
-  std::string arch;             // "x86_64", "aarch64"
-  std::string vendor;           // "AuthenticAMD", "GenuineIntel"
-  std::string model_name;       // CPUID brand string
-  std::string microarch;        // zen4, zen3, sapphirerapids, icelake-server, skylake-x, haswell, generic...
+  std::string arch;        // "x86_64", "aarch64"
+  std::string vendor;      // "AuthenticAMD", "GenuineIntel"
+  std::string model_name;  // CPUID brand string
+  std::string
+      microarch;  // zen4, zen3, sapphirerapids, icelake-server, skylake-x, haswell, generic...
   int family = 0, model = 0;
   IsaFeatures isa;
   int64_t l1d_bytes = 0, l2_bytes = 0, l3_bytes = 0;
   int physical_cores = 0;
-  int threads_available = 0;   // CPUs in this process's affinity mask
-  std::string kind;            // device_kind() at detection time
+  int threads_available = 0;  // CPUs in this process's affinity mask
+  std::string kind;           // device_kind() at detection time
 
   nlohmann::json to_json() const;
 };

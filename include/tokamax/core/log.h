@@ -28,9 +28,9 @@ void set_log_settings(LogSettings settings);
 
 }  // namespace tokamax
 
-#define TOKAMAX_LOG(category, level, message_expr)                         \
-  do {                                                                      \
-    if (::tokamax::log_enabled(category, ::tokamax::LogLevel::level)) {      \
+#define TOKAMAX_LOG(category, level, message_expr)                                  \
+  do {                                                                              \
+    if (::tokamax::log_enabled(category, ::tokamax::LogLevel::level)) {             \
       ::tokamax::log_message(category, ::tokamax::LogLevel::level, (message_expr)); \
-    }                                                                       \
+    }                                                                               \
   } while (0)

@@ -47,12 +47,15 @@ struct Resolution {
 class TuningBackend {
  public:
   virtual ~TuningBackend() = default;
-  virtual std::optional<Config> scope_lookup(const Implementation& impl, const BoundArguments& bound,
+  virtual std::optional<Config> scope_lookup(const Implementation& impl,
+                                             const BoundArguments& bound,
                                              std::string* detail) const = 0;
-  virtual std::optional<Config> cache_lookup(const Implementation& impl, const BoundArguments& bound,
+  virtual std::optional<Config> cache_lookup(const Implementation& impl,
+                                             const BoundArguments& bound,
                                              std::string* detail) const = 0;
   virtual std::optional<Config> autotune_now(const OpFamily& family, const Implementation& impl,
-                                             const BoundArguments& bound, std::string* detail) const = 0;
+                                             const BoundArguments& bound,
+                                             std::string* detail) const = 0;
 };
 void set_tuning_backend(const TuningBackend* backend);
 
@@ -60,8 +63,8 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
                           const std::optional<Config>& explicit_config);
 
 struct CallOptions {
-  std::string implementation;     // empty: the family's default order
-  std::optional<Config> config;   // requires `implementation`
+  std::string implementation;    // empty: the family's default order
+  std::optional<Config> config;  // requires `implementation`
 };
 
 // Runs `call` with the first implementation that can serve it; returns its name.

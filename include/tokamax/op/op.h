@@ -40,7 +40,8 @@ class BoundArguments {
   static BoundArguments from_json(const Json& j);
   // A "bound-args file": a JSON list of the above.
   static std::string dumps_list(const std::vector<BoundArguments>& list);
-  static std::vector<BoundArguments> loads_list(std::string_view text, std::string_view source = "bound-args");
+  static std::vector<BoundArguments> loads_list(std::string_view text,
+                                                std::string_view source = "bound-args");
 
  private:
   struct Rep {
@@ -92,7 +93,9 @@ class Implementation {
   // Names of the config fields, for `tokamax ops`.
   virtual std::vector<std::string> config_fields() const { return {}; }
   virtual int64_t scratch_bytes(const CallBase&, const Config&) const { return 0; }
-  virtual std::shared_ptr<const Prepared> prepare(const CallBase&, const Config&) const { return nullptr; }
+  virtual std::shared_ptr<const Prepared> prepare(const CallBase&, const Config&) const {
+    return nullptr;
+  }
   virtual void run(CallBase& call, const Config& config, const Prepared* prepared) const = 0;
 };
 
@@ -105,7 +108,8 @@ struct Tolerance {
 struct ArgSpec {
   std::string family;
   std::string name;
-  Json arguments;  // what BoundArguments::from_json expects under "arguments" (num_threads optional)
+  Json
+      arguments;  // what BoundArguments::from_json expects under "arguments" (num_threads optional)
   std::vector<std::string> tags;
   bool has_tag(const std::string& t) const;
 };
@@ -118,7 +122,8 @@ class OpFamily {
   virtual std::vector<std::shared_ptr<const Implementation>> implementations() const = 0;
   virtual std::shared_ptr<const Implementation> reference() const = 0;
   // Validates and canonicalizes a JSON argument spec (fills num_threads if absent).
-  virtual BoundArguments bind_json(const Json& arguments, const std::string& implementation) const = 0;
+  virtual BoundArguments bind_json(const Json& arguments,
+                                   const std::string& implementation) const = 0;
   // A call with seeded random inputs and freshly allocated outputs for `bound`.
   virtual std::unique_ptr<CallBase> make_call(const BoundArguments& bound, uint64_t seed) const = 0;
   virtual Tolerance tolerance(const CallBase& call) const = 0;

@@ -57,37 +57,39 @@ struct RaggedDotOptions {
   std::optional<DType> preferred_element_type;
   Activation activation = Activation::kNone;  // applied to the f32 accumulator
   Precision precision = Precision::kDefault;
-  std::string implementation;                 // "", "native", "blas", "reference"
-  std::optional<Config> config;               // needs `implementation`
+  std::string implementation;    // "", "native", "blas", "reference"
+  std::optional<Config> config;  // needs `implementation`
   // The group-size distribution tuning keys on. Default: {num_groups, total_size = rows of lhs}
   // (the actual sizes change every step in MoE inference); set it to key on explicit sizes.
   std::optional<std::vector<int32_t>> representative_group_sizes;
 };
 
-Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
-                  const RaggedDotOptions& options = {});
+Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs,
+                  std::span<const int32_t> group_sizes, const RaggedDotOptions& options = {});
 Tensor ragged_dot(const TensorView& lhs, const PackedRhs& rhs, std::span<const int32_t> group_sizes,
                   const RaggedDotOptions& options = {});
 // group_sizes as an i32 tensor of shape [G].
 Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, const TensorView& group_sizes,
                   const RaggedDotOptions& options = {});
-Tensor ragged_dot_general(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
-                          RaggedDimNums dim_nums, const RaggedDotOptions& options = {});
+Tensor ragged_dot_general(const TensorView& lhs, const TensorView& rhs,
+                          std::span<const int32_t> group_sizes, RaggedDimNums dim_nums,
+                          const RaggedDotOptions& options = {});
 
 struct RaggedDotGrads {
   Tensor dlhs;  // [M,K], lhs dtype
   Tensor drhs;  // [G,K,N], rhs dtype; exactly zero for empty groups
 };
 // Gradients of ragged_dot(lhs, rhs, group_sizes, options) (forward form) for cotangent dout [M,N].
-RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
-                              const TensorView& dout, const RaggedDotOptions& options = {});
+RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs,
+                              std::span<const int32_t> group_sizes, const TensorView& dout,
+                              const RaggedDotOptions& options = {});
 
 // The native implementation's config: blocking sizes, microkernel rows and work split.
 struct RaggedDotNativeConfig {
-  int mr = 8;     // rows per microkernel tile
-  int mc = 64;    // rows per work item (multiple of mr)
-  int kc = 256;   // K block
-  int nc = 256;   // columns per work item (multiple of the panel width)
+  int mr = 8;    // rows per microkernel tile
+  int mc = 64;   // rows per work item (multiple of mr)
+  int kc = 256;  // K block
+  int nc = 256;  // columns per work item (multiple of the panel width)
   Json to_json() const;
   static RaggedDotNativeConfig from_json(const Json& j);
   friend bool operator==(const RaggedDotNativeConfig&, const RaggedDotNativeConfig&) = default;

@@ -22,16 +22,17 @@ Tensor run_call(RaggedDotCall& c, const RaggedDotOptions& o) {
 
 }  // namespace
 
-Tensor ragged_dot_general(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
-                          RaggedDimNums dims, const RaggedDotOptions& o) {
+Tensor ragged_dot_general(const TensorView& lhs, const TensorView& rhs,
+                          std::span<const int32_t> group_sizes, RaggedDimNums dims,
+                          const RaggedDotOptions& o) {
   RaggedDotCall c;
   rdot::bind_call(c, lhs, rhs.spec(), group_sizes, dims, o);
   c.rhs = rhs;
   return run_call(c, o);
 }
 
-Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
-                  const RaggedDotOptions& o) {
+Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs,
+                  std::span<const int32_t> group_sizes, const RaggedDotOptions& o) {
   return ragged_dot_general(lhs, rhs, group_sizes, RaggedDimNums::kForward, o);
 }
 
@@ -46,20 +47,25 @@ Tensor ragged_dot(const TensorView& lhs, const PackedRhs& rhs, std::span<const i
 
 Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, const TensorView& group_sizes,
                   const RaggedDotOptions& o) {
-  if (group_sizes.dtype() != DType::kI32 || group_sizes.rank() != 1 || !group_sizes.is_contiguous()) {
+  if (group_sizes.dtype() != DType::kI32 || group_sizes.rank() != 1 ||
+      !group_sizes.is_contiguous()) {
     throw InvalidArgument("ragged_dot: group_sizes has spec " + group_sizes.spec().str() +
                           "; expected a contiguous i32[G] tensor");
   }
-  return ragged_dot(lhs, rhs, std::span<const int32_t>(group_sizes.data_as<const int32_t>(), group_sizes.dim(0)), o);
+  return ragged_dot(
+      lhs, rhs, std::span<const int32_t>(group_sizes.data_as<const int32_t>(), group_sizes.dim(0)),
+      o);
 }
 
-RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs, std::span<const int32_t> group_sizes,
-                              const TensorView& dout, const RaggedDotOptions& o) {
+RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs,
+                              std::span<const int32_t> group_sizes, const TensorView& dout,
+                              const RaggedDotOptions& o) {
   RaggedDotCall c;
   rdot::bind_call(c, lhs, rhs.spec(), group_sizes, RaggedDimNums::kForward, o);
   if (dout.rank() != 2 || dout.dim(0) != c.m || dout.dim(1) != c.n || !dout.is_contiguous()) {
-    throw InvalidArgument("ragged_dot_vjp: dout has spec " + dout.spec().str() + "; expected contiguous [" +
-                          std::to_string(c.m) + "," + std::to_string(c.n) + "]");
+    throw InvalidArgument("ragged_dot_vjp: dout has spec " + dout.spec().str() +
+                          "; expected contiguous [" + std::to_string(c.m) + "," +
+                          std::to_string(c.n) + "]");
   }
   // Cotangent of the pre-activation output, in f32.
   Tensor dpre({c.m, c.n}, DType::kF32);
@@ -71,7 +77,8 @@ RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs, std:
     fo.config.reset();
     const Tensor pre = ragged_dot(lhs, rhs, group_sizes, fo);
     for (int64_t i = 0; i < c.m * c.n; ++i) {
-      dp[i] = static_cast<float>(dout.get(i) * rdot::activation_grad(o.activation, pre.data_as<float>()[i]));
+      dp[i] = static_cast<float>(dout.get(i) *
+                                 rdot::activation_grad(o.activation, pre.data_as<float>()[i]));
     }
   } else {
     for (int64_t i = 0; i < c.m * c.n; ++i) dp[i] = static_cast<float>(dout.get(i));
@@ -96,7 +103,8 @@ RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs, std:
   auto cast = [](Tensor t, DType to) {
     if (to == DType::kF32) return t;
     Tensor out(t.shape(), to);
-    for (int64_t i = 0; i < t.size(); ++i) out.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
+    for (int64_t i = 0; i < t.size(); ++i)
+      out.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
     return out;
   };
   grads.dlhs = cast(std::move(dl), lhs.dtype());

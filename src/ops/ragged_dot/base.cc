@@ -11,36 +11,48 @@ namespace tokamax {
 
 std::string_view activation_name(Activation a) {
   switch (a) {
-    case Activation::kNone: return "none";
-    case Activation::kRelu: return "relu";
-    case Activation::kSilu: return "silu";
-    case Activation::kGelu: return "gelu";
-    case Activation::kGeluTanh: return "gelu_tanh";
+    case Activation::kNone:
+      return "none";
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kSilu:
+      return "silu";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
   }
   return "?";
 }
 
 Activation parse_activation(std::string_view s) {
-  for (Activation a : {Activation::kNone, Activation::kRelu, Activation::kSilu, Activation::kGelu, Activation::kGeluTanh}) {
+  for (Activation a : {Activation::kNone, Activation::kRelu, Activation::kSilu, Activation::kGelu,
+                       Activation::kGeluTanh}) {
     if (activation_name(a) == s) return a;
   }
-  throw InvalidArgument("activation '" + std::string(s) + "': expected none, relu, silu, gelu or gelu_tanh");
+  throw InvalidArgument("activation '" + std::string(s) +
+                        "': expected none, relu, silu, gelu or gelu_tanh");
 }
 
 std::string_view dim_nums_name(RaggedDimNums d) {
   switch (d) {
-    case RaggedDimNums::kForward: return "forward";
-    case RaggedDimNums::kTransposedRhs: return "transposed_rhs";
-    case RaggedDimNums::kRaggedContracting: return "ragged_contracting";
+    case RaggedDimNums::kForward:
+      return "forward";
+    case RaggedDimNums::kTransposedRhs:
+      return "transposed_rhs";
+    case RaggedDimNums::kRaggedContracting:
+      return "ragged_contracting";
   }
   return "?";
 }
 
 RaggedDimNums parse_dim_nums(std::string_view s) {
-  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs, RaggedDimNums::kRaggedContracting}) {
+  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs,
+                          RaggedDimNums::kRaggedContracting}) {
     if (dim_nums_name(d) == s) return d;
   }
-  throw InvalidArgument("dimension_numbers '" + std::string(s) + "': expected forward, transposed_rhs or ragged_contracting");
+  throw InvalidArgument("dimension_numbers '" + std::string(s) +
+                        "': expected forward, transposed_rhs or ragged_contracting");
 }
 
 namespace rdot {
@@ -80,8 +92,9 @@ BoundArguments intern_key(const std::vector<int64_t>& sig, const std::function<J
 
 }  // namespace
 
-void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs, std::span<const int32_t> group_sizes,
-          RaggedDimNums dims, const RaggedDotOptions& o, int threads) {
+void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
+               std::span<const int32_t> group_sizes, RaggedDimNums dims, const RaggedDotOptions& o,
+               int threads) {
   auto bad = [](const std::string& s) { return InvalidArgument("ragged_dot: " + s); };
   if (lhs.rank() != 2) throw bad("lhs has shape " + lhs.spec().str() + "; expected rank 2 [M,K]");
   const DType ld = lhs.dtype(), rd = rhs.dtype;
@@ -96,7 +109,8 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs, s
   c.lhs = lhs;
   c.k = K;
   if (dims == RaggedDimNums::kRaggedContracting) {
-    if (rhs.rank() != 2) throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects rank 2 [M,N]");
+    if (rhs.rank() != 2)
+      throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects rank 2 [M,N]");
     if (rhs.shape[0] != M) {
       throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects " + std::to_string(M) +
                 " rows, the rows of lhs " + lhs.spec().str());
@@ -105,16 +119,18 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs, s
     c.n = rhs.shape[1];
     c.g = G;
   } else {
-    if (rhs.rank() != 3) throw bad("rhs has shape " + rhs.str() + "; expected rank 3 " +
-                                   (dims == RaggedDimNums::kForward ? "[G,K,N]" : "[G,N,K]"));
+    if (rhs.rank() != 3)
+      throw bad("rhs has shape " + rhs.str() + "; expected rank 3 " +
+                (dims == RaggedDimNums::kForward ? "[G,K,N]" : "[G,N,K]"));
     const int64_t rk = dims == RaggedDimNums::kForward ? rhs.shape[1] : rhs.shape[2];
     if (rk != K) {
-      throw bad("rhs has shape " + rhs.str() + " but lhs " + lhs.spec().str() + " has K=" + std::to_string(K) +
-                "; contraction sizes must match (" + std::string(dim_nums_name(dims)) + ")");
+      throw bad("rhs has shape " + rhs.str() + " but lhs " + lhs.spec().str() +
+                " has K=" + std::to_string(K) + "; contraction sizes must match (" +
+                std::string(dim_nums_name(dims)) + ")");
     }
     if (rhs.shape[0] != G) {
-      throw bad("group_sizes has length " + std::to_string(G) + " but rhs " + rhs.str() + " has G=" +
-                std::to_string(rhs.shape[0]) + " groups; expected equal");
+      throw bad("group_sizes has length " + std::to_string(G) + " but rhs " + rhs.str() +
+                " has G=" + std::to_string(rhs.shape[0]) + " groups; expected equal");
     }
     c.m = M;
     c.n = dims == RaggedDimNums::kForward ? rhs.shape[2] : rhs.shape[1];
@@ -123,23 +139,25 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs, s
   c.offsets.assign(static_cast<size_t>(G) + 1, 0);
   for (int64_t g = 0; g < G; ++g) {
     if (group_sizes[g] < 0) {
-      throw bad("group_sizes[" + std::to_string(g) + "] = " + std::to_string(group_sizes[g]) + "; expected >= 0");
+      throw bad("group_sizes[" + std::to_string(g) + "] = " + std::to_string(group_sizes[g]) +
+                "; expected >= 0");
     }
     c.offsets[g + 1] = c.offsets[g] + group_sizes[g];
   }
   if (c.offsets[G] > M) {
-    throw bad("sum(group_sizes) = " + std::to_string(c.offsets[G]) + " exceeds the " + std::to_string(M) +
-              " rows of lhs " + lhs.spec().str());
+    throw bad("sum(group_sizes) = " + std::to_string(c.offsets[G]) + " exceeds the " +
+              std::to_string(M) + " rows of lhs " + lhs.spec().str());
   }
   c.group_sizes.assign(group_sizes.begin(), group_sizes.end());
   DType out = ld == DType::kBF16 && rd == DType::kBF16 ? DType::kBF16 : DType::kF32;
   if (o.preferred_element_type) {
     const DType p = *o.preferred_element_type;
-    const bool ok = p == DType::kF32 || (p == DType::kBF16 && ld == DType::kBF16 && rd == DType::kBF16);
+    const bool ok =
+        p == DType::kF32 || (p == DType::kBF16 && ld == DType::kBF16 && rd == DType::kBF16);
     if (!ok) {
-      throw bad("preferred_element_type " + std::string(dtype_name(p)) + " is not available for lhs " +
-                std::string(dtype_name(ld)) + " x rhs " + std::string(dtype_name(rd)) +
-                "; expected f32 (or bf16 for bf16 x bf16)");
+      throw bad("preferred_element_type " + std::string(dtype_name(p)) +
+                " is not available for lhs " + std::string(dtype_name(ld)) + " x rhs " +
+                std::string(dtype_name(rd)) + "; expected f32 (or bf16 for bf16 x bf16)");
     }
     out = p;
   }
@@ -147,23 +165,35 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs, s
   c.activation = o.activation;
   c.precision = o.precision;
   c.num_threads = threads > 0 ? threads : num_threads();
-  if (o.representative_group_sizes && static_cast<int64_t>(o.representative_group_sizes->size()) != G) {
-    throw bad("representative_group_sizes has length " + std::to_string(o.representative_group_sizes->size()) +
-              "; expected " + std::to_string(G));
+  if (o.representative_group_sizes &&
+      static_cast<int64_t>(o.representative_group_sizes->size()) != G) {
+    throw bad("representative_group_sizes has length " +
+              std::to_string(o.representative_group_sizes->size()) + "; expected " +
+              std::to_string(G));
   }
 
-  std::vector<int64_t> sig = {static_cast<int64_t>(ld), M, K, static_cast<int64_t>(rd), static_cast<int64_t>(dims),
-                              static_cast<int64_t>(out), static_cast<int64_t>(o.activation),
-                              static_cast<int64_t>(o.precision), c.num_threads, G};
+  std::vector<int64_t> sig = {static_cast<int64_t>(ld),
+                              M,
+                              K,
+                              static_cast<int64_t>(rd),
+                              static_cast<int64_t>(dims),
+                              static_cast<int64_t>(out),
+                              static_cast<int64_t>(o.activation),
+                              static_cast<int64_t>(o.precision),
+                              c.num_threads,
+                              G};
   sig.insert(sig.end(), rhs.shape.begin(), rhs.shape.end());
   if (o.representative_group_sizes) {
     sig.push_back(-1);
-    sig.insert(sig.end(), o.representative_group_sizes->begin(), o.representative_group_sizes->end());
+    sig.insert(sig.end(), o.representative_group_sizes->begin(),
+               o.representative_group_sizes->end());
   }
   c.bound = intern_key(sig, [&] {
     Json gs;
-    if (o.representative_group_sizes) gs = *o.representative_group_sizes;
-    else gs = {{"num_groups", G}, {"total_size", M}};
+    if (o.representative_group_sizes)
+      gs = *o.representative_group_sizes;
+    else
+      gs = {{"num_groups", G}, {"total_size", M}};
     return Json{{"lhs", lhs.spec().str()},
                 {"rhs", rhs.str()},
                 {"group_sizes", gs},
@@ -182,14 +212,17 @@ ShapeDtype output_spec(const RaggedDotCall& c) {
 
 double activation_grad(Activation a, double x) {
   switch (a) {
-    case Activation::kNone: return 1;
-    case Activation::kRelu: return x > 0 ? 1 : 0;
+    case Activation::kNone:
+      return 1;
+    case Activation::kRelu:
+      return x > 0 ? 1 : 0;
     case Activation::kSilu: {
       const double s = 1 / (1 + std::exp(-x));
       return s * (1 + x * (1 - s));
     }
     case Activation::kGelu:
-      return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+      return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
+             x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
     case Activation::kGeluTanh: {
       const double c = 0.7978845608028654, u = c * (x + 0.044715 * x * x * x);
       const double t = std::tanh(u);
@@ -225,7 +258,8 @@ void Reference::run(CallBase& base, const Config&, const Prepared*) const {
         for (int64_t j = 0; j < N; ++j) acc[j] += a * load_f32(B, bd, r * N + j);
       }
       for (int64_t j = 0; j < N; ++j) {
-        store_out(out.data(), c.out_dtype, (g * K + kk) * N + j, apply_activation(c.activation, acc[j]));
+        store_out(out.data(), c.out_dtype, (g * K + kk) * N + j,
+                  apply_activation(c.activation, acc[j]));
       }
     });
     return;
@@ -258,7 +292,8 @@ std::vector<int32_t> generate_group_sizes(int64_t total, int64_t groups, uint64_
   if (groups <= 0) return sizes;
   Tensor u = Tensor::uniform({total}, DType::kF64, seed ^ 0x5eed);
   for (int64_t r = 0; r < total; ++r) {
-    sizes[static_cast<size_t>(std::min<int64_t>(groups - 1, static_cast<int64_t>(u.data_as<double>()[r] * groups)))]++;
+    sizes[static_cast<size_t>(
+        std::min<int64_t>(groups - 1, static_cast<int64_t>(u.data_as<double>()[r] * groups)))]++;
   }
   return sizes;
 }
@@ -270,7 +305,8 @@ double call_flops(const RaggedDotCall& c) {
 
 double weight_bytes(const RaggedDotCall& c) {
   if (c.dims == RaggedDimNums::kRaggedContracting) {
-    return static_cast<double>(c.offsets.back()) * (c.k * dtype_size(c.lhs.dtype()) + c.n * dtype_size(c.rhs.dtype()));
+    return static_cast<double>(c.offsets.back()) *
+           (c.k * dtype_size(c.lhs.dtype()) + c.n * dtype_size(c.rhs.dtype()));
   }
   const DType rd = c.packed.empty() ? c.rhs.dtype() : c.packed.logical().dtype;
   int64_t nonempty = 0;
@@ -293,7 +329,8 @@ BoundArguments Family::bind_json(const Json& a, const std::string& implementatio
   for (const char* req : {"lhs", "rhs", "group_sizes"}) {
     if (!a.contains(req)) throw bad(std::string("missing '") + req + "'");
   }
-  if (!a["lhs"].is_string() || !a["rhs"].is_string()) throw bad("'lhs' and 'rhs' must be ShapeDtype strings like \"f32[8,128]\"");
+  if (!a["lhs"].is_string() || !a["rhs"].is_string())
+    throw bad("'lhs' and 'rhs' must be ShapeDtype strings like \"f32[8,128]\"");
   const ShapeDtype lhs = ShapeDtype::parse(a["lhs"].get<std::string>());
   const ShapeDtype rhs = ShapeDtype::parse(a["rhs"].get<std::string>());
   RaggedDotOptions o;
@@ -301,7 +338,8 @@ BoundArguments Family::bind_json(const Json& a, const std::string& implementatio
   if (a.contains("activation")) o.activation = parse_activation(a["activation"].get<std::string>());
   if (a.contains("precision")) {
     const std::string p = a["precision"].get<std::string>();
-    if (p != "default" && p != "highest") throw bad("precision '" + p + "': expected default or highest");
+    if (p != "default" && p != "highest")
+      throw bad("precision '" + p + "': expected default or highest");
     o.precision = p == "default" ? Precision::kDefault : Precision::kHighest;
   }
   if (a.contains("preferred_element_type") && !a["preferred_element_type"].is_null()) {
@@ -325,12 +363,14 @@ BoundArguments Family::bind_json(const Json& a, const std::string& implementatio
   RaggedDotCall c;
   int threads = num_threads();
   if (a.contains("num_threads")) {
-    if (!a["num_threads"].is_number_integer() || a["num_threads"].get<int>() <= 0) throw bad("num_threads must be an integer > 0");
+    if (!a["num_threads"].is_number_integer() || a["num_threads"].get<int>() <= 0)
+      throw bad("num_threads must be an integer > 0");
     threads = a["num_threads"].get<int>();
   }
   bind_call(c, TensorView(nullptr, lhs.dtype, lhs.shape), rhs, sizes, dims, o, threads);
   Json args = c.bound.arguments();
-  if (gs.is_object()) args["group_sizes"] = {{"num_groups", gs["num_groups"]}, {"total_size", gs["total_size"]}};
+  if (gs.is_object())
+    args["group_sizes"] = {{"num_groups", gs["num_groups"]}, {"total_size", gs["total_size"]}};
   return BoundArguments(kFamily, implementation, std::move(args));
 }
 
@@ -343,13 +383,18 @@ std::unique_ptr<CallBase> Family::make_call(const BoundArguments& b, uint64_t se
   c->owned.push_back(Tensor::randn(rhs.shape, rhs.dtype, seed + 1));
   std::vector<int32_t> sizes;
   const Json& gs = a["group_sizes"];
-  if (gs.is_array()) sizes = gs.get<std::vector<int32_t>>();
-  else sizes = generate_group_sizes(gs["total_size"].get<int64_t>(), gs["num_groups"].get<int64_t>(), 0);
+  if (gs.is_array())
+    sizes = gs.get<std::vector<int32_t>>();
+  else
+    sizes =
+        generate_group_sizes(gs["total_size"].get<int64_t>(), gs["num_groups"].get<int64_t>(), 0);
   RaggedDotOptions o;
   o.activation = parse_activation(a["activation"].get<std::string>());
-  o.precision = a["precision"].get<std::string>() == "default" ? Precision::kDefault : Precision::kHighest;
+  o.precision =
+      a["precision"].get<std::string>() == "default" ? Precision::kDefault : Precision::kHighest;
   o.preferred_element_type = parse_dtype(a["preferred_element_type"].get<std::string>());
-  bind_call(*c, c->owned[0].view(), rhs, sizes, parse_dim_nums(a["dimension_numbers"].get<std::string>()), o, b.num_threads());
+  bind_call(*c, c->owned[0].view(), rhs, sizes,
+            parse_dim_nums(a["dimension_numbers"].get<std::string>()), o, b.num_threads());
   c->rhs = c->owned[1].view();
   c->bound = b;
   c->num_threads = b.num_threads();
@@ -361,10 +406,13 @@ std::unique_ptr<CallBase> Family::make_call(const BoundArguments& b, uint64_t se
 
 Tolerance Family::tolerance(const CallBase& base) const {
   const auto& c = static_cast<const RaggedDotCall&>(base);
-  const bool bf16 = c.lhs.dtype() == DType::kBF16 || c.rhs.dtype() == DType::kBF16 || c.out_dtype == DType::kBF16;
-  if (bf16) return {1e-2, 5e-3, 0};  // tokamax's bf16 tolerance (same bf16 inputs, f32 accumulation)
+  const bool bf16 =
+      c.lhs.dtype() == DType::kBF16 || c.rhs.dtype() == DType::kBF16 || c.out_dtype == DType::kBF16;
+  if (bf16)
+    return {1e-2, 5e-3, 0};  // tokamax's bf16 tolerance (same bf16 inputs, f32 accumulation)
   // f32: normwise relative error <= 1e-5; elementwise catches a few grossly wrong elements.
-  const double scale = std::sqrt(static_cast<double>(std::max<int64_t>(c.dims == RaggedDimNums::kRaggedContracting ? c.m : c.k, 1)));
+  const double scale = std::sqrt(static_cast<double>(
+      std::max<int64_t>(c.dims == RaggedDimNums::kRaggedContracting ? c.m : c.k, 1)));
   return {1e-4 * scale, 1e-4, 1e-5};
 }
 

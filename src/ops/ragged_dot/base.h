@@ -14,9 +14,9 @@ namespace tokamax::rdot {
 inline constexpr const char* kFamily = "ragged_dot";
 
 struct RaggedDotCall : CallBase {
-  TensorView lhs;      // [M,K]
-  TensorView rhs;      // [G,K,N] / [G,N,K] / [M,N]; may be empty when packed is set
-  PackedRhs packed;    // native's pre-packed weights (forward / transposed forms)
+  TensorView lhs;    // [M,K]
+  TensorView rhs;    // [G,K,N] / [G,N,K] / [M,N]; may be empty when packed is set
+  PackedRhs packed;  // native's pre-packed weights (forward / transposed forms)
   std::vector<int32_t> group_sizes;
   std::vector<int64_t> offsets;  // G+1 exclusive prefix sums
   RaggedDimNums dims = RaggedDimNums::kForward;
@@ -35,17 +35,22 @@ struct RaggedDotCall : CallBase {
 // Validates everything and fills the call (not outputs). rhs_spec is the logical rhs (from
 // `rhs` or `packed`). Throws InvalidArgument naming the argument, its shape and what was expected.
 // threads: the thread count the call runs with (0 = num_threads()); it is part of the key.
-void bind_call(RaggedDotCall& call, const TensorView& lhs, const ShapeDtype& rhs_spec, std::span<const int32_t> group_sizes,
-          RaggedDimNums dims, const RaggedDotOptions& options, int threads = 0);
+void bind_call(RaggedDotCall& call, const TensorView& lhs, const ShapeDtype& rhs_spec,
+               std::span<const int32_t> group_sizes, RaggedDimNums dims,
+               const RaggedDotOptions& options, int threads = 0);
 
 ShapeDtype output_spec(const RaggedDotCall& call);
 
 inline float apply_activation(Activation a, float x) {
   switch (a) {
-    case Activation::kNone: return x;
-    case Activation::kRelu: return x > 0 ? x : 0.0f;
-    case Activation::kSilu: return x / (1.0f + std::exp(-x));
-    case Activation::kGelu: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case Activation::kNone:
+      return x;
+    case Activation::kRelu:
+      return x > 0 ? x : 0.0f;
+    case Activation::kSilu:
+      return x / (1.0f + std::exp(-x));
+    case Activation::kGelu:
+      return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
     case Activation::kGeluTanh:
       return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   }
@@ -56,11 +61,14 @@ double activation_grad(Activation a, double x);
 
 // Element i of a contiguous f32 or bf16 buffer as f32.
 inline float load_f32(const void* p, DType dt, int64_t i) {
-  return dt == DType::kF32 ? static_cast<const float*>(p)[i] : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  return dt == DType::kF32 ? static_cast<const float*>(p)[i]
+                           : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
 }
 inline void store_out(void* p, DType dt, int64_t i, float v) {
-  if (dt == DType::kF32) static_cast<float*>(p)[i] = v;
-  else static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+  if (dt == DType::kF32)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
 }
 
 class Reference : public Implementation {
@@ -77,7 +85,9 @@ class Family : public OpFamily {
  public:
   Family();
   std::string name() const override { return kFamily; }
-  std::vector<std::shared_ptr<const Implementation>> implementations() const override { return impls_; }
+  std::vector<std::shared_ptr<const Implementation>> implementations() const override {
+    return impls_;
+  }
   std::shared_ptr<const Implementation> reference() const override { return reference_; }
   BoundArguments bind_json(const Json& arguments, const std::string& implementation) const override;
   std::unique_ptr<CallBase> make_call(const BoundArguments& bound, uint64_t seed) const override;

@@ -17,7 +17,8 @@ class Blas : public Implementation {
   std::string name() const override { return "blas"; }
   void validate(const CallBase& base) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
-    if (!c.packed.empty() && !c.rhs.data()) throw Unsupported("blas cannot use native pre-packed weights");
+    if (!c.packed.empty() && !c.rhs.data())
+      throw Unsupported("blas cannot use native pre-packed weights");
     if (!c.lhs.is_contiguous() || (c.rhs.data() && !c.rhs.is_contiguous())) {
       throw Unsupported("blas needs contiguous operands");
     }
@@ -43,8 +44,9 @@ class Blas : public Implementation {
     if (c.lhs.dtype() == DType::kBF16 || c.lhs_as_bf16()) {
       a32 = Tensor(c.lhs.shape(), DType::kF32);
       for (int64_t i = 0; i < c.lhs.size(); ++i) {
-        a32.data_as<float>()[i] = c.lhs.dtype() == DType::kBF16 ? bf16_to_f32(c.lhs.data_as<uint16_t>()[i])
-                                                                : bf16_to_f32(f32_to_bf16(c.lhs.data_as<float>()[i]));
+        a32.data_as<float>()[i] = c.lhs.dtype() == DType::kBF16
+                                      ? bf16_to_f32(c.lhs.data_as<uint16_t>()[i])
+                                      : bf16_to_f32(f32_to_bf16(c.lhs.data_as<float>()[i]));
       }
       A = a32.data_as<float>();
     }
@@ -54,14 +56,16 @@ class Blas : public Implementation {
       if (contracting) {
         float* Cg = C + g * K * N;
         const float* Bg = widen(c.rhs, r0 * N, mg * N, &b32);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, mg, 1.0f, A + r0 * K, K, Bg, N, 0.0f, Cg, N);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, mg, 1.0f, A + r0 * K, K, Bg, N,
+                    0.0f, Cg, N);
         continue;
       }
       const bool trans = c.dims == RaggedDimNums::kTransposedRhs;
       const CBLAS_TRANSPOSE tb = trans ? CblasTrans : CblasNoTrans;
       const int64_t ldb = trans ? K : N;
       const float* Bg = widen(c.rhs, g * K * N, K * N, &b32);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, mg, N, K, 1.0f, A + r0 * K, K, Bg, ldb, 0.0f, C + r0 * N, N);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, mg, N, K, 1.0f, A + r0 * K, K, Bg, ldb, 0.0f,
+                  C + r0 * N, N);
     }
     const int64_t active = contracting ? out_elems : c.offsets.back() * N;
     if (c.out_dtype == DType::kF32) {
@@ -70,7 +74,8 @@ class Blas : public Implementation {
       }
     } else {
       uint16_t* o = c.out().data_as<uint16_t>();
-      for (int64_t i = 0; i < out_elems; ++i) o[i] = f32_to_bf16(i < active ? apply_activation(c.activation, C[i]) : 0.0f);
+      for (int64_t i = 0; i < out_elems; ++i)
+        o[i] = f32_to_bf16(i < active ? apply_activation(c.activation, C[i]) : 0.0f);
     }
   }
 

@@ -23,7 +23,7 @@ struct PackedRhs::Rep {
   ShapeDtype logical;
   RaggedDimNums dims = RaggedDimNums::kForward;
   const k::KernelSet* ks = nullptr;
-  bool bf16_pairs = false;  // else f32 panels
+  bool bf16_pairs = false;                                      // else f32 panels
   int64_t g = 0, kdim = 0, n = 0, panels = 0, panel_elems = 0;  // elements are floats or pairs
   Tensor data;
   const void* group(int64_t gi) const {
@@ -34,7 +34,9 @@ struct PackedRhs::Rep {
 ShapeDtype PackedRhs::logical() const { return rep_->logical; }
 RaggedDimNums PackedRhs::dim_nums() const { return rep_->dims; }
 
-Json RaggedDotNativeConfig::to_json() const { return {{"mr", mr}, {"mc", mc}, {"kc", kc}, {"nc", nc}}; }
+Json RaggedDotNativeConfig::to_json() const {
+  return {{"mr", mr}, {"mc", mc}, {"kc", kc}, {"nc", nc}};
+}
 
 RaggedDotNativeConfig RaggedDotNativeConfig::from_json(const Json& j) {
   RaggedDotNativeConfig c;
@@ -44,8 +46,8 @@ RaggedDotNativeConfig RaggedDotNativeConfig::from_json(const Json& j) {
     c.kc = j.at("kc").get<int>();
     c.nc = j.at("nc").get<int>();
   } catch (const Json::exception& e) {
-    throw InvalidArgument("ragged_dot native config " + canonical_dump(j) + ": expected integer fields mr, mc, kc, nc (" +
-                          e.what() + ")");
+    throw InvalidArgument("ragged_dot native config " + canonical_dump(j) +
+                          ": expected integer fields mr, mc, kc, nc (" + e.what() + ")");
   }
   return c;
 }
@@ -54,12 +56,17 @@ namespace rdot {
 namespace {
 
 // Builds packed weights (parallel over panels).
-std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums dims, Precision precision, int threads) {
-  if (dims == RaggedDimNums::kRaggedContracting) throw InvalidArgument("pack_rhs: ragged_contracting rhs is not packed");
-  if (rhs.rank() != 3) throw InvalidArgument("pack_rhs: rhs has shape " + rhs.spec().str() + "; expected rank 3");
-  if (!rhs.is_contiguous()) throw InvalidArgument("pack_rhs: rhs " + rhs.spec().str() + " must be contiguous");
+std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums dims,
+                                           Precision precision, int threads) {
+  if (dims == RaggedDimNums::kRaggedContracting)
+    throw InvalidArgument("pack_rhs: ragged_contracting rhs is not packed");
+  if (rhs.rank() != 3)
+    throw InvalidArgument("pack_rhs: rhs has shape " + rhs.spec().str() + "; expected rank 3");
+  if (!rhs.is_contiguous())
+    throw InvalidArgument("pack_rhs: rhs " + rhs.spec().str() + " must be contiguous");
   if (rhs.dtype() != DType::kF32 && rhs.dtype() != DType::kBF16) {
-    throw InvalidArgument("pack_rhs: rhs dtype " + std::string(dtype_name(rhs.dtype())) + "; expected f32 or bf16");
+    throw InvalidArgument("pack_rhs: rhs dtype " + std::string(dtype_name(rhs.dtype())) +
+                          "; expected f32 or bf16");
   }
   auto r = std::make_shared<PackedRhs::Rep>();
   r->logical = rhs.spec();
@@ -71,7 +78,8 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
   r->n = trans ? rhs.dim(1) : rhs.dim(2);
   const int nr = r->ks->nr;
   r->panels = (r->n + nr - 1) / nr;
-  r->bf16_pairs = rhs.dtype() == DType::kBF16 && precision == Precision::kDefault && r->ks->bf16 != nullptr;
+  r->bf16_pairs =
+      rhs.dtype() == DType::kBF16 && precision == Precision::kDefault && r->ks->bf16 != nullptr;
   r->panel_elems = (r->bf16_pairs ? (r->kdim + 1) / 2 : r->kdim) * nr;
   r->data = Tensor({r->g * r->panels * r->panel_elems}, DType::kF32);
   const bool src_bf16 = rhs.dtype() == DType::kBF16;
@@ -79,12 +87,15 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
   const size_t es = dtype_size(rhs.dtype());
   parallel_for(r->g * r->panels, threads, [&](int64_t item, int) {
     const int64_t gi = item / r->panels, p = item % r->panels;
-    const void* src = static_cast<const uint8_t*>(rhs.data()) + gi * per_group * static_cast<int64_t>(es);
+    const void* src =
+        static_cast<const uint8_t*>(rhs.data()) + gi * per_group * static_cast<int64_t>(es);
     void* dst = const_cast<void*>(r->group(gi));
     if (r->bf16_pairs) {
-      k::pack_panels_bf16(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<uint32_t*>(dst), p, p + 1);
+      k::pack_panels_bf16(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<uint32_t*>(dst), p,
+                          p + 1);
     } else {
-      k::pack_panels_f32(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<float*>(dst), p, p + 1);
+      k::pack_panels_f32(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<float*>(dst), p,
+                         p + 1);
     }
   });
   return r;
@@ -98,9 +109,13 @@ struct PreparedPack : Prepared {
 // the same weights (keyed by data pointer and spec; weak, so it dies with its last user).
 PackedRhs shared_pack(const RaggedDotCall& c) {
   static std::mutex mu;
-  static std::map<std::tuple<const void*, std::string, int, int>, std::weak_ptr<const PackedRhs::Rep>> cache;
-  static std::map<std::tuple<const void*, std::string, int, int>, std::shared_ptr<std::mutex>> building;
-  const auto key = std::make_tuple(c.rhs.data(), c.rhs.spec().str(), static_cast<int>(c.dims), static_cast<int>(c.precision));
+  static std::map<std::tuple<const void*, std::string, int, int>,
+                  std::weak_ptr<const PackedRhs::Rep>>
+      cache;
+  static std::map<std::tuple<const void*, std::string, int, int>, std::shared_ptr<std::mutex>>
+      building;
+  const auto key = std::make_tuple(c.rhs.data(), c.rhs.spec().str(), static_cast<int>(c.dims),
+                                   static_cast<int>(c.precision));
   std::shared_ptr<std::mutex> m;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -137,15 +152,18 @@ class Native : public Implementation {
 
   void validate(const CallBase& base) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
-    if (!c.lhs.is_contiguous()) throw Unsupported("native needs a contiguous lhs, got strides of " + c.lhs.spec().str());
+    if (!c.lhs.is_contiguous())
+      throw Unsupported("native needs a contiguous lhs, got strides of " + c.lhs.spec().str());
     if (c.packed.empty() && c.rhs.data() && !c.rhs.is_contiguous()) {
       throw Unsupported("native needs a contiguous rhs " + c.rhs.spec().str());
     }
     if (!c.packed.empty()) {
       const auto* r = c.packed.rep();
       if (r->ks != &k::best_kernels()) throw Unsupported("packed rhs was packed for another ISA");
-      const bool want_pairs = r->logical.dtype == DType::kBF16 && c.precision == Precision::kDefault && r->ks->bf16;
-      if (r->bf16_pairs != want_pairs) throw Unsupported("packed rhs precision differs from the call's precision");
+      const bool want_pairs =
+          r->logical.dtype == DType::kBF16 && c.precision == Precision::kDefault && r->ks->bf16;
+      if (r->bf16_pairs != want_pairs)
+        throw Unsupported("packed rhs precision differs from the call's precision");
     }
   }
 
@@ -156,18 +174,20 @@ class Native : public Implementation {
   }
 
   static void check(const RaggedDotNativeConfig& c, const k::KernelSet& ks) {
-    if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 || c.kc % 2 != 0 || c.nc < ks.nr ||
-        c.nc % ks.nr != 0) {
-      throw InvalidArgument("ragged_dot native config " + canonical_dump(c.to_json()) + " is invalid for ISA " + ks.name +
-                            ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
-                            ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(ks.nr));
+    if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
+        c.kc % 2 != 0 || c.nc < ks.nr || c.nc % ks.nr != 0) {
+      throw InvalidArgument(
+          "ragged_dot native config " + canonical_dump(c.to_json()) + " is invalid for ISA " +
+          ks.name + ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
+          ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(ks.nr));
     }
   }
 
   static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
   // Rows and columns that the kernel's "M" and "N" mean for this call.
-  static void problem(const RaggedDotCall& c, int64_t* max_rows, int64_t* cols, int64_t* depth, int64_t* groups_nonempty) {
+  static void problem(const RaggedDotCall& c, int64_t* max_rows, int64_t* cols, int64_t* depth,
+                      int64_t* groups_nonempty) {
     *groups_nonempty = 0;
     int64_t mx = 0;
     for (int32_t s : c.group_sizes) {
@@ -208,11 +228,13 @@ class Native : public Implementation {
       cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 256));
     }
     // Enough work items to balance threads, as wide as possible otherwise.
-    const int64_t row_blocks = std::max<int64_t>(1, ng) * std::max<int64_t>(1, (rows + cfg.mc - 1) / cfg.mc);
+    const int64_t row_blocks =
+        std::max<int64_t>(1, ng) * std::max<int64_t>(1, (rows + cfg.mc - 1) / cfg.mc);
     const int64_t want = 4 * std::max(1, c.num_threads);
     int nc = 512;
     while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
-    cfg.nc = static_cast<int>(round_up(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr));
+    cfg.nc = static_cast<int>(
+        round_up(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr));
     return Config::make(cfg);
   }
 
@@ -222,9 +244,11 @@ class Native : public Implementation {
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
     const int64_t depth2 = round_up(std::max<int64_t>(depth, 2), 2);
-    const int64_t rows1 = std::max<int64_t>(rows, 1), cols_r = round_up(std::max<int64_t>(cols, 1), ks.nr);
+    const int64_t rows1 = std::max<int64_t>(rows, 1),
+                  cols_r = round_up(std::max<int64_t>(cols, 1), ks.nr);
     std::vector<Config> out;
-    std::vector<int> mrs = ks.max_mr >= 12 ? std::vector<int>{4, 8, 12} : std::vector<int>{2, 4, ks.max_mr};
+    std::vector<int> mrs =
+        ks.max_mr >= 12 ? std::vector<int>{4, 8, 12} : std::vector<int>{2, 4, ks.max_mr};
     if (rows1 <= kDecodeRows) mrs = {static_cast<int>(std::min<int64_t>(rows1, ks.max_mr))};
     std::vector<int> kcs = {128, 256, 512};
     if (depth2 > 512) kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
@@ -249,7 +273,8 @@ class Native : public Implementation {
   int64_t scratch_bytes(const CallBase& base, const Config& config) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
     const auto& cfg = config.get<RaggedDotNativeConfig>();
-    const int64_t per_thread = (static_cast<int64_t>(cfg.mc) * cfg.nc + static_cast<int64_t>(cfg.mc) * cfg.kc) * 4;
+    const int64_t per_thread =
+        (static_cast<int64_t>(cfg.mc) * cfg.nc + static_cast<int64_t>(cfg.mc) * cfg.kc) * 4;
     return per_thread * c.num_threads;
   }
 
@@ -286,12 +311,14 @@ class Native : public Implementation {
     for (int64_t g = 0; g < c.g; ++g) {
       for (int64_t m0 = c.offsets[g]; m0 < c.offsets[g + 1]; m0 += cfg.mc) {
         for (int64_t n0 = 0; n0 < N; n0 += cfg.nc) {
-          items.push_back({g, m0, std::min<int64_t>(cfg.mc, c.offsets[g + 1] - m0), n0, std::min<int64_t>(cfg.nc, N - n0)});
+          items.push_back({g, m0, std::min<int64_t>(cfg.mc, c.offsets[g + 1] - m0), n0,
+                           std::min<int64_t>(cfg.nc, N - n0)});
         }
       }
     }
     // Biggest items first: dynamic scheduling then balances the tail.
-    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.rows > b.rows; });
+    std::stable_sort(items.begin(), items.end(),
+                     [](const Item& a, const Item& b) { return a.rows > b.rows; });
     const bool pairs = r.bf16_pairs;
     const bool lhs_bf16 = c.lhs.dtype() == DType::kBF16;
     std::vector<Tensor> scratch;
@@ -319,7 +346,8 @@ class Native : public Implementation {
         A = c.lhs.data_as<float>();
       }
     }
-    for (int t = 0; t < threads; ++t) scratch.emplace_back(Shape{tile_elems + apack_elems + 16}, DType::kF32);
+    for (int t = 0; t < threads; ++t)
+      scratch.emplace_back(Shape{tile_elems + apack_elems + 16}, DType::kF32);
     parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int t) {
       const Item& it = items[idx];
       float* C = scratch[t].data_as<float>();
@@ -335,21 +363,24 @@ class Native : public Implementation {
           for (int64_t tt = 0; tt < tiles; ++tt) {
             const int64_t rows = std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr);
             const int64_t esz = lhs_bf16 ? 2 : 4;
-            k::pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (it.m0 + tt * cfg.mr) * K * esz, lhs_bf16, K, rows, kb,
-                           kcur, cfg.mr, apack + tt * cfg.mr * kp);
+            k::pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (it.m0 + tt * cfg.mr) * K * esz,
+                           lhs_bf16, K, rows, kb, kcur, cfg.mr, apack + tt * cfg.mr * kp);
           }
           for (int64_t p = 0; p < np; ++p) {
-            const uint32_t* b = static_cast<const uint32_t*>(r.group(it.g)) + (p0 + p) * r.panel_elems + (kb / 2) * ks.nr;
+            const uint32_t* b = static_cast<const uint32_t*>(r.group(it.g)) +
+                                (p0 + p) * r.panel_elems + (kb / 2) * ks.nr;
             for (int64_t tt = 0; tt < tiles; ++tt) {
               const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr));
-              ks.bf16(rows, kp, apack + tt * cfg.mr * kp, cfg.mr, b, C + tt * cfg.mr * ldc + p * ks.nr, ldc, acc);
+              ks.bf16(rows, kp, apack + tt * cfg.mr * kp, cfg.mr, b,
+                      C + tt * cfg.mr * ldc + p * ks.nr, ldc, acc);
             }
           }
         } else {
           float* af = reinterpret_cast<float*>(apack);
           k::pack_a_f32(A + it.m0 * K, K, it.rows, kb, kcur, cfg.mr, af);
           for (int64_t p = 0; p < np; ++p) {
-            const float* b = static_cast<const float*>(r.group(it.g)) + (p0 + p) * r.panel_elems + kb * ks.nr;
+            const float* b =
+                static_cast<const float*>(r.group(it.g)) + (p0 + p) * r.panel_elems + kb * ks.nr;
             for (int64_t i = 0; i < it.rows; i += cfg.mr) {
               const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
               ks.f32(rows, kcur, af + i * kcur, 1, cfg.mr, b, C + i * ldc + p * ks.nr, ldc, acc);
@@ -365,8 +396,8 @@ class Native : public Implementation {
   }
 
  private:
-  static void epilogue(const RaggedDotCall& c, const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
-                       int64_t cols, int64_t ld_out, char* out) {
+  static void epilogue(const RaggedDotCall& c, const float* C, int64_t ldc, int64_t r0,
+                       int64_t rows, int64_t n0, int64_t cols, int64_t ld_out, char* out) {
     for (int64_t i = 0; i < rows; ++i) {
       const float* ci = C + i * ldc;
       const int64_t base = (r0 + i) * ld_out + n0;
@@ -381,14 +412,16 @@ class Native : public Implementation {
         }
       } else {
         uint16_t* o = reinterpret_cast<uint16_t*>(out) + base;
-        for (int64_t j = 0; j < cols; ++j) o[j] = f32_to_bf16(apply_activation(c.activation, ci[j]));
+        for (int64_t j = 0; j < cols; ++j)
+          o[j] = f32_to_bf16(apply_activation(c.activation, ci[j]));
       }
     }
   }
 
   // out[g] = lhs[rows_g]^T @ rhs[rows_g]: A is the transposed lhs block (K x M_g, f32), B the
   // group's rhs rows packed into f32 panels per call; empty groups are zero.
-  void run_contracting(RaggedDotCall& c, const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) const {
+  void run_contracting(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
+                       const k::KernelSet& ks) const {
     const int64_t K = c.k, N = c.n;
     char* out = static_cast<char*>(c.out().data());
     const size_t es = dtype_size(c.out_dtype);
@@ -414,16 +447,20 @@ class Native : public Implementation {
       }
       Tensor bp({panels * mg * ks.nr}, DType::kF32);
       const size_t rs = dtype_size(c.rhs.dtype());
-      const char* rhs_rows = static_cast<const char*>(c.rhs.data()) + r0 * N * static_cast<int64_t>(rs);
-      k::pack_panels_f32(rhs_rows, c.rhs.dtype() == DType::kBF16, false, mg, N, ks.nr, bp.data_as<float>(), 0, panels);
+      const char* rhs_rows =
+          static_cast<const char*>(c.rhs.data()) + r0 * N * static_cast<int64_t>(rs);
+      k::pack_panels_f32(rhs_rows, c.rhs.dtype() == DType::kBF16, false, mg, N, ks.nr,
+                         bp.data_as<float>(), 0, panels);
       std::vector<Item> items;
       for (int64_t m0 = 0; m0 < K; m0 += cfg.mc) {
         for (int64_t n0 = 0; n0 < N; n0 += cfg.nc) {
-          items.push_back({g, m0, std::min<int64_t>(cfg.mc, K - m0), n0, std::min<int64_t>(cfg.nc, N - n0)});
+          items.push_back(
+              {g, m0, std::min<int64_t>(cfg.mc, K - m0), n0, std::min<int64_t>(cfg.nc, N - n0)});
         }
       }
       std::vector<Tensor> scratch;
-      for (int t = 0; t < threads; ++t) scratch.emplace_back(Shape{static_cast<int64_t>(cfg.mc) * cfg.nc}, DType::kF32);
+      for (int t = 0; t < threads; ++t)
+        scratch.emplace_back(Shape{static_cast<int64_t>(cfg.mc) * cfg.nc}, DType::kF32);
       parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int t) {
         const Item& it = items[idx];
         float* C = scratch[t].data_as<float>();
@@ -434,7 +471,8 @@ class Native : public Implementation {
             const float* b = bp.data_as<float>() + (p0 + p) * mg * ks.nr + kb * ks.nr;
             for (int64_t i = 0; i < it.rows; i += cfg.mr) {
               const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
-              ks.f32(rows, kcur, a + (it.m0 + i) * mg + kb, mg, 1, b, C + i * ldc + p * ks.nr, ldc, kb > 0);
+              ks.f32(rows, kcur, a + (it.m0 + i) * mg + kb, mg, 1, b, C + i * ldc + p * ks.nr, ldc,
+                     kb > 0);
             }
           }
         }

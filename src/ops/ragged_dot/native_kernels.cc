@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kPortableNr = 16;
 
-void portable_f32(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c, int64_t ldc,
-                  bool acc) {
+void portable_f32(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
+                  float* c, int64_t ldc, bool acc) {
   for (int i = 0; i < mr; ++i) {
     float row[kPortableNr] = {};
     for (int64_t k = 0; k < kc; ++k) {
@@ -29,7 +29,8 @@ void portable_f32(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, co
 const KernelSet kPortable{Isa::kPortable, "portable", kPortableNr, 8, portable_f32, nullptr};
 
 inline float src_at(const void* src, bool is_bf16, int64_t idx) {
-  return is_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(src)[idx]) : static_cast<const float*>(src)[idx];
+  return is_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(src)[idx])
+                 : static_cast<const float*>(src)[idx];
 }
 
 }  // namespace
@@ -38,9 +39,12 @@ const KernelSet& portable_kernels() { return kPortable; }
 
 const KernelSet& kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return *avx512_kernels();
-    case Isa::kAvx2: return *avx2_kernels();
-    case Isa::kPortable: return kPortable;
+    case Isa::kAvx512:
+      return *avx512_kernels();
+    case Isa::kAvx2:
+      return *avx2_kernels();
+    case Isa::kPortable:
+      return kPortable;
   }
   return kPortable;
 }
@@ -51,10 +55,14 @@ const KernelSet& best_kernels() {
     int cap = 2;
     if (const char* env = std::getenv("TOKAMAX_ISA"); env && *env) {
       const std::string s = env;
-      if (s == "portable") cap = 0;
-      else if (s == "avx2") cap = 1;
-      else if (s == "avx512") cap = 2;
-      else throw InvalidArgument("TOKAMAX_ISA='" + s + "': expected portable, avx2 or avx512");
+      if (s == "portable")
+        cap = 0;
+      else if (s == "avx2")
+        cap = 1;
+      else if (s == "avx512")
+        cap = 2;
+      else
+        throw InvalidArgument("TOKAMAX_ISA='" + s + "': expected portable, avx2 or avx512");
     }
     if (cap >= 2 && f.has_avx512_bf16()) return avx512_kernels();
     if (cap >= 1 && f.has_avx2_fma()) return avx2_kernels();
@@ -63,8 +71,8 @@ const KernelSet& best_kernels() {
   return *best;
 }
 
-void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64_t N, int nr, float* dst,
-                     int64_t p0, int64_t p1) {
+void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64_t N, int nr,
+                     float* dst, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
     float* d = dst + p * K * nr;
     const int64_t j0 = p * nr;
@@ -74,20 +82,22 @@ void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64
       if (!trans && !is_bf16) {
         std::memcpy(dk, static_cast<const float*>(src) + k * N + j0, static_cast<size_t>(w) * 4);
       } else {
-        for (int64_t j = 0; j < w; ++j) dk[j] = src_at(src, is_bf16, trans ? (j0 + j) * K + k : k * N + j0 + j);
+        for (int64_t j = 0; j < w; ++j)
+          dk[j] = src_at(src, is_bf16, trans ? (j0 + j) * K + k : k * N + j0 + j);
       }
       for (int64_t j = w; j < nr; ++j) dk[j] = 0.0f;
     }
   }
 }
 
-void pack_panels_bf16(const void* src, bool is_bf16, bool trans, int64_t K, int64_t N, int nr, uint32_t* dst,
-                      int64_t p0, int64_t p1) {
+void pack_panels_bf16(const void* src, bool is_bf16, bool trans, int64_t K, int64_t N, int nr,
+                      uint32_t* dst, int64_t p0, int64_t p1) {
   const int64_t KP = (K + 1) / 2;
   auto bits = [&](int64_t k, int64_t j) -> uint32_t {
     if (k >= K) return 0;
     const int64_t idx = trans ? j * K + k : k * N + j;
-    return is_bf16 ? static_cast<const uint16_t*>(src)[idx] : f32_to_bf16(static_cast<const float*>(src)[idx]);
+    return is_bf16 ? static_cast<const uint16_t*>(src)[idx]
+                   : f32_to_bf16(static_cast<const float*>(src)[idx]);
   };
   for (int64_t p = p0; p < p1; ++p) {
     uint32_t* d = dst + p * KP * nr;
@@ -95,13 +105,15 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool trans, int64_t K, int6
     const int64_t w = std::min<int64_t>(nr, N - j0);
     for (int64_t kp = 0; kp < KP; ++kp) {
       uint32_t* dk = d + kp * nr;
-      for (int64_t j = 0; j < w; ++j) dk[j] = bits(2 * kp, j0 + j) | (bits(2 * kp + 1, j0 + j) << 16);
+      for (int64_t j = 0; j < w; ++j)
+        dk[j] = bits(2 * kp, j0 + j) | (bits(2 * kp + 1, j0 + j) << 16);
       for (int64_t j = w; j < nr; ++j) dk[j] = 0;
     }
   }
 }
 
-void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr, float* dst) {
+void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
+                float* dst) {
   const int64_t tiles = (rows + mr - 1) / mr;
   for (int64_t t = 0; t < tiles; ++t) {
     float* d = dst + t * mr * kc;
@@ -117,8 +129,8 @@ void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t k
   }
 }
 
-void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int64_t as,
-                 uint32_t* dst) {
+void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc,
+                 int64_t as, uint32_t* dst) {
   const int64_t KP = (kc + 1) / 2;
   for (int64_t i = 0; i < as; ++i) {
     if (i >= rows) {
@@ -134,7 +146,8 @@ void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t
     } else {
       const float* r = static_cast<const float*>(a) + i * lda + k0;
       for (int64_t kp = 0; kp < KP; ++kp) {
-        const uint32_t lo = f32_to_bf16(r[2 * kp]), hi = 2 * kp + 1 < kc ? f32_to_bf16(r[2 * kp + 1]) : 0;
+        const uint32_t lo = f32_to_bf16(r[2 * kp]),
+                       hi = 2 * kp + 1 < kc ? f32_to_bf16(r[2 * kp + 1]) : 0;
         dst[kp * as + i] = lo | (hi << 16);
       }
     }

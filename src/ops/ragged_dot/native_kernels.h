@@ -14,18 +14,18 @@ namespace tokamax::rdot::kernels {
 
 enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
-using F32Kernel = void (*)(int mr, int64_t kc, const float* a, int64_t rs_a, int64_t cs_a, const float* b,
-                           float* c, int64_t ldc, bool accumulate);
-using Bf16Kernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t a_stride, const uint32_t* b, float* c,
-                            int64_t ldc, bool accumulate);
+using F32Kernel = void (*)(int mr, int64_t kc, const float* a, int64_t rs_a, int64_t cs_a,
+                           const float* b, float* c, int64_t ldc, bool accumulate);
+using Bf16Kernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t a_stride,
+                            const uint32_t* b, float* c, int64_t ldc, bool accumulate);
 
 struct KernelSet {
   Isa isa;
   const char* name;
-  int nr;              // panel width in columns
-  int max_mr;          // largest tile height (accumulators must fit in registers)
+  int nr;      // panel width in columns
+  int max_mr;  // largest tile height (accumulators must fit in registers)
   F32Kernel f32;
-  Bf16Kernel bf16;     // nullptr when the ISA has no bf16 dot
+  Bf16Kernel bf16;  // nullptr when the ISA has no bf16 dot
 };
 
 const KernelSet& portable_kernels();
@@ -38,20 +38,21 @@ const KernelSet& kernels_for(Isa isa);
 // Packs rows [0,K) x columns [0,N) of one group's weights into panels of nr columns.
 // src_trans: src is [N,K] (transposed rhs) instead of [K,N]. src is f32 or bf16 (is_bf16).
 // f32 panels: dst[p][k][nr] floats, k < K.
-void pack_panels_f32(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr, float* dst,
-                     int64_t panel_begin, int64_t panel_end);
+void pack_panels_f32(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr,
+                     float* dst, int64_t panel_begin, int64_t panel_end);
 // bf16 pair panels: dst[p][kp][nr] pairs, kp < ceil(K/2); odd K is padded with zero.
 // f32 sources are rounded to bf16.
-void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr, uint32_t* dst,
-                      int64_t panel_begin, int64_t panel_end);
+void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr,
+                      uint32_t* dst, int64_t panel_begin, int64_t panel_end);
 // Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major f32 matrix (row stride lda) into
 // tiles of mr rows, dst[t][k][mr] (rows past `rows` are zero). The micro-panel of one tile is then
 // one contiguous stream: rows of a row-major lhs are K*4 bytes apart, and for K a multiple of
 // 1024 a dozen of them fall into one L1 set (4 KiB aliasing) if read in place.
-void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr, float* dst);
+void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
+                float* dst);
 // Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major matrix (row stride lda) into bf16 pairs
 // dst[kp*a_stride + i]; rows >= `rows` up to a_stride and the odd tail are zero.
-void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int64_t a_stride,
-                 uint32_t* dst);
+void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc,
+                 int64_t a_stride, uint32_t* dst);
 
 }  // namespace tokamax::rdot::kernels

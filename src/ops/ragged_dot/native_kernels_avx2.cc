@@ -10,7 +10,8 @@ namespace {
 constexpr int kNr = 16;
 
 template <int MR>
-void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c, int64_t ldc, bool acc) {
+void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c,
+              int64_t ldc, bool acc) {
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
@@ -36,15 +37,27 @@ void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b
   }
 }
 
-void f32_kernel(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c, int64_t ldc,
-                bool acc) {
+void f32_kernel(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
+                float* c, int64_t ldc, bool acc) {
   switch (mr) {
-    case 1: f32_tile<1>(kc, a, rs, cs, b, c, ldc, acc); break;
-    case 2: f32_tile<2>(kc, a, rs, cs, b, c, ldc, acc); break;
-    case 3: f32_tile<3>(kc, a, rs, cs, b, c, ldc, acc); break;
-    case 4: f32_tile<4>(kc, a, rs, cs, b, c, ldc, acc); break;
-    case 5: f32_tile<5>(kc, a, rs, cs, b, c, ldc, acc); break;
-    default: f32_tile<6>(kc, a, rs, cs, b, c, ldc, acc); break;
+    case 1:
+      f32_tile<1>(kc, a, rs, cs, b, c, ldc, acc);
+      break;
+    case 2:
+      f32_tile<2>(kc, a, rs, cs, b, c, ldc, acc);
+      break;
+    case 3:
+      f32_tile<3>(kc, a, rs, cs, b, c, ldc, acc);
+      break;
+    case 4:
+      f32_tile<4>(kc, a, rs, cs, b, c, ldc, acc);
+      break;
+    case 5:
+      f32_tile<5>(kc, a, rs, cs, b, c, ldc, acc);
+      break;
+    default:
+      f32_tile<6>(kc, a, rs, cs, b, c, ldc, acc);
+      break;
   }
 }
 

@@ -20,14 +20,17 @@ uint64_t fresh_seed() {
 
 // Double-precision ragged_dot on the operands as the call sees them (lhs rounded when the
 // precision says so), activation applied.
-std::vector<double> f64_ragged_dot(const TensorView& lhs, const TensorView& rhs, const std::vector<int32_t>& sizes,
-                                   RaggedDimNums dims, Activation act, bool round_lhs) {
+std::vector<double> f64_ragged_dot(const TensorView& lhs, const TensorView& rhs,
+                                   const std::vector<int32_t>& sizes, RaggedDimNums dims,
+                                   Activation act, bool round_lhs) {
   const int64_t M = lhs.dim(0), K = lhs.dim(1), G = static_cast<int64_t>(sizes.size());
   auto a = [&](int64_t i, int64_t k) {
     const double v = lhs.get(i * K + k);
     return round_lhs ? static_cast<double>(bf16_to_f32(f32_to_bf16(static_cast<float>(v)))) : v;
   };
-  auto actf = [&](double x) { return static_cast<double>(rdot::apply_activation(act, static_cast<float>(x))); };
+  auto actf = [&](double x) {
+    return static_cast<double>(rdot::apply_activation(act, static_cast<float>(x)));
+  };
   std::vector<double> out;
   if (dims == RaggedDimNums::kRaggedContracting) {
     const int64_t N = rhs.dim(1);
@@ -53,7 +56,8 @@ std::vector<double> f64_ragged_dot(const TensorView& lhs, const TensorView& rhs,
     for (int64_t r = r0; r < r0 + sizes[g]; ++r) {
       for (int64_t n = 0; n < N; ++n) {
         double s = 0;
-        for (int64_t k = 0; k < K; ++k) s += a(r, k) * rhs.get(g * K * N + (trans ? n * K + k : k * N + n));
+        for (int64_t k = 0; k < K; ++k)
+          s += a(r, k) * rhs.get(g * K * N + (trans ? n * K + k : k * N + n));
         out[r * N + n] = actf(s);
       }
     }
@@ -62,8 +66,8 @@ std::vector<double> f64_ragged_dot(const TensorView& lhs, const TensorView& rhs,
   return out;
 }
 
-void expect_close(const Tensor& got, const std::vector<double>& want, double atol, double rtol, double normwise,
-                  const std::string& what) {
+void expect_close(const Tensor& got, const std::vector<double>& want, double atol, double rtol,
+                  double normwise, const std::string& what) {
   ASSERT_EQ(static_cast<size_t>(got.size()), want.size()) << what;
   double e2 = 0, r2 = 0;
   int64_t bad = 0;
@@ -95,8 +99,9 @@ struct Case {
 
 std::string describe(const Case& c) {
   std::string s = std::string(dtype_name(c.lhs)) + "x" + std::string(dtype_name(c.rhs)) + " " +
-                  std::string(dim_nums_name(c.dims)) + " K=" + std::to_string(c.K) + " N=" + std::to_string(c.N) +
-                  " act=" + std::string(activation_name(c.act)) + " sizes=";
+                  std::string(dim_nums_name(c.dims)) + " K=" + std::to_string(c.K) +
+                  " N=" + std::to_string(c.N) + " act=" + std::string(activation_name(c.act)) +
+                  " sizes=";
   for (int32_t x : c.sizes) s += std::to_string(x) + ",";
   return s;
 }
@@ -108,9 +113,9 @@ void check_case(const std::string& impl, const Case& c, bool packed = false) {
   const int64_t G = static_cast<int64_t>(c.sizes.size());
   const uint64_t seed = fresh_seed();
   Tensor lhs = Tensor::randn({M, c.K}, c.lhs, seed);
-  Shape rs = c.dims == RaggedDimNums::kForward          ? Shape{G, c.K, c.N}
+  Shape rs = c.dims == RaggedDimNums::kForward         ? Shape{G, c.K, c.N}
              : c.dims == RaggedDimNums::kTransposedRhs ? Shape{G, c.N, c.K}
-                                                        : Shape{M, c.N};
+                                                       : Shape{M, c.N};
   Tensor rhs = Tensor::randn(rs, c.rhs, seed + 1);
   RaggedDotOptions o;
   o.preferred_element_type = c.out;
@@ -121,10 +126,12 @@ void check_case(const std::string& impl, const Case& c, bool packed = false) {
                       : ragged_dot_general(lhs, rhs, c.sizes, c.dims, o);
   o.implementation = "reference";
   Tensor ref = ragged_dot_general(lhs, rhs, c.sizes, c.dims, o);
-  const bool round = c.lhs == DType::kBF16 || (c.rhs == DType::kBF16 && c.precision == Precision::kDefault);
+  const bool round =
+      c.lhs == DType::kBF16 || (c.rhs == DType::kBF16 && c.precision == Precision::kDefault);
   const std::vector<double> f64 = f64_ragged_dot(lhs, rhs, c.sizes, c.dims, c.act, round);
   const bool bf16 = c.lhs == DType::kBF16 || c.rhs == DType::kBF16 || got.dtype() == DType::kBF16;
-  const double depth = std::sqrt(static_cast<double>(std::max<int64_t>(c.dims == RaggedDimNums::kRaggedContracting ? M : c.K, 1)));
+  const double depth = std::sqrt(static_cast<double>(
+      std::max<int64_t>(c.dims == RaggedDimNums::kRaggedContracting ? M : c.K, 1)));
   const std::string what = impl + (packed ? " packed " : " ") + describe(c);
   // The reference against double precision: f32 accumulation error only (plus output rounding).
   if (got.dtype() == DType::kBF16) {
@@ -144,31 +151,49 @@ void check_case(const std::string& impl, const Case& c, bool packed = false) {
 class RaggedDot : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RaggedDot, DtypesAndForms) {
-  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs, RaggedDimNums::kRaggedContracting}) {
+  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs,
+                          RaggedDimNums::kRaggedContracting}) {
     check_case(GetParam(), {DType::kF32, DType::kF32, {}, d, 37, 45, {5, 0, 13, 2}, 3});
     check_case(GetParam(), {DType::kBF16, DType::kBF16, {}, d, 64, 33, {7, 9, 0}, 1});
     check_case(GetParam(), {DType::kBF16, DType::kBF16, DType::kF32, d, 31, 40, {4, 4}, 0});
     check_case(GetParam(), {DType::kF32, DType::kBF16, {}, d, 50, 17, {0, 11, 6}, 2});
-    check_case(GetParam(), {DType::kF32, DType::kBF16, {}, d, 50, 17, {3, 11, 6}, 0, Activation::kNone, Precision::kHighest});
+    check_case(GetParam(), {DType::kF32,
+                            DType::kBF16,
+                            {},
+                            d,
+                            50,
+                            17,
+                            {3, 11, 6},
+                            0,
+                            Activation::kNone,
+                            Precision::kHighest});
   }
 }
 
 TEST_P(RaggedDot, EdgeSizes) {
   const auto f = DType::kF32;
-  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 16, 16, {}, 0});        // G = 0, M = 0
-  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 16, 16, {0, 0}, 0});    // M = 0
-  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 1, 1, {1}, 0});         // G = 1, 1x1
-  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 0, 7, {3}, 2});         // K = 0
-  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 17, 1, {5, 8}, 0});     // N = 1
-  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 300, 129, {1, 70, 0, 2}, 5});  // > one K block, odd
-  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 33, 65, {200, 1, 1, 0}, 0});   // skewed
-  check_case(GetParam(), {DType::kBF16, DType::kBF16, {}, RaggedDimNums::kForward, 301, 31, {13, 2}, 0});  // odd K pairs
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 16, 16, {}, 0});      // G = 0, M = 0
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 16, 16, {0, 0}, 0});  // M = 0
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 1, 1, {1}, 0});       // G = 1, 1x1
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 0, 7, {3}, 2});       // K = 0
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 17, 1, {5, 8}, 0});   // N = 1
+  check_case(
+      GetParam(),
+      {f, f, {}, RaggedDimNums::kForward, 300, 129, {1, 70, 0, 2}, 5});  // > one K block, odd
+  check_case(GetParam(), {f, f, {}, RaggedDimNums::kForward, 33, 65, {200, 1, 1, 0}, 0});  // skewed
+  check_case(
+      GetParam(),
+      {DType::kBF16, DType::kBF16, {}, RaggedDimNums::kForward, 301, 31, {13, 2}, 0});  // odd K
+                                                                                        // pairs
 }
 
 TEST_P(RaggedDot, Activations) {
-  for (Activation a : {Activation::kRelu, Activation::kSilu, Activation::kGelu, Activation::kGeluTanh}) {
-    check_case(GetParam(), {DType::kF32, DType::kF32, {}, RaggedDimNums::kForward, 24, 20, {3, 0, 5}, 1, a});
-    check_case(GetParam(), {DType::kBF16, DType::kBF16, {}, RaggedDimNums::kForward, 24, 20, {3, 5}, 0, a});
+  for (Activation a :
+       {Activation::kRelu, Activation::kSilu, Activation::kGelu, Activation::kGeluTanh}) {
+    check_case(GetParam(),
+               {DType::kF32, DType::kF32, {}, RaggedDimNums::kForward, 24, 20, {3, 0, 5}, 1, a});
+    check_case(GetParam(),
+               {DType::kBF16, DType::kBF16, {}, RaggedDimNums::kForward, 24, 20, {3, 5}, 0, a});
   }
 }
 
@@ -176,8 +201,11 @@ TEST_P(RaggedDot, AllEmptyGroupPatterns) {
   for (int mask = 0; mask < 256; ++mask) {
     std::vector<int32_t> sizes(8);
     for (int g = 0; g < 8; ++g) sizes[g] = (mask >> g) & 1 ? 1 + (g * 3) % 5 : 0;
-    check_case(GetParam(), {DType::kF32, DType::kF32, {}, RaggedDimNums::kForward, 9, 18, sizes, 1});
-    if (mask % 17 == 0) check_case(GetParam(), {DType::kF32, DType::kF32, {}, RaggedDimNums::kRaggedContracting, 5, 6, sizes, 0});
+    check_case(GetParam(),
+               {DType::kF32, DType::kF32, {}, RaggedDimNums::kForward, 9, 18, sizes, 1});
+    if (mask % 17 == 0)
+      check_case(GetParam(),
+                 {DType::kF32, DType::kF32, {}, RaggedDimNums::kRaggedContracting, 5, 6, sizes, 0});
   }
 }
 
@@ -211,7 +239,8 @@ TEST_P(RaggedDot, Vjp) {
     }
     expect_close(gr.dlhs, dl, 1e-4, 1e-4, 1e-5, GetParam() + " dlhs");
     expect_close(gr.drhs, dr, 1e-4, 1e-4, 1e-5, GetParam() + " drhs");
-    for (int64_t i = K * N; i < 2 * K * N; ++i) ASSERT_EQ(gr.drhs.get(i), 0.0) << "empty group must get exactly zero";
+    for (int64_t i = K * N; i < 2 * K * N; ++i)
+      ASSERT_EQ(gr.drhs.get(i), 0.0) << "empty group must get exactly zero";
   }
 }
 
@@ -249,7 +278,8 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
 
 TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
   const auto& fam = rdot::family();
-  const BoundArguments b = fam.bind_json(find_arg_specs("ragged_dot", "smoke_f32")[0].arguments, "native");
+  const BoundArguments b =
+      fam.bind_json(find_arg_specs("ragged_dot", "smoke_f32")[0].arguments, "native");
   auto call = fam.make_call(b, fresh_seed());
   const auto native = fam.implementation("native");
   AutotuneOptions o;
@@ -259,11 +289,13 @@ TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
   o.remeasure_rounds = 0;
   const AutotuningData d = Autotuner(o).tune(b);
   EXPECT_GE(d.entries().size(), 10u);
-  for (const auto& [k, e] : d.entries()) EXPECT_TRUE(e.benchmark) << k << ": " << e.failure->message;
+  for (const auto& [k, e] : d.entries())
+    EXPECT_TRUE(e.benchmark) << k << ": " << e.failure->message;
 }
 
 TEST(RaggedDot, BadInputIsAClearError) {
-  Tensor lhs = Tensor::randn({6, 8}, DType::kF32, 1), rhs = Tensor::randn({2, 8, 5}, DType::kF32, 2);
+  Tensor lhs = Tensor::randn({6, 8}, DType::kF32, 1),
+         rhs = Tensor::randn({2, 8, 5}, DType::kF32, 2);
   auto expect_error = [](auto fn, const char* needle) {
     try {
       fn();
@@ -273,19 +305,34 @@ TEST(RaggedDot, BadInputIsAClearError) {
     }
   };
   const std::vector<int32_t> ok = {3, 3};
-  expect_error([&] { ragged_dot(lhs, Tensor::randn({2, 7, 5}, DType::kF32, 3), ok); }, "contraction sizes must match");
-  expect_error([&] { ragged_dot(lhs, rhs, std::vector<int32_t>{3, 3, 0}); }, "group_sizes has length 3");
+  expect_error(
+      [&] {
+        ragged_dot(lhs, Tensor::randn({2, 7, 5}, DType::kF32, 3), ok);
+      },
+      "contraction sizes must match");
+  expect_error(
+      [&] {
+        ragged_dot(lhs, rhs, std::vector<int32_t>{3, 3, 0});
+      },
+      "group_sizes has length 3");
   expect_error([&] { ragged_dot(lhs, rhs, std::vector<int32_t>{-1, 3}); }, "group_sizes[0] = -1");
   expect_error([&] { ragged_dot(lhs, rhs, std::vector<int32_t>{4, 3}); }, "sum(group_sizes) = 7");
   expect_error([&] { ragged_dot(Tensor::randn({6}, DType::kF32, 1), rhs, ok); }, "rank 2");
   expect_error([&] { ragged_dot(lhs, Tensor::randn({8, 5}, DType::kF32, 1), ok); }, "rank 3");
-  expect_error([&] { ragged_dot(Tensor::randn({6, 8}, DType::kBF16, 1), rhs, ok); }, "unsupported dtype combination");
-  expect_error([&] { ragged_dot(lhs, rhs, ok, {.preferred_element_type = DType::kBF16}); }, "preferred_element_type");
+  expect_error(
+      [&] {
+        ragged_dot(Tensor::randn({6, 8}, DType::kBF16, 1), rhs, ok);
+      },
+      "unsupported dtype combination");
+  expect_error([&] { ragged_dot(lhs, rhs, ok, {.preferred_element_type = DType::kBF16}); },
+               "preferred_element_type");
   expect_error([&] { ragged_dot(lhs, rhs, Tensor::zeros({2}, DType::kI64)); }, "i32[G]");
   TensorView strided(lhs.data(), DType::kF32, {6, 4}, {8, 2});
-  EXPECT_THROW(ragged_dot(strided, rhs, ok), Error);  // shape mismatch or non-contiguous: never a crash
+  EXPECT_THROW(ragged_dot(strided, rhs, ok),
+               Error);  // shape mismatch or non-contiguous: never a crash
   TensorView strided8(lhs.data(), DType::kF32, {3, 8}, {16, 1});
-  EXPECT_THROW(ragged_dot(strided8, rhs, std::vector<int32_t>{1, 1}, {.implementation = "native"}), Unsupported);
+  EXPECT_THROW(ragged_dot(strided8, rhs, std::vector<int32_t>{1, 1}, {.implementation = "native"}),
+               Unsupported);
 }
 
 }  // namespace
