@@ -143,6 +143,15 @@ struct Item {
 constexpr int64_t kDecodeRows = 4;  // groups this small are weight-streaming
 constexpr int64_t kMaxKc = 8192;    // scratch stays bounded (mc * kc floats per thread)
 
+// Panels the multi-panel (weight-streaming) kernel takes at once for an item of `rows` rows
+// with `left` panels to go; 1 = use the regular kernel. The whole item must be one packed A
+// tile (rows <= mr).
+int multi_panels(const k::KernelSet& ks, int64_t rows, int mr, int64_t left) {
+  if (rows < 1 || rows > mr || rows > k::kMultiMaxMr || !ks.f32_multi) return 1;
+  const int np = ks.multi_np[rows];
+  return np > 1 && left >= np ? np : 1;
+}
+
 class Native : public Implementation {
  public:
   std::string name() const override { return "native"; }
@@ -206,9 +215,9 @@ class Native : public Implementation {
   }
 
   // Measured on Zen 4 (tokamax autotune --tag primary): big row blocks want 8-row tiles,
-  // 64-row items and 512-column items (B panels from L1, A tiles from L2, ~90% of FMA peak);
-  // a few rows per group (decode) want no K blocking, so each weight panel is one contiguous
-  // stream from memory.
+  // 64-row items, K blocks of 512 and items as wide as possible (up to 1024 columns: the packed
+  // A tile is reused across every panel of the item), ~90% of FMA peak; a few rows per group
+  // (decode) want K blocks of 256 so that an item's panels are read as interleaved streams.
   Config heuristics_config(const CallBase& base) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
     const auto& ks = k::best_kernels();
@@ -225,13 +234,13 @@ class Native : public Implementation {
     } else {
       cfg.mr = std::min(8, ks.max_mr);
       cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 8));
-      cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 256));
+      cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 512));
     }
     // Enough work items to balance threads, as wide as possible otherwise.
     const int64_t row_blocks =
         std::max<int64_t>(1, ng) * std::max<int64_t>(1, (rows + cfg.mc - 1) / cfg.mc);
     const int64_t want = 4 * std::max(1, c.num_threads);
-    int nc = 512;
+    int nc = 1024;
     while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
     cfg.nc = static_cast<int>(
         round_up(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr));
@@ -250,11 +259,11 @@ class Native : public Implementation {
     std::vector<int> mrs =
         ks.max_mr >= 12 ? std::vector<int>{4, 8, 12} : std::vector<int>{2, 4, ks.max_mr};
     if (rows1 <= kDecodeRows) mrs = {static_cast<int>(std::min<int64_t>(rows1, ks.max_mr))};
-    std::vector<int> kcs = {128, 256, 512};
+    std::vector<int> kcs = {64, 128, 256, 512};
     if (depth2 > 512) kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
     for (int mr : mrs) {
       if (mr > rows1 && mr != mrs.front()) continue;  // tiles taller than the groups: pruned
-      for (int mcf : {1, 4, 8, 16}) {
+      for (int mcf : {1, 4, 8, 16, 32}) {
         const int mc = mr * mcf;
         if ((mcf == 1) != (rows1 <= kDecodeRows)) continue;  // decode: one tile per item
         if (mc > round_up(rows1, mr) * 2 && mcf != 4) continue;
@@ -366,25 +375,39 @@ class Native : public Implementation {
             k::pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (it.m0 + tt * cfg.mr) * K * esz,
                            lhs_bf16, K, rows, kb, kcur, cfg.mr, apack + tt * cfg.mr * kp);
           }
-          for (int64_t p = 0; p < np; ++p) {
+          for (int64_t p = 0; p < np;) {
             const uint32_t* b = static_cast<const uint32_t*>(r.group(it.g)) +
                                 (p0 + p) * r.panel_elems + (kb / 2) * ks.nr;
+            if (const int step = multi_panels(ks, it.rows, cfg.mr, np - p); step > 1) {
+              ks.bf16_multi(static_cast<int>(it.rows), kp, apack, cfg.mr, b, r.panel_elems,
+                            C + p * ks.nr, ldc, acc);
+              p += step;
+              continue;
+            }
             for (int64_t tt = 0; tt < tiles; ++tt) {
               const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr));
               ks.bf16(rows, kp, apack + tt * cfg.mr * kp, cfg.mr, b,
                       C + tt * cfg.mr * ldc + p * ks.nr, ldc, acc);
             }
+            ++p;
           }
         } else {
           float* af = reinterpret_cast<float*>(apack);
           k::pack_a_f32(A + it.m0 * K, K, it.rows, kb, kcur, cfg.mr, af);
-          for (int64_t p = 0; p < np; ++p) {
+          for (int64_t p = 0; p < np;) {
             const float* b =
                 static_cast<const float*>(r.group(it.g)) + (p0 + p) * r.panel_elems + kb * ks.nr;
+            if (const int step = multi_panels(ks, it.rows, cfg.mr, np - p); step > 1) {
+              ks.f32_multi(static_cast<int>(it.rows), kcur, af, 1, cfg.mr, b, r.panel_elems,
+                           C + p * ks.nr, ldc, acc);
+              p += step;
+              continue;
+            }
             for (int64_t i = 0; i < it.rows; i += cfg.mr) {
               const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
               ks.f32(rows, kcur, af + i * kcur, 1, cfg.mr, b, C + i * ldc + p * ks.nr, ldc, acc);
             }
+            ++p;
           }
         }
       }

@@ -19,6 +19,17 @@ using F32Kernel = void (*)(int mr, int64_t kc, const float* a, int64_t rs_a, int
 using Bf16Kernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t a_stride,
                             const uint32_t* b, float* c, int64_t ldc, bool accumulate);
 
+// Weight-streaming variants for tiles of at most kMultiMaxMr rows (decode): they compute
+// multi_np[mr] adjacent panels at once (b + p * panel_stride, C at c + p * nr), so each thread
+// keeps several streams from memory in flight instead of one.
+inline constexpr int kMultiMaxMr = 4;
+using F32MultiKernel = void (*)(int mr, int64_t kc, const float* a, int64_t rs_a, int64_t cs_a,
+                                const float* b, int64_t panel_stride, float* c, int64_t ldc,
+                                bool accumulate);
+using Bf16MultiKernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t a_stride,
+                                 const uint32_t* b, int64_t panel_stride, float* c, int64_t ldc,
+                                 bool accumulate);
+
 struct KernelSet {
   Isa isa;
   const char* name;
@@ -26,6 +37,9 @@ struct KernelSet {
   int max_mr;  // largest tile height (accumulators must fit in registers)
   F32Kernel f32;
   Bf16Kernel bf16;  // nullptr when the ISA has no bf16 dot
+  F32MultiKernel f32_multi = nullptr;
+  Bf16MultiKernel bf16_multi = nullptr;
+  int multi_np[kMultiMaxMr + 1] = {};  // panels per multi call, by tile rows
 };
 
 const KernelSet& portable_kernels();

@@ -66,6 +66,119 @@ void bf16_tile(int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, flo
   store_tile<MR>(c0, c1, c, ldc, acc);
 }
 
+// Decode: MR rows (1..4) against NP panels at once; 2 * MR * NP accumulators (<= 24).
+template <int MR, int NP>
+void f32_multi_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ps,
+                    float* c, int64_t ldc, bool acc) {
+  __m512 c0[MR][NP], c1[MR][NP];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 32
+    for (int p = 0; p < NP; ++p) c0[i][p] = c1[i][p] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 ai[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) ai[i] = _mm512_set1_ps(a[k * cs + i * rs]);
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const __m512 b0 = _mm512_load_ps(b + p * ps + k * kNr),
+                   b1 = _mm512_load_ps(b + p * ps + k * kNr + 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        c0[i][p] = _mm512_fmadd_ps(ai[i], b0, c0[i][p]);
+        c1[i][p] = _mm512_fmadd_ps(ai[i], b1, c1[i][p]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    __m512 t0[MR], t1[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      t0[i] = c0[i][p];
+      t1[i] = c1[i][p];
+    }
+    store_tile<MR>(t0, t1, c + p * kNr, ldc, acc);
+  }
+}
+
+template <int MR, int NP>
+void bf16_multi_tile(int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, int64_t ps,
+                     float* c, int64_t ldc, bool acc) {
+  __m512 c0[MR][NP], c1[MR][NP];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 32
+    for (int p = 0; p < NP; ++p) c0[i][p] = c1[i][p] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < kp; ++k) {
+    __m512bh ai[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+      ai[i] = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[k * as + i]));
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; ++p) {
+      const __m512bh b0 = (__m512bh)_mm512_load_si512(b + p * ps + k * kNr);
+      const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * ps + k * kNr + 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        c0[i][p] = _mm512_dpbf16_ps(c0[i][p], ai[i], b0);
+        c1[i][p] = _mm512_dpbf16_ps(c1[i][p], ai[i], b1);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    __m512 t0[MR], t1[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      t0[i] = c0[i][p];
+      t1[i] = c1[i][p];
+    }
+    store_tile<MR>(t0, t1, c + p * kNr, ldc, acc);
+  }
+}
+
+// Panels per multi call by tile rows: as many as the 32 registers allow.
+constexpr int kMultiNp[kMultiMaxMr + 1] = {0, 8, 6, 4, 3};
+
+void f32_multi(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
+               int64_t ps, float* c, int64_t ldc, bool acc) {
+  switch (mr) {
+    case 1:
+      f32_multi_tile<1, kMultiNp[1]>(kc, a, rs, cs, b, ps, c, ldc, acc);
+      break;
+    case 2:
+      f32_multi_tile<2, kMultiNp[2]>(kc, a, rs, cs, b, ps, c, ldc, acc);
+      break;
+    case 3:
+      f32_multi_tile<3, kMultiNp[3]>(kc, a, rs, cs, b, ps, c, ldc, acc);
+      break;
+    default:
+      f32_multi_tile<4, kMultiNp[4]>(kc, a, rs, cs, b, ps, c, ldc, acc);
+      break;
+  }
+}
+
+void bf16_multi(int mr, int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, int64_t ps,
+                float* c, int64_t ldc, bool acc) {
+  switch (mr) {
+    case 1:
+      bf16_multi_tile<1, kMultiNp[1]>(kp, a, as, b, ps, c, ldc, acc);
+      break;
+    case 2:
+      bf16_multi_tile<2, kMultiNp[2]>(kp, a, as, b, ps, c, ldc, acc);
+      break;
+    case 3:
+      bf16_multi_tile<3, kMultiNp[3]>(kp, a, as, b, ps, c, ldc, acc);
+      break;
+    default:
+      bf16_multi_tile<4, kMultiNp[4]>(kp, a, as, b, ps, c, ldc, acc);
+      break;
+  }
+}
+
 #define TOKAMAX_MR_CASES(F, ...) \
   switch (mr) {                  \
     case 1:                      \
@@ -116,7 +229,10 @@ void bf16_kernel(int mr, int64_t kp, const uint32_t* a, int64_t as, const uint32
   TOKAMAX_MR_CASES(bf16_tile, kp, a, as, b, c, ldc, acc)
 }
 
-const KernelSet kSet{Isa::kAvx512, "avx512", kNr, 12, f32_kernel, bf16_kernel};
+const KernelSet kSet{
+    Isa::kAvx512, "avx512",   kNr,
+    12,           f32_kernel, bf16_kernel,
+    f32_multi,    bf16_multi, {kMultiNp[0], kMultiNp[1], kMultiNp[2], kMultiNp[3], kMultiNp[4]}};
 
 }  // namespace
 

@@ -278,19 +278,54 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
 
 TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
   const auto& fam = rdot::family();
-  const BoundArguments b =
-      fam.bind_json(find_arg_specs("ragged_dot", "smoke_f32")[0].arguments, "native");
-  auto call = fam.make_call(b, fresh_seed());
-  const auto native = fam.implementation("native");
-  AutotuneOptions o;
-  o.timing.min_samples = 1;
-  o.timing.min_time_s = 0;
-  o.timing.warmup = 0;
-  o.remeasure_rounds = 0;
-  const AutotuningData d = Autotuner(o).tune(b);
-  EXPECT_GE(d.entries().size(), 10u);
-  for (const auto& [k, e] : d.entries())
-    EXPECT_TRUE(e.benchmark) << k << ": " << e.failure->message;
+  for (const char* spec : {"smoke_f32", "smoke_bf16_weights", "smoke_decode"}) {
+    const BoundArguments b =
+        fam.bind_json(find_arg_specs("ragged_dot", spec)[0].arguments, "native");
+    AutotuneOptions o;
+    o.timing.min_samples = 1;
+    o.timing.min_time_s = 0;
+    o.timing.warmup = 0;
+    o.remeasure_rounds = 0;
+    o.seed = fresh_seed();
+    const AutotuningData d = Autotuner(o).tune(b);
+    EXPECT_GE(d.entries().size(), 3u) << spec;
+    for (const auto& [k, e] : d.entries())
+      EXPECT_TRUE(e.benchmark) << spec << " " << k << ": " << e.failure->message;
+  }
+}
+
+// Explicit configs around the kernels' edges: tiles taller or shorter than the groups, the
+// weight-streaming kernels (<= 4 rows), K blocks of 2, items narrower than the output.
+TEST(RaggedDotNative, ExplicitConfigsAgreeWithReference) {
+  const int max_mr = rdot::kernels::best_kernels().max_mr, nr = rdot::kernels::best_kernels().nr;
+  const std::vector<int32_t> sizes = {1, 2, 3, 4, 5, 0, 9};
+  const int64_t M = 26, K = 70, N = 7 * nr + 5;
+  for (DType rd : {DType::kF32, DType::kBF16}) {
+    Tensor lhs = Tensor::randn({M, K}, DType::kF32, fresh_seed());
+    Tensor rhs = Tensor::randn({7, K, N}, rd, fresh_seed());
+    const Tensor ref = ragged_dot(lhs, rhs, sizes, {.implementation = "reference"});
+    for (int mr : {1, 2, 3, 4, max_mr}) {
+      for (int mcf : {1, 3}) {
+        for (int kc : {2, 64, 256}) {
+          for (int nc : {nr, 2 * nr, 8 * nr}) {
+            const RaggedDotNativeConfig cfg{mr, mr * mcf, kc, nc};
+            const Tensor got = ragged_dot(
+                lhs, rhs, sizes, {.implementation = "native", .config = Config::make(cfg)});
+            std::vector<double> want(static_cast<size_t>(ref.size()));
+            for (int64_t i = 0; i < ref.size(); ++i) want[i] = ref.get(i);
+            expect_close(got, want, rd == DType::kBF16 ? 1e-2 : 1e-3,
+                         rd == DType::kBF16 ? 5e-3 : 1e-4, 0,
+                         canonical_dump(cfg.to_json()) + " rhs " + std::string(dtype_name(rd)));
+          }
+        }
+      }
+    }
+  }
+  EXPECT_THROW(ragged_dot(Tensor::randn({2, 4}, DType::kF32, 1),
+                          Tensor::randn({1, 4, 4}, DType::kF32, 1), std::vector<int32_t>{2},
+                          {.implementation = "native",
+                           .config = Config::make(RaggedDotNativeConfig{3, 4, 8, nr})}),
+               InvalidArgument);  // mc not a multiple of mr
 }
 
 TEST(RaggedDot, BadInputIsAClearError) {
