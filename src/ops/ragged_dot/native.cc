@@ -143,6 +143,14 @@ struct Item {
 constexpr int64_t kDecodeRows = 4;  // groups this small are weight-streaming
 constexpr int64_t kMaxKc = 8192;    // scratch stays bounded (mc * kc floats per thread)
 
+// Per-thread scratch (C tile, packed A), kept between calls: pool threads are persistent, so
+// steady-state calls allocate nothing. Grows to the largest request seen on the thread.
+float* thread_scratch(int64_t floats) {
+  thread_local Tensor buffer;
+  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
+  return buffer.data_as<float>();
+}
+
 // Panels the multi-panel (weight-streaming) kernel takes at once for an item of `rows` rows
 // with `left` panels to go; 1 = use the regular kernel. The whole item must be one packed A
 // tile (rows <= mr).
@@ -239,7 +247,11 @@ class Native : public Implementation {
     // Enough work items to balance threads, as wide as possible otherwise.
     const int64_t row_blocks =
         std::max<int64_t>(1, ng) * std::max<int64_t>(1, (rows + cfg.mc - 1) / cfg.mc);
-    const int64_t want = 4 * std::max(1, c.num_threads);
+    // ... but no item under ~1 MFLOP (or ~1 MB of weights): below that, splitting costs more
+    // than it balances.
+    const double work = std::max(call_flops(c) / 1e6, weight_bytes(c) / 1e6);
+    const int64_t want =
+        std::clamp<int64_t>(static_cast<int64_t>(work), 1, 4 * std::max(1, c.num_threads));
     int nc = 1024;
     while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
     cfg.nc = static_cast<int>(
@@ -247,32 +259,44 @@ class Native : public Implementation {
     return Config::make(cfg);
   }
 
+  // Tens of configs: decode shapes vary the K block and item width around a tile of all the
+  // rows; larger groups vary tile height, item height, K block and item width.
   std::vector<Config> autotuning_configs(const CallBase& base) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
     const int64_t depth2 = round_up(std::max<int64_t>(depth, 2), 2);
-    const int64_t rows1 = std::max<int64_t>(rows, 1),
-                  cols_r = round_up(std::max<int64_t>(cols, 1), ks.nr);
+    const int64_t rows1 = std::max<int64_t>(rows, 1);
+    const int64_t cols_r = round_up(std::max<int64_t>(cols, 1), ks.nr);
     std::vector<Config> out;
-    std::vector<int> mrs =
-        ks.max_mr >= 12 ? std::vector<int>{4, 8, 12} : std::vector<int>{2, 4, ks.max_mr};
-    if (rows1 <= kDecodeRows) mrs = {static_cast<int>(std::min<int64_t>(rows1, ks.max_mr))};
-    std::vector<int> kcs = {64, 128, 256, 512};
-    if (depth2 > 512) kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
+    // Blocks larger than the problem behave like the problem size: clamp, then drop repeats.
+    auto add = [&](int mr, int mc, int kc, int nc) {
+      const Config cfg = Config::make(
+          RaggedDotNativeConfig{mr, mc, static_cast<int>(std::min<int64_t>(kc, depth2)),
+                                static_cast<int>(std::min<int64_t>(nc, cols_r))});
+      for (const Config& o : out) {
+        if (o == cfg) return;
+      }
+      out.push_back(cfg);
+    };
+    if (rows1 <= kDecodeRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(rows1, ks.max_mr));
+      std::vector<int> kcs = {128, 256, 512};
+      if (depth2 > 512) kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
+      for (int kc : kcs) {
+        for (int nc : {128, 256, 512, 1024}) add(mr, mr, kc, nc);
+      }
+      return out;
+    }
+    const std::vector<int> mrs =
+        ks.max_mr >= 12 ? std::vector<int>{8, 12} : std::vector<int>{4, ks.max_mr};
     for (int mr : mrs) {
-      if (mr > rows1 && mr != mrs.front()) continue;  // tiles taller than the groups: pruned
-      for (int mcf : {1, 4, 8, 16, 32}) {
-        const int mc = mr * mcf;
-        if ((mcf == 1) != (rows1 <= kDecodeRows)) continue;  // decode: one tile per item
-        if (mc > round_up(rows1, mr) * 2 && mcf != 4) continue;
-        for (int kc : kcs) {
-          if (kc > depth2 * 2 && kc != 128) continue;
-          for (int nc : {64, 128, 256, 512, 1024}) {
-            if (nc % ks.nr || nc > cols_r * 2) continue;
-            out.push_back(Config::make(RaggedDotNativeConfig{mr, mc, kc, nc}));
-          }
+      if (mr > rows1 && mr != mrs.front()) continue;  // tiles taller than the groups
+      for (int mcf : {4, 8, 16}) {
+        if (mr * mcf > round_up(rows1, mr) * 2 && mcf != 4) continue;
+        for (int kc : {128, 256, 512}) {
+          for (int nc : {256, 512, 1024}) add(mr, mr * mcf, kc, nc);
         }
       }
     }
@@ -330,7 +354,6 @@ class Native : public Implementation {
                      [](const Item& a, const Item& b) { return a.rows > b.rows; });
     const bool pairs = r.bf16_pairs;
     const bool lhs_bf16 = c.lhs.dtype() == DType::kBF16;
-    std::vector<Tensor> scratch;
     const int threads = std::min<int>(c.num_threads, ThreadPool::global().size());
     const int64_t tile_elems = static_cast<int64_t>(cfg.mc) * cfg.nc;
     const int64_t apack_elems = static_cast<int64_t>(cfg.mc) * cfg.kc;  // f32 tiles or bf16 pairs
@@ -355,11 +378,9 @@ class Native : public Implementation {
         A = c.lhs.data_as<float>();
       }
     }
-    for (int t = 0; t < threads; ++t)
-      scratch.emplace_back(Shape{tile_elems + apack_elems + 16}, DType::kF32);
-    parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int t) {
+    parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
       const Item& it = items[idx];
-      float* C = scratch[t].data_as<float>();
+      float* C = thread_scratch(tile_elems + apack_elems);
       uint32_t* apack = reinterpret_cast<uint32_t*>(C + tile_elems);
       const int64_t ldc = cfg.nc;
       const int64_t p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
@@ -481,12 +502,9 @@ class Native : public Implementation {
               {g, m0, std::min<int64_t>(cfg.mc, K - m0), n0, std::min<int64_t>(cfg.nc, N - n0)});
         }
       }
-      std::vector<Tensor> scratch;
-      for (int t = 0; t < threads; ++t)
-        scratch.emplace_back(Shape{static_cast<int64_t>(cfg.mc) * cfg.nc}, DType::kF32);
-      parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int t) {
+      parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
         const Item& it = items[idx];
-        float* C = scratch[t].data_as<float>();
+        float* C = thread_scratch(static_cast<int64_t>(cfg.mc) * cfg.nc);
         const int64_t ldc = cfg.nc, p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
         for (int64_t kb = 0; kb < mg; kb += cfg.kc) {
           const int64_t kcur = std::min<int64_t>(cfg.kc, mg - kb);
