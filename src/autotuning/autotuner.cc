@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -123,6 +125,38 @@ std::optional<Failure> check_outputs(const std::vector<TensorView>& outs,
   return std::nullopt;
 }
 
+// Runs fn on its own thread and waits at most timeout_s. Returns false if it has not finished:
+// it is then left running, detached, owning what it captured (a C++ function cannot be
+// stopped safely). Exceptions from fn are rethrown here. *elapsed_s: the wall time waited.
+bool run_with_timeout(std::function<void()> fn, double timeout_s, double* elapsed_s) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  auto st = std::make_shared<State>();
+  const double t0 = now_seconds();
+  std::thread([st, fn = std::move(fn)] {
+    std::exception_ptr error;
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->error = error;
+    st->done = true;
+    st->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(st->mu);
+  const bool done =
+      st->cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return st->done; });
+  *elapsed_s = now_seconds() - t0;
+  if (done && st->error) std::rethrow_exception(st->error);
+  return done;
+}
+
 std::string id_of(const BoundArguments& b) {
   return b.family() + "/" + b.implementation() + "/" + b.key();
 }
@@ -230,7 +264,9 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
     throw Unsupported(family.name() + " implementation " + impl->name() + " is not supported on " +
                       device_kind());
   }
-  auto call = family.make_call(bound, options_.seed);
+  // Shared: a candidate that overruns its timeout is abandoned still running, and keeps the
+  // call (inputs) and its output buffers alive.
+  std::shared_ptr<CallBase> call = family.make_call(bound, options_.seed);
   impl->validate(*call);
   const Tolerance tol = family.tolerance(*call);
   const bool cold = options_.cold_cache.value_or(family.memory_bound(*call));
@@ -284,8 +320,9 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   });
 
   std::lock_guard<std::mutex> exclusive(measure_mu);
-  GuardedOutputs out(call->outputs);
-  call->set_outputs(out.views);
+  auto out = std::make_shared<GuardedOutputs>(call->outputs);
+  call->set_outputs(out->views);
+  std::string abandoned;  // set when a candidate overran its timeout and is still running
   auto report = [&](int done, const Config& c) {
     if (!options_.progress) return;
     const double el = now_seconds() - start;
@@ -308,17 +345,35 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
       report(i + 1, cfg);
       continue;
     }
+    if (!abandoned.empty()) {
+      data.set_failure(cfg, {FailureKind::kSkipped, abandoned});
+      report(i + 1, cfg);
+      continue;
+    }
     auto run = [&] { impl->run(*call, cfg, p.prepared.get()); };
     try {
-      out.poison();
-      const double t0 = now_seconds();
-      run();
-      const double dt = now_seconds() - t0;
-      if (int g = out.damaged_guard(); g >= 0) {
+      out->poison();
+      double dt = 0;
+      std::shared_ptr<const Prepared> prepared = p.prepared;
+      const bool finished = run_with_timeout(
+          [impl, call, out, prepared, cfg] { impl->run(*call, cfg, prepared.get()); },
+          options_.candidate_timeout_s, &dt);
+      if (!finished) {
+        data.set_failure(cfg,
+                         {FailureKind::kTimeout, "did not finish within the timeout of " +
+                                                     std::to_string(options_.candidate_timeout_s) +
+                                                     " s; abandoned, still running"});
+        abandoned = "not measured: candidate " + cfg.str() +
+                    " overran its timeout and still runs on this key's buffers";
+        TOKAMAX_LOG("autotune", kWarning,
+                    family.name() + "/" + impl->name() + " " + cfg.str() +
+                        " overran its timeout and was abandoned while running; later measurements "
+                        "in this process may be disturbed");
+      } else if (int g = out->damaged_guard(); g >= 0) {
         data.set_failure(cfg, {FailureKind::kOutOfBounds,
                                "wrote outside output " + std::to_string(g) + " " +
                                    call->outputs[g].spec().str() + " (guard zone damaged)"});
-      } else if (auto f = check_outputs(out.views, refs, tol)) {
+      } else if (auto f = check_outputs(out->views, refs, tol)) {
         data.set_failure(cfg, *f);
       } else if (dt > options_.candidate_timeout_s) {
         data.set_failure(cfg, {FailureKind::kTimeout,
@@ -349,7 +404,7 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
 
   // Re-measure the finalists interleaved, so that drift in machine state (another process,
   // clocks) hits them alike before a winner is declared.
-  if (ok.size() > 1 && options_.remeasure_rounds > 0) {
+  if (ok.size() > 1 && options_.remeasure_rounds > 0 && abandoned.empty()) {
     std::sort(ok.begin(), ok.end(), [&](int a, int b) {
       return data.entries().at(cands[a].str()).benchmark->median_ms <
              data.entries().at(cands[b].str()).benchmark->median_ms;

@@ -92,14 +92,14 @@ void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
 
 ThreadPool& ThreadPool::global() {
   static std::mutex mu;
-  static std::unique_ptr<ThreadPool> pool;
+  // Pools are never destroyed: a caller may still be inside run() of a smaller pool when
+  // set_num_threads() asks for a bigger one. Growing is rare; the old pool just idles.
+  static std::vector<std::unique_ptr<ThreadPool>> pools;
   const int want = num_threads();
   std::lock_guard<std::mutex> lock(mu);
-  if (!pool || pool->size() < want) {
-    pool.reset();
-    pool = std::make_unique<ThreadPool>(want);
-  }
-  return *pool;
+  if (pools.empty() || pools.back()->size() < want)
+    pools.push_back(std::make_unique<ThreadPool>(want));
+  return *pools.back();
 }
 
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {

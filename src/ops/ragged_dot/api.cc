@@ -25,6 +25,10 @@ Tensor run_call(RaggedDotCall& c, const RaggedDotOptions& o) {
 Tensor ragged_dot_general(const TensorView& lhs, const TensorView& rhs,
                           std::span<const int32_t> group_sizes, RaggedDimNums dims,
                           const RaggedDotOptions& o) {
+  if (!rhs.is_contiguous()) {
+    throw InvalidArgument("ragged_dot: rhs " + rhs.spec().str() + " has strides " +
+                          shape_str(rhs.strides()) + "; expected a contiguous row-major array");
+  }
   RaggedDotCall c;
   rdot::bind_call(c, lhs, rhs.spec(), group_sizes, dims, o);
   c.rhs = rhs;

@@ -103,6 +103,10 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
     throw bad("unsupported dtype combination lhs " + lhs.spec().str() + " x rhs " + rhs.str() +
               "; expected f32 x f32, bf16 x bf16 or f32 x bf16");
   }
+  if (!lhs.is_contiguous()) {
+    throw bad("lhs " + lhs.spec().str() + " has strides " + shape_str(lhs.strides()) +
+              "; expected a contiguous row-major array");
+  }
   const int64_t M = lhs.dim(0), K = lhs.dim(1);
   const int64_t G = static_cast<int64_t>(group_sizes.size());
   c.dims = dims;

@@ -1,0 +1,113 @@
+// The `tokamax` command end to end: every subcommand on the smoke specs, and bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tokamax/core/json.h"
+
+namespace tokamax {
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout
+  std::string err;  // stderr (warnings, errors)
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("tokamax_cli_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  Result run(const std::string& args) {
+    const std::string err_path = (dir_ / "stderr.txt").string();
+    const std::string cmd =
+        "TOKAMAX_CACHE_DIR=" + dir_.string() + "/cache " + TOKAMAX_CLI + " " + args + " 2>" + err_path;
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int status = pclose(p);
+    std::ifstream ef(err_path);
+    const std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(Cli, OpsSpecsExplain) {
+  Result r = run("ops --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const Json ops = Json::parse(r.out);
+  ASSERT_EQ(ops[0]["op"], "ragged_dot");
+  EXPECT_EQ(ops[0]["implementations"][0]["name"], "native");
+  EXPECT_EQ(ops[0]["implementations"][0]["config_fields"].size(), 4u);
+  r = run("specs --tag smoke --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(Json::parse(r.out).size(), 3u);
+  r = run("explain --spec smoke_f32 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const Json e = Json::parse(r.out);
+  EXPECT_EQ(e["implementation"], "native");
+  EXPECT_FALSE(e["rung"].get<std::string>().empty());
+  EXPECT_EQ(run("explain --spec smoke_f32 --impl blas --json").code, 0);
+  r = run("explain --spec nope");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("unknown spec 'nope'"), std::string::npos) << r.err;
+  EXPECT_EQ(run("specs --op nope").code, 2);
+}
+
+TEST_F(Cli, AutotuneCacheAndBench) {
+  Result r =
+      run("autotune --spec smoke_decode --impl native -o " + path("r.json") + " --into-cache");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("winner"), std::string::npos) << r.out;
+  EXPECT_EQ(run("cache verify " + path("r.json")).code, 0);
+  r = run("cache verify");  // the cache just written
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("ragged_dot_native.json"), std::string::npos) << r.out;
+  r = run("cache show --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_GE(Json::parse(r.out).size(), 1u);
+  r = run("explain --spec smoke_decode --json");
+  EXPECT_NE(r.out.find("disk_cache"), std::string::npos) << r.out;
+  EXPECT_EQ(
+      run("cache merge " + path("r.json") + " " + path("r.json") + " -o " + path("m.json")).code,
+      0);
+  r = run("bench --spec smoke_f32 --min-time 0.01 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const Json rows = Json::parse(r.out);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const char* key : {"spec", "implementation", "median_ms", "gflops", "gbps", "pct_of_peak",
+                          "baseline", "speedup_vs_baseline"}) {
+    EXPECT_TRUE(rows[0].contains(key)) << key;
+  }
+  EXPECT_GT(rows[0]["median_ms"].get<double>(), 0);
+}
+
+TEST_F(Cli, BadInput) {
+  Result r = run("autotune --spec smoke_decode --budget-s 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("budget"), std::string::npos) << r.err;
+  std::ofstream(path("bad.json")) << "[{\"op\": {\"family\": \"ragged_dot\"}, \"argum";
+  r = run("autotune --bound-args " + path("bad.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("malformed JSON"), std::string::npos) << r.err;
+  std::ofstream(path("bad_cache.json")) << "{\"schema_version\": 1}";
+  EXPECT_EQ(run("cache verify " + path("bad_cache.json")).code, 1);
+  EXPECT_EQ(run("autotune --spec smoke_decode --impl nope").code, 2);
+  EXPECT_EQ(run("autotune --spec smoke_decode --tag smoke").code, 2);
+  EXPECT_NE(run("bogus").code, 0);
+}
+
+}  // namespace
+}  // namespace tokamax
