@@ -73,9 +73,19 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       r.implementation = name;
       Runner run;
       try {
-        run.impl = fam.implementation(name);
+        // "impl:heuristics" pins the implementation's heuristics config (to compare it with
+        // the tuned one side by side); plain "impl" resolves through the ladder.
+        const size_t colon = name.find(':');
+        const std::string base_name = name.substr(0, colon);
+        if (colon != std::string::npos && name.substr(colon + 1) != "heuristics") {
+          throw InvalidArgument("bench --impl " + name + ": expected IMPL or IMPL:heuristics");
+        }
+        run.impl = fam.implementation(base_name);
         run.impl->validate(call);
-        const Resolution res = resolve_config(fam, *run.impl, call, std::nullopt);
+        const Resolution res =
+            colon == std::string::npos
+                ? resolve_config(fam, *run.impl, call, std::nullopt)
+                : Resolution{run.impl->heuristics_config(call), Rung::kHeuristics, "pinned"};
         run.config = res.config;
         r.config = res.config.str();
         r.rung = std::string(rung_name(res.rung));

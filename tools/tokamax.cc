@@ -214,7 +214,9 @@ int main(int argc, char** argv) {
   bench->add_option("--op", op, "op family");
   bench->add_option("--spec", spec, "a spec name");
   bench->add_option("--tag", tag, "every spec with this tag");
-  bench->add_option("--impl", impl_csv, "implementations (default native,blas)");
+  bench->add_option(
+      "--impl", impl_csv,
+      "implementations (default native,blas); IMPL:heuristics pins the heuristics config");
   bench->add_option("--min-time", min_time, "seconds of measurement per row");
   bench->add_flag("--json", json, "JSON output");
 
@@ -380,11 +382,11 @@ int main(int argc, char** argv) {
         }
         std::cout << arr.dump(2) << "\n";
       } else {
-        fmt::print("{:<34} {:<8} {:>10} {:>9} {:>8} {:>7} {:>9} {:>8}  {}\n", "spec", "impl",
+        fmt::print("{:<34} {:<18} {:>10} {:>9} {:>8} {:>7} {:>9} {:>8}  {}\n", "spec", "impl",
                    "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs blas", "config (source)");
         for (const auto& r : rows) {
           fmt::print(
-              "{:<34} {:<8} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>9} {:>7.2f}x  {} ({})\n",
+              "{:<34} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>9} {:>7.2f}x  {} ({})\n",
               r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak, r.peak_kind,
               r.speedup_vs_baseline, r.config, r.rung);
         }
