@@ -104,7 +104,20 @@ Roofline measure_roofline() {
 }
 
 const Roofline& cached_roofline() {
-  static const Roofline r = measure_roofline();
+  // Two measurements, the larger median of each: on a shared machine a neighbour's burst
+  // lowers a measurement and never raises it, so the larger one is nearer the ceiling.
+  static const Roofline r = [] {
+    const Roofline a = measure_roofline(), b = measure_roofline();
+    Roofline m = a;
+    m.f32_gflops_1core = std::max(a.f32_gflops_1core, b.f32_gflops_1core);
+    m.f32_gflops_all = std::max(a.f32_gflops_all, b.f32_gflops_all);
+    m.bf16_gflops_1core = std::max(a.bf16_gflops_1core, b.bf16_gflops_1core);
+    m.bf16_gflops_all = std::max(a.bf16_gflops_all, b.bf16_gflops_all);
+    m.read_gbps_1core = std::max(a.read_gbps_1core, b.read_gbps_1core);
+    m.read_gbps_all = std::max(a.read_gbps_all, b.read_gbps_all);
+    m.copy_gbps_all = std::max(a.copy_gbps_all, b.copy_gbps_all);
+    return m;
+  }();
   return r;
 }
 

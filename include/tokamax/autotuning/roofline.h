@@ -19,7 +19,7 @@ struct Roofline {
 };
 
 Roofline measure_roofline();
-// Measured once per process, then reused.
+// Measured once per process (the larger of two measurements per ceiling), then reused.
 const Roofline& cached_roofline();
 
 }  // namespace tokamax
