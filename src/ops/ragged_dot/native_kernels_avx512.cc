@@ -66,16 +66,37 @@ void bf16_tile(int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, flo
   store_tile<MR>(c0, c1, c, ldc, acc);
 }
 
-// Decode: MR rows (1..4) against NP panels at once; 2 * MR * NP accumulators (<= 24).
 template <int MR, int NP>
-void f32_multi_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ps,
-                    float* c, int64_t ldc, bool acc) {
-  __m512 c0[MR][NP], c1[MR][NP];
+inline void zero_panels(__m512 (&c0)[MR][NP], __m512 (&c1)[MR][NP]) {
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 32
     for (int p = 0; p < NP; ++p) c0[i][p] = c1[i][p] = _mm512_setzero_ps();
   }
+}
+
+// Stores NP adjacent MR x 32 tiles (panel p at column p * 32).
+template <int MR, int NP>
+inline void store_panels(__m512 (&c0)[MR][NP], __m512 (&c1)[MR][NP], float* c, int64_t ldc,
+                         bool acc) {
+#pragma GCC unroll 8
+  for (int p = 0; p < NP; ++p) {
+    __m512 t0[MR], t1[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      t0[i] = c0[i][p];
+      t1[i] = c1[i][p];
+    }
+    store_tile<MR>(t0, t1, c + p * kNr, ldc, acc);
+  }
+}
+
+// Decode: MR rows (1..4) against NP panels at once; 2 * MR * NP accumulators (<= 24).
+template <int MR, int NP>
+void f32_multi_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ps,
+                    float* c, int64_t ldc, bool acc) {
+  __m512 c0[MR][NP], c1[MR][NP];
+  zero_panels<MR, NP>(c0, c1);
   for (int64_t k = 0; k < kc; ++k) {
     __m512 ai[MR];
 #pragma GCC unroll 8
@@ -91,27 +112,14 @@ void f32_multi_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const fl
       }
     }
   }
-#pragma GCC unroll 8
-  for (int p = 0; p < NP; ++p) {
-    __m512 t0[MR], t1[MR];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      t0[i] = c0[i][p];
-      t1[i] = c1[i][p];
-    }
-    store_tile<MR>(t0, t1, c + p * kNr, ldc, acc);
-  }
+  store_panels<MR, NP>(c0, c1, c, ldc, acc);
 }
 
 template <int MR, int NP>
 void bf16_multi_tile(int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, int64_t ps,
                      float* c, int64_t ldc, bool acc) {
   __m512 c0[MR][NP], c1[MR][NP];
-#pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 32
-    for (int p = 0; p < NP; ++p) c0[i][p] = c1[i][p] = _mm512_setzero_ps();
-  }
+  zero_panels<MR, NP>(c0, c1);
   for (int64_t k = 0; k < kp; ++k) {
     __m512bh ai[MR];
 #pragma GCC unroll 8
@@ -128,16 +136,7 @@ void bf16_multi_tile(int64_t kp, const uint32_t* a, int64_t as, const uint32_t* 
       }
     }
   }
-#pragma GCC unroll 8
-  for (int p = 0; p < NP; ++p) {
-    __m512 t0[MR], t1[MR];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      t0[i] = c0[i][p];
-      t1[i] = c1[i][p];
-    }
-    store_tile<MR>(t0, t1, c + p * kNr, ldc, acc);
-  }
+  store_panels<MR, NP>(c0, c1, c, ldc, acc);
 }
 
 // Panels per multi call by tile rows: as many as the 32 registers allow.
