@@ -1,6 +1,8 @@
 // Tensor storage, element access and the seeded, counter-based random factories.
 #include "tokamax/core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -130,9 +132,15 @@ Tensor::Tensor(Shape shape, DType dtype) : dtype_(dtype), shape_(std::move(shape
   nbytes_ = static_cast<size_t>(bytes);
   // Round up to the alignment (aligned_alloc requires it) and never ask for 0 bytes, so that
   // data() is a valid, aligned pointer even for empty tensors.
-  const size_t alloc = (nbytes_ + kAlignment - 1) / kAlignment * kAlignment + kAlignment;
-  void* p = std::aligned_alloc(kAlignment, alloc);
+  // Large tensors (weights, packed panels) go on 2 MiB boundaries and ask for transparent huge
+  // pages: kernels stream them through many pages at once, and 4 KiB pages cost a TLB walk
+  // every 4 KiB of every stream (2-thread streaming read here: 34 vs 32-33 GB/s, interleaved).
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = nbytes_ >= 2 * kHuge ? kHuge : kAlignment;
+  const size_t alloc = (nbytes_ + align - 1) / align * align + kAlignment;
+  void* p = std::aligned_alloc(align, (alloc + align - 1) / align * align);
   if (!p) throw std::bad_alloc();
+  if (align == kHuge) madvise(p, alloc, MADV_HUGEPAGE);  // advisory; failure is harmless
   data_.reset(p);
 }
 
