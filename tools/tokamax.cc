@@ -132,15 +132,13 @@ void print_result_table(const tk::AutotuningResult& r) {
       continue;
     }
     const auto& best = d.fastest();
-    // The heuristics config is always candidate 0 (see Autotuner::candidates).
-    const tk::OpFamily& fam = tk::find_family(b.family());
-    auto call = fam.make_call(b, 0);
-    const tk::Config h = fam.implementation(b.implementation())->heuristics_config(*call);
-    auto it = d.entries().find(h.str());
+    const auto it = d.heuristics() ? d.entries().find(d.heuristics()->str()) : d.entries().end();
     if (it != d.entries().end() && it->second.benchmark) {
-      fmt::print("  winner {} at {:.4f} ms: {:.2f}x the heuristics config {}\n", best.config.str(),
-                 best.benchmark->median_ms,
-                 it->second.benchmark->median_ms / best.benchmark->median_ms, h.str());
+      const double speedup = it->second.benchmark->median_ms / best.benchmark->median_ms;
+      fmt::print(
+          "  winner {} at {:.4f} ms: {:.2f}x the heuristics config {}{}\n", best.config.str(),
+          best.benchmark->median_ms, speedup, it->first,
+          speedup < 1 ? " (within the tie window max(2 us, 1%) less scratch memory wins)" : "");
     } else {
       fmt::print("  winner {} at {:.4f} ms\n", best.config.str(), best.benchmark->median_ms);
     }

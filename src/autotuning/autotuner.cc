@@ -200,13 +200,17 @@ Autotuner::Autotuner(AutotuneOptions options) : options_(std::move(options)) {
 std::vector<Config> Autotuner::candidates(const BoundArguments& bound) const {
   const OpFamily& family = find_family(bound.family());
   const auto impl = family.implementation(bound.implementation());
-  auto call = family.make_call(bound, options_.seed);
+  return candidates_for(*impl, *family.make_call(bound, options_.seed));
+}
+
+std::vector<Config> Autotuner::candidates_for(const Implementation& impl,
+                                              const CallBase& call) const {
   std::vector<Config> list;
   if (!options_.configs.empty()) {
     list = options_.configs;
   } else {
-    list.push_back(impl->heuristics_config(*call));
-    for (auto& c : impl->autotuning_configs(*call)) list.push_back(std::move(c));
+    list.push_back(impl.heuristics_config(call));
+    for (auto& c : impl.autotuning_configs(call)) list.push_back(std::move(c));
   }
   // Heuristics first (always measured, so the speed-up over it is known), then sorted.
   std::vector<Config> out;
@@ -280,8 +284,9 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
     for (const auto& v : ref_out.views) refs.push_back(to_f64(v));
   }
 
-  std::vector<Config> cands = candidates(bound);
+  std::vector<Config> cands = candidates_for(*impl, *call);
   AutotuningData data;
+  if (options_.configs.empty()) data.set_heuristics(cands.front());
   size_t keep = cands.size();
   if (static_cast<size_t>(options_.max_candidates) < keep) {
     keep = static_cast<size_t>(options_.max_candidates);

@@ -54,6 +54,7 @@ class Autotuner {
 
  private:
   AutotuningData tune_uncoordinated(const BoundArguments& bound) const;
+  std::vector<Config> candidates_for(const Implementation& impl, const CallBase& call) const;
   AutotuneOptions options_;
 };
 

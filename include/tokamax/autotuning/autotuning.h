@@ -66,6 +66,10 @@ class AutotuningData {
   const Entry& fastest() const;
   // Right-hand side wins per config.
   AutotuningData operator|(const AutotuningData& other) const;
+  // The implementation's heuristics config for this key, when the tuner measured it (kept in
+  // memory for reports such as "winner is 1.3x the heuristics config"; not serialized).
+  const std::optional<Config>& heuristics() const { return heuristics_; }
+  void set_heuristics(const Config& c) { heuristics_ = c; }
   // Keeps successes only (the disk-cache form).
   AutotuningData successes() const;
   // {config_json_string: BenchmarkData | {"failure": {...}}}; `decode` turns config JSON into
@@ -75,6 +79,7 @@ class AutotuningData {
 
  private:
   std::map<std::string, Entry> entries_;
+  std::optional<Config> heuristics_;
 };
 
 class AutotuningResult {
