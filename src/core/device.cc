@@ -20,6 +20,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define TOKAMAX_X86 1
+#elif defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #endif
 
 namespace tokamax {
@@ -227,7 +230,10 @@ DeviceInfo detect() {
   }
 #elif defined(__aarch64__)
   d.arch = "aarch64";
-  d.isa.neon = true;
+  d.isa.neon = true;  // mandatory in AArch64
+#ifdef HWCAP_SVE
+  d.isa.sve = (getauxval(AT_HWCAP) & HWCAP_SVE) != 0;
+#endif
 #else
   d.arch = "unknown";
 #endif
