@@ -9,6 +9,7 @@
 #include <cstring>
 #include <future>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -157,6 +158,13 @@ bool run_with_timeout(std::function<void()> fn, double timeout_s, double* elapse
   return done;
 }
 
+// One measurement at a time in the whole process, with nothing else of the tuner running:
+// measuring holds this exclusively; references and preparation hold it shared.
+std::shared_mutex& phase_mu() {
+  static std::shared_mutex mu;
+  return mu;
+}
+
 std::string id_of(const BoundArguments& b) {
   return b.family() + "/" + b.implementation() + "/" + b.key();
 }
@@ -259,8 +267,6 @@ AutotuningData Autotuner::tune(const BoundArguments& bound) const {
 }
 
 AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const {
-  // Only one measurement at a time in the whole process: "nothing else running".
-  static std::mutex measure_mu;
   const double start = now_seconds();
   const OpFamily& family = find_family(bound.family());
   const auto impl = family.implementation(bound.implementation());
@@ -275,13 +281,20 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   const Tolerance tol = family.tolerance(*call);
   const bool cold = options_.cold_cache.value_or(family.memory_bound(*call));
 
-  // Reference outputs on the same inputs.
+  // Preparation (reference, packing) of any key may run alongside preparation of others, never
+  // alongside a measurement: shared here, exclusive while measuring.
+  std::shared_lock<std::shared_mutex> preparing(phase_mu());
+
+  // Reference outputs on the same inputs; then the guarded buffers candidates write into.
   std::vector<std::vector<double>> refs;
+  std::shared_ptr<GuardedOutputs> out;
   {
     GuardedOutputs ref_out(call->outputs);
     call->set_outputs(ref_out.views);
     family.reference()->run(*call, Config::null(), nullptr);
     for (const auto& v : ref_out.views) refs.push_back(to_f64(v));
+    out = std::make_shared<GuardedOutputs>(ref_out.views);
+    call->set_outputs(out->views);
   }
 
   std::vector<Config> cands = candidates_for(*impl, *call);
@@ -324,9 +337,8 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
     p.ms = (now_seconds() - t0) * 1e3;
   });
 
-  std::lock_guard<std::mutex> exclusive(measure_mu);
-  auto out = std::make_shared<GuardedOutputs>(call->outputs);
-  call->set_outputs(out->views);
+  preparing.unlock();
+  std::unique_lock<std::shared_mutex> measuring(phase_mu());
   std::string abandoned;  // set when a candidate overran its timeout and is still running
   auto report = [&](int done, const Config& c) {
     if (!options_.progress) return;
