@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "ops/ragged_dot/base.h"
 #include "ops/ragged_dot/native_kernels.h"
@@ -328,6 +329,32 @@ TEST(RaggedDotNative, ExplicitConfigsAgreeWithReference) {
                InvalidArgument);  // mc not a multiple of mr
 }
 
+// Several user threads calling at once share the kernel thread pool; every result must still be
+// the reference's (and thread counts 1 and 2 must agree).
+TEST(RaggedDot, ConcurrentCallersAndThreadCounts) {
+  const std::vector<int32_t> sizes = {40, 0, 25, 3};
+  Tensor lhs = Tensor::randn({70, 64}, DType::kF32, fresh_seed());
+  Tensor rhs = Tensor::randn({4, 64, 96}, DType::kF32, fresh_seed());
+  const Tensor ref = ragged_dot(lhs, rhs, sizes, {.implementation = "reference"});
+  std::vector<double> want(static_cast<size_t>(ref.size()));
+  for (int64_t i = 0; i < ref.size(); ++i) want[i] = ref.get(i);
+  std::vector<Tensor> got(6);
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 6; ++t) {
+    callers.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep)
+        got[t] = ragged_dot(lhs, rhs, sizes, {.implementation = t % 2 ? "native" : "blas"});
+    });
+  }
+  for (auto& c : callers) c.join();
+  for (int t = 0; t < 6; ++t)
+    expect_close(got[t], want, 1e-3, 1e-4, 1e-5, "caller " + std::to_string(t));
+  set_num_threads(1);
+  const Tensor one = ragged_dot(lhs, rhs, sizes, {.implementation = "native"});
+  set_num_threads(0);
+  expect_close(one, want, 1e-3, 1e-4, 1e-5, "one thread");
+}
+
 TEST(RaggedDot, BadInputIsAClearError) {
   Tensor lhs = Tensor::randn({6, 8}, DType::kF32, 1),
          rhs = Tensor::randn({2, 8, 5}, DType::kF32, 2);
@@ -365,7 +392,11 @@ TEST(RaggedDot, BadInputIsAClearError) {
   TensorView strided(lhs.data(), DType::kF32, {6, 4}, {8, 2});
   expect_error([&] { ragged_dot(strided, rhs, ok); }, "lhs f32[6,4] has strides [8,2]");
   TensorView rows_apart(lhs.data(), DType::kF32, {3, 8}, {16, 1});
-  expect_error([&] { ragged_dot(rows_apart, rhs, std::vector<int32_t>{1, 1}); }, "expected a contiguous");
+  expect_error(
+      [&] {
+        ragged_dot(rows_apart, rhs, std::vector<int32_t>{1, 1});
+      },
+      "expected a contiguous");
   TensorView rhs_t(rhs.data(), DType::kF32, {2, 8, 5}, {40, 1, 8});
   expect_error([&] { ragged_dot(lhs, rhs_t, ok); }, "rhs f32[2,8,5] has strides [40,1,8]");
 }
