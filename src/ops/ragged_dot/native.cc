@@ -397,7 +397,7 @@ class Native : public Implementation {
           for (int64_t tt = 0; tt < tiles; ++tt) {
             const int64_t rows = std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr);
             const int64_t esz = lhs_bf16 ? 2 : 4;
-            k::pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (it.m0 + tt * cfg.mr) * K * esz,
+            ks.pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (it.m0 + tt * cfg.mr) * K * esz,
                            lhs_bf16, K, rows, kb, kcur, cfg.mr, apack + tt * cfg.mr * kp);
           }
           for (int64_t p = 0; p < np;) {

@@ -30,6 +30,10 @@ using Bf16MultiKernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t 
                                  const uint32_t* b, int64_t panel_stride, float* c, int64_t ldc,
                                  bool accumulate);
 
+// Packs A into bf16 pairs (see pack_a_bf16 below); ISAs with a bf16 dot have a vector one.
+using PackABf16 = void (*)(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0,
+                           int64_t kc, int64_t a_stride, uint32_t* dst);
+
 struct KernelSet {
   Isa isa;
   const char* name;
@@ -39,6 +43,7 @@ struct KernelSet {
   Bf16Kernel bf16;  // nullptr when the ISA has no bf16 dot
   F32MultiKernel f32_multi = nullptr;
   Bf16MultiKernel bf16_multi = nullptr;
+  PackABf16 pack_a_bf16 = nullptr;     // set whenever bf16 is
   int multi_np[kMultiMaxMr + 1] = {};  // panels per multi call, by tile rows
 };
 

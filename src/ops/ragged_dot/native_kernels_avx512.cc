@@ -228,10 +228,49 @@ void bf16_kernel(int mr, int64_t kp, const uint32_t* a, int64_t as, const uint32
   TOKAMAX_MR_CASES(bf16_tile, kp, a, as, b, c, ldc, acc)
 }
 
-const KernelSet kSet{
-    Isa::kAvx512, "avx512",   kNr,
-    12,           f32_kernel, bf16_kernel,
-    f32_multi,    bf16_multi, {kMultiNp[0], kMultiNp[1], kMultiNp[2], kMultiNp[3], kMultiNp[4]}};
+// A as bf16 pairs from an f32 lhs, 32 values per vcvtne2ps2bf16 (round to nearest even, like
+// f32_to_bf16; the instruction also flushes f32 denormals, immaterial next to the 2^-8 step).
+// The scalar loop this replaces cost ~20% of the bf16 kernel's time at mc=32, kc=512.
+void pack_a_bf16_avx512(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0,
+                        int64_t kc, int64_t as, uint32_t* dst) {
+  if (is_bf16) {  // bf16 input: interleaving only, no rounding
+    pack_a_bf16(a, is_bf16, lda, rows, k0, kc, as, dst);
+    return;
+  }
+  const int64_t kpairs = (kc + 1) / 2;
+  alignas(64) uint32_t tmp[16];
+  for (int64_t i = 0; i < as; ++i) {
+    if (i >= rows) {
+      for (int64_t kp = 0; kp < kpairs; ++kp) dst[kp * as + i] = 0;
+      continue;
+    }
+    const float* r = static_cast<const float*>(a) + i * lda + k0;
+    for (int64_t k = 0; k < kc; k += 32) {
+      const int64_t rem = kc - k;
+      const __mmask16 m_lo = rem >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << rem) - 1);
+      const __mmask16 m_hi = rem >= 32  ? 0xFFFF
+                             : rem > 16 ? static_cast<__mmask16>((1u << (rem - 16)) - 1)
+                                        : 0;
+      const __m512 lo = _mm512_maskz_loadu_ps(m_lo, r + k);
+      const __m512 hi = _mm512_maskz_loadu_ps(m_hi, r + k + 16);
+      _mm512_store_si512(tmp, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      const int64_t n = rem >= 32 ? 16 : (rem + 1) / 2;
+      uint32_t* d = dst + (k / 2) * as + i;
+      for (int64_t j = 0; j < n; ++j) d[j * as] = tmp[j];
+    }
+  }
+}
+
+const KernelSet kSet{Isa::kAvx512,
+                     "avx512",
+                     kNr,
+                     12,
+                     f32_kernel,
+                     bf16_kernel,
+                     f32_multi,
+                     bf16_multi,
+                     pack_a_bf16_avx512,
+                     {kMultiNp[0], kMultiNp[1], kMultiNp[2], kMultiNp[3], kMultiNp[4]}};
 
 }  // namespace
 

@@ -277,6 +277,20 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
   }
 }
 
+TEST(RaggedDotNative, VectorBf16PackingMatchesScalar) {
+  namespace k = rdot::kernels;
+  if (!device_info().isa.has_avx512_bf16()) GTEST_SKIP() << "needs AVX-512 BF16";
+  for (int64_t kc : {1, 2, 15, 16, 17, 31, 32, 33, 64, 77}) {
+    const int64_t lda = 80, rows = 5, as = 8, kp = (kc + 1) / 2;
+    Tensor a = Tensor::randn({rows * lda}, DType::kF32, fresh_seed());
+    std::vector<uint32_t> want(static_cast<size_t>(kp * as), 7),
+        got(static_cast<size_t>(kp * as), 9);
+    k::pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, want.data());
+    k::avx512_kernels()->pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, got.data());
+    EXPECT_EQ(got, want) << "kc=" << kc;
+  }
+}
+
 TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
   const auto& fam = rdot::family();
   for (const char* spec : {"smoke_f32", "smoke_bf16_weights", "smoke_decode"}) {
