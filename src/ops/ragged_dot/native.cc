@@ -226,7 +226,7 @@ class Native : public Implementation {
   }
 
   // Measured on Zen 4 (tokamax autotune --tag primary): big row blocks want 8-row tiles,
-  // 64-row items, K blocks of 512 and items as wide as possible (up to 1024 columns: the packed
+  // 32-row items, K blocks of 512 and items as wide as possible (up to 1024 columns: the packed
   // A tile is reused across every panel of the item), ~90% of FMA peak; a few rows per group
   // (decode) stream weights through the multi-panel kernels.
   Config heuristics_config(const CallBase& base) const override {
@@ -245,7 +245,7 @@ class Native : public Implementation {
       cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 512));
     } else {
       cfg.mr = std::min(8, ks.max_mr);
-      cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 8));
+      cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 4));
       cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 512));
     }
     // Enough work items to balance threads, as wide as possible otherwise.
