@@ -226,6 +226,11 @@ int main(int argc, char** argv) {
   have_budget = budget_opt->count() > 0;
 
   try {
+    // The library only warns about a malformed TOKAMAX_LOG (a logging setting must not stop a
+    // program); the command reports it as the error it is.
+    if (const char* log = std::getenv("TOKAMAX_LOG"); log && *log) {
+      tk::set_log_settings(tk::LogSettings::parse(log));
+    }
     if (device->parsed() || app.get_subcommands().empty()) {
       print_device(json, roofline);
     } else if (ops->parsed()) {

@@ -28,8 +28,8 @@ class Cli : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
   Result run(const std::string& args) {
     const std::string err_path = (dir_ / "stderr.txt").string();
-    const std::string cmd =
-        "TOKAMAX_CACHE_DIR=" + dir_.string() + "/cache " + TOKAMAX_CLI + " " + args + " 2>" + err_path;
+    const std::string cmd = "TOKAMAX_CACHE_DIR=" + dir_.string() + "/cache " + TOKAMAX_CLI + " " +
+                            args + " 2>" + err_path;
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;
     char buf[4096];
@@ -107,6 +107,15 @@ TEST_F(Cli, BadInput) {
   EXPECT_EQ(run("autotune --spec smoke_decode --impl nope").code, 2);
   EXPECT_EQ(run("autotune --spec smoke_decode --tag smoke").code, 2);
   EXPECT_NE(run("bogus").code, 0);
+  const char* old_log = std::getenv("TOKAMAX_LOG");
+  setenv("TOKAMAX_LOG", "autotune:loud", 1);
+  r = run("ops");
+  if (old_log)
+    setenv("TOKAMAX_LOG", old_log, 1);
+  else
+    unsetenv("TOKAMAX_LOG");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("unknown level 'loud'"), std::string::npos) << r.err;
 }
 
 }  // namespace
