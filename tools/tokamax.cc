@@ -25,6 +25,22 @@ std::vector<std::string> split_csv(const std::string& s) {
   return out;
 }
 
+// (implementation, path) of the cache files that exist for this device kind, shipped before
+// user, for op `op` (empty: every op).
+std::vector<std::pair<std::string, std::string>> existing_cache_files(const std::string& op) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : tk::families()) {
+    if (!op.empty() && f->name() != op) continue;
+    for (const auto& name : f->implementation_names()) {
+      for (const std::string& dir : {tk::shipped_cache_dir(), tk::user_cache_dir()}) {
+        const std::string path = tk::cache_file_path(dir, tk::device_kind(), f->name(), name);
+        if (std::filesystem::exists(path)) out.emplace_back(name, path);
+      }
+    }
+  }
+  return out;
+}
+
 void print_device(bool json, bool roofline) {
   const tk::DeviceInfo& d = tk::device_info();
   Json j = d.to_json();
@@ -284,21 +300,17 @@ int main(int argc, char** argv) {
                    e.resolution.detail);
       }
     } else if (cache_show->parsed()) {
-      const tk::OpFamily& fam = tk::find_family(op);
+      tk::find_family(op);
       Json out = Json::array();
-      for (const auto& name : fam.implementation_names()) {
-        for (const std::string& dir : {tk::shipped_cache_dir(), tk::user_cache_dir()}) {
-          const std::string path = tk::cache_file_path(dir, tk::device_kind(), op, name);
-          if (!std::filesystem::exists(path)) continue;
-          try {
-            const tk::CacheFile f = tk::CacheFile::from_json(tk::read_json_file(path), path);
-            for (const auto& [key, configs] : f.entries) {
-              out.push_back(
-                  {{"file", path}, {"implementation", name}, {"key", key}, {"configs", configs}});
-            }
-          } catch (const std::exception& e) {
-            out.push_back({{"file", path}, {"error", e.what()}});
+      for (const auto& [name, path] : existing_cache_files(op)) {
+        try {
+          const tk::CacheFile f = tk::CacheFile::from_json(tk::read_json_file(path), path);
+          for (const auto& [key, configs] : f.entries) {
+            out.push_back(
+                {{"file", path}, {"implementation", name}, {"key", key}, {"configs", configs}});
           }
+        } catch (const std::exception& e) {
+          out.push_back({{"file", path}, {"error", e.what()}});
         }
       }
       if (json) {
@@ -325,14 +337,7 @@ int main(int argc, char** argv) {
       fmt::print("merged {} files into {} ({} keys)\n", files.size(), out_path, r.data().size());
     } else if (cache_verify->parsed()) {
       if (files.empty()) {
-        for (const auto& f : tk::families()) {
-          for (const auto& name : f->implementation_names()) {
-            for (const std::string& dir : {tk::shipped_cache_dir(), tk::user_cache_dir()}) {
-              const std::string p = tk::cache_file_path(dir, tk::device_kind(), f->name(), name);
-              if (std::filesystem::exists(p)) files.push_back(p);
-            }
-          }
-        }
+        for (const auto& f : existing_cache_files("")) files.push_back(f.second);
       }
       int bad = 0;
       for (const auto& path : files) {

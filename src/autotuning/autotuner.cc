@@ -290,11 +290,11 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   std::shared_ptr<GuardedOutputs> out;
   {
     GuardedOutputs ref_out(call->outputs);
-    call->set_outputs(ref_out.views);
+    call->outputs = ref_out.views;
     family.reference()->run(*call, Config::null(), nullptr);
     for (const auto& v : ref_out.views) refs.push_back(to_f64(v));
     out = std::make_shared<GuardedOutputs>(ref_out.views);
-    call->set_outputs(out->views);
+    call->outputs = out->views;
   }
 
   std::vector<Config> cands = candidates_for(*impl, *call);

@@ -72,8 +72,8 @@ class AutotuningData {
   void set_heuristics(const Config& c) { heuristics_ = c; }
   // Keeps successes only (the disk-cache form).
   AutotuningData successes() const;
-  // {config_json_string: BenchmarkData | {"failure": {...}}}; `decode` turns config JSON into
-  // Config (the implementation's config_from_json).
+  // {config_json_string: BenchmarkData | {"failure": {...}}}; from_json decodes each config
+  // with impl.config_from_json (which validates it).
   Json to_json() const;
   static AutotuningData from_json(const Json& j, const Implementation& impl);
 

@@ -60,10 +60,8 @@ class CallBase {
  public:
   virtual ~CallBase() = default;
   BoundArguments bound;
-  std::vector<TensorView> outputs;
+  std::vector<TensorView> outputs;  // the autotuner re-points these at guarded buffers
   int num_threads = 1;
-  // Re-points the outputs (the autotuner writes into guarded buffers).
-  virtual void set_outputs(std::vector<TensorView> outs) { outputs = std::move(outs); }
 };
 
 // State an implementation builds before running (packed weights, scratch). Kept out of the

@@ -12,6 +12,15 @@ namespace {
 
 using rdot::RaggedDotCall;
 
+// An f32 tensor as `to` (f32: itself; bf16: rounded to nearest even).
+Tensor to_dtype(Tensor t, DType to) {
+  if (to == DType::kF32) return t;
+  Tensor out(t.shape(), to);
+  for (int64_t i = 0; i < t.size(); ++i)
+    out.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
+  return out;
+}
+
 Tensor run_call(RaggedDotCall& c, const RaggedDotOptions& o) {
   const ShapeDtype out = rdot::output_spec(c);
   Tensor t(out.shape, out.dtype);
@@ -88,31 +97,18 @@ RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs,
     for (int64_t i = 0; i < c.m * c.n; ++i) dp[i] = static_cast<float>(dout.get(i));
   }
   // dpre in the dtype the primal used for its operands, so the same kernels serve.
-  Tensor dcast;
-  TensorView dview = dpre.view();
-  if (lhs.dtype() == DType::kBF16) {
-    dcast = Tensor({c.m, c.n}, DType::kBF16);
-    for (int64_t i = 0; i < c.m * c.n; ++i) dcast.data_as<uint16_t>()[i] = f32_to_bf16(dp[i]);
-    dview = dcast.view();
-  }
+  dpre = to_dtype(std::move(dpre), lhs.dtype());
   RaggedDotOptions go;
   go.implementation = o.implementation;
   go.precision = o.precision;
   go.preferred_element_type = DType::kF32;
   RaggedDotGrads grads;
   // dlhs[M,K] = dpre[M,N] x rhs[g]^T: the transposed-rhs form with rhs [G,K,N] read as [G,N',K'].
-  Tensor dl = ragged_dot_general(dview, rhs, group_sizes, RaggedDimNums::kTransposedRhs, go);
+  Tensor dl = ragged_dot_general(dpre, rhs, group_sizes, RaggedDimNums::kTransposedRhs, go);
   // drhs[g] = lhs[rows_g]^T x dpre[rows_g]: the ragged-contracting form.
-  Tensor dr = ragged_dot_general(lhs, dview, group_sizes, RaggedDimNums::kRaggedContracting, go);
-  auto cast = [](Tensor t, DType to) {
-    if (to == DType::kF32) return t;
-    Tensor out(t.shape(), to);
-    for (int64_t i = 0; i < t.size(); ++i)
-      out.data_as<uint16_t>()[i] = f32_to_bf16(t.data_as<float>()[i]);
-    return out;
-  };
-  grads.dlhs = cast(std::move(dl), lhs.dtype());
-  grads.drhs = cast(std::move(dr), rhs.dtype());
+  Tensor dr = ragged_dot_general(lhs, dpre, group_sizes, RaggedDimNums::kRaggedContracting, go);
+  grads.dlhs = to_dtype(std::move(dl), lhs.dtype());
+  grads.drhs = to_dtype(std::move(dr), rhs.dtype());
   return grads;
 }
 

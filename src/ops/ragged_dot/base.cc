@@ -62,6 +62,19 @@ bool RaggedDotCall::lhs_as_bf16() const {
   return lhs.dtype() == DType::kBF16 || (rd == DType::kBF16 && precision == Precision::kDefault);
 }
 
+float RaggedDotCall::lhs_value(int64_t i) const {
+  const float v = load_f32(lhs.data(), lhs.dtype(), i);
+  return lhs.dtype() == DType::kF32 && lhs_as_bf16() ? bf16_to_f32(f32_to_bf16(v)) : v;
+}
+
+const float* RaggedDotCall::lhs_f32(Tensor* storage) const {
+  if (lhs.dtype() == DType::kF32 && !lhs_as_bf16()) return lhs.data_as<float>();
+  *storage = Tensor(lhs.shape(), DType::kF32);
+  float* d = storage->data_as<float>();
+  for (int64_t i = 0; i < lhs.size(); ++i) d[i] = lhs_value(i);
+  return d;
+}
+
 namespace {
 
 std::string precision_name(Precision p) { return p == Precision::kDefault ? "default" : "highest"; }
@@ -245,11 +258,7 @@ void Reference::run(CallBase& base, const Config&, const Prepared*) const {
     throw Unsupported("the reference needs the unpacked rhs");
   }
   const TensorView& out = c.out();
-  const bool round_lhs = c.lhs_as_bf16();
-  auto a_at = [&](int64_t i, int64_t kk) {
-    float v = load_f32(c.lhs.data(), c.lhs.dtype(), i * c.k + kk);
-    return round_lhs ? bf16_to_f32(f32_to_bf16(v)) : v;
-  };
+  auto a_at = [&](int64_t i, int64_t kk) { return c.lhs_value(i * c.k + kk); };
   const void* B = c.rhs.data();
   const DType bd = c.rhs.dtype();
   if (c.dims == RaggedDimNums::kRaggedContracting) {

@@ -30,6 +30,11 @@ struct RaggedDotCall : CallBase {
   const TensorView& out() const { return outputs.at(0); }
   // Whether the lhs is rounded to bf16 (kDefault with bf16 rhs).
   bool lhs_as_bf16() const;
+  // Element i of the lhs as every implementation multiplies it: f32, rounded to bf16 when
+  // lhs_as_bf16().
+  float lhs_value(int64_t i) const;
+  // The whole lhs that way: its own data when it already is, else a converted copy in *storage.
+  const float* lhs_f32(Tensor* storage) const;
 };
 
 // Validates everything and fills the call (not outputs). rhs_spec is the logical rhs (from

@@ -40,16 +40,7 @@ class Blas : public Implementation {
     }
     std::memset(C, 0, static_cast<size_t>(out_elems) * 4);
     Tensor a32, b32;
-    const float* A = c.lhs.data_as<float>();
-    if (c.lhs.dtype() == DType::kBF16 || c.lhs_as_bf16()) {
-      a32 = Tensor(c.lhs.shape(), DType::kF32);
-      for (int64_t i = 0; i < c.lhs.size(); ++i) {
-        a32.data_as<float>()[i] = c.lhs.dtype() == DType::kBF16
-                                      ? bf16_to_f32(c.lhs.data_as<uint16_t>()[i])
-                                      : bf16_to_f32(f32_to_bf16(c.lhs.data_as<float>()[i]));
-      }
-      A = a32.data_as<float>();
-    }
+    const float* A = c.lhs_f32(&a32);
     for (int64_t g = 0; g < c.g; ++g) {
       const int64_t r0 = c.offsets[g], mg = c.offsets[g + 1] - r0;
       if (mg == 0) continue;

@@ -361,27 +361,10 @@ class Native : public Implementation {
     const int threads = std::min<int>(c.num_threads, ThreadPool::global().size());
     const int64_t tile_elems = static_cast<int64_t>(cfg.mc) * cfg.nc;
     const int64_t apack_elems = static_cast<int64_t>(cfg.mc) * cfg.kc;  // f32 tiles or bf16 pairs
-    // An f32 copy of a bf16 lhs for the f32 kernels (kHighest or no bf16 dot): per call.
-    Tensor lhs_f32;
-    const float* A = nullptr;
-    if (!pairs) {
-      if (lhs_bf16) {
-        lhs_f32 = Tensor(c.lhs.shape(), DType::kF32);
-        const uint16_t* s = c.lhs.data_as<uint16_t>();
-        float* d = lhs_f32.data_as<float>();
-        for (int64_t i = 0; i < c.lhs.size(); ++i) d[i] = bf16_to_f32(s[i]);
-        A = d;
-      } else if (r.logical.dtype == DType::kBF16 && c.precision == Precision::kDefault) {
-        // No bf16 dot on this ISA: round the lhs like the bf16 path would.
-        lhs_f32 = Tensor(c.lhs.shape(), DType::kF32);
-        const float* s = c.lhs.data_as<float>();
-        float* d = lhs_f32.data_as<float>();
-        for (int64_t i = 0; i < c.lhs.size(); ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
-        A = d;
-      } else {
-        A = c.lhs.data_as<float>();
-      }
-    }
+    // The f32 kernels read the lhs as f32: a bf16 lhs widened, or an f32 one rounded when the
+    // bf16 path would have rounded it (bf16 weights on an ISA without a bf16 dot). Per call.
+    Tensor lhs_storage;
+    const float* A = pairs ? nullptr : c.lhs_f32(&lhs_storage);
     parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
       const Item& it = items[idx];
       float* C = thread_scratch(tile_elems + apack_elems);
@@ -485,13 +468,8 @@ class Native : public Implementation {
       // A^T block as f32 [K][mg] and B panels [panels][mg][nr].
       Tensor at({K * mg}, DType::kF32);
       float* a = at.data_as<float>();
-      const bool lb = c.lhs.dtype() == DType::kBF16;
-      const bool round = c.lhs_as_bf16() && !lb;
       for (int64_t r = 0; r < mg; ++r) {
-        for (int64_t kk = 0; kk < K; ++kk) {
-          float v = load_f32(c.lhs.data(), c.lhs.dtype(), (r0 + r) * K + kk);
-          a[kk * mg + r] = round ? bf16_to_f32(f32_to_bf16(v)) : v;
-        }
+        for (int64_t kk = 0; kk < K; ++kk) a[kk * mg + r] = c.lhs_value((r0 + r) * K + kk);
       }
       Tensor bp({panels * mg * ks.nr}, DType::kF32);
       const size_t rs = dtype_size(c.rhs.dtype());
