@@ -1,4 +1,4 @@
-// The `tokamax` command: device, ops, specs, autotune, explain, cache, bench.
+// The `tokamax` command: device, ops, specs, autotune, explain, cache, bench, trace.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -193,6 +193,9 @@ int main(int argc, char** argv) {
   autotune->add_option("--impl", impl_csv,
                        "implementations, comma separated (default: all supported)");
   autotune->add_option("-o,--output", out_path, "write the AutotuningResult here");
+  bool all_impls = false;
+  autotune->add_flag("--all-implementations", all_impls,
+                     "tune every implementation supported here, not only the one each entry names");
   autotune->add_flag("--into-cache", into_cache, "merge the winners into the cache directory");
   autotune->add_option("--cache-dir", into_cache_dir,
                        "with --into-cache: this directory (default: user cache)");
@@ -224,6 +227,21 @@ int main(int argc, char** argv) {
                            "files (default: every cache file for this device kind)");
 
   double min_time = 0.3;
+  auto* trace = app.add_subcommand("trace", "work with traces of op calls");
+  trace->require_subcommand(1);
+  std::string trace_file;
+  auto* trace_extract = trace->add_subcommand(
+      "extract", "bound arguments of every tokamax op call in a trace (for offline tuning)");
+  trace_extract->add_option("trace", trace_file, "a Chrome trace (TOKAMAX_TRACE, TraceSession)")
+      ->required();
+  trace_extract->add_option("-o,--output", out_path, "bound-args file to write (default: stdout)");
+  trace_extract->add_option("--op", op, "keep only this op family (default: all)");
+  trace_extract->add_flag("--json", json, "print the counts and warnings as JSON on stderr");
+  auto* trace_summary =
+      trace->add_subcommand("summary", "op calls in a trace by op, key, config and rung");
+  trace_summary->add_option("trace", trace_file, "a Chrome trace")->required();
+  trace_summary->add_flag("--json", json, "JSON output");
+
   auto* bench = app.add_subcommand("bench", "benchmark implementations side by side");
   bench->add_option("--op", op, "op family");
   bench->add_option("--spec", spec, "a spec name");
@@ -240,6 +258,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   have_budget = budget_opt->count() > 0;
+  const bool op_given = trace_extract->count("--op") > 0;
 
   try {
     // The library only warns about a malformed TOKAMAX_LOG (a logging setting must not stop a
@@ -257,6 +276,7 @@ int main(int argc, char** argv) {
     } else if (autotune->parsed()) {
       tk::AutotuneOptions o;
       if (have_budget) o.budget_s = budget_s;
+      o.all_implementations = all_impls;
       if (isatty(STDERR_FILENO) && !json) o.progress = progress_bar;
       tk::Autotuner tuner(o);
       const auto list = tk::cli::select_bound_args(op, spec, tag, bound_args, split_csv(impl_csv));
@@ -367,6 +387,10 @@ int main(int argc, char** argv) {
         }
       }
       return bad ? 1 : 0;
+    } else if (trace_extract->parsed()) {
+      return tk::cli::trace_extract(trace_file, out_path, op_given ? op : "", json);
+    } else if (trace_summary->parsed()) {
+      return tk::cli::trace_summary(trace_file, json);
     } else if (bench->parsed()) {
       if (spec.empty() == tag.empty())
         throw tk::InvalidArgument("bench: give exactly one of --spec, --tag");

@@ -469,7 +469,7 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
   std::unordered_set<std::string> seen;
   for (const BoundArguments& b : list) {
     std::vector<BoundArguments> items;
-    if (b.implementation().empty()) {
+    if (b.implementation().empty() || options_.all_implementations) {
       for (const auto& impl : find_family(b.family()).implementations()) {
         if (impl->supported_on(device_info())) items.push_back(b.with_implementation(impl->name()));
       }
@@ -490,6 +490,13 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
           "time budget exhausted before " + b.family() + "/" + b.implementation() + " " + b.key());
       continue;
     }
+    if (b.num_threads() > device_info().threads_available) {
+      TOKAMAX_LOG("autotune", kWarning,
+                  b.family() + "/" + b.implementation() + " " + b.key() + " asks for " +
+                      std::to_string(b.num_threads()) + " threads; this machine runs " +
+                      std::to_string(device_info().threads_available) +
+                      ", so the measurement may not carry over to the machine that asked");
+    }
     try {
       result.add(b, Autotuner(o).tune(b));
     } catch (const std::exception& e) {
@@ -501,6 +508,10 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
   return result;
 }
 
+namespace {
+bool already_tuned(const Implementation& impl, const BoundArguments& bound);
+}  // namespace
+
 AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions options) {
   std::vector<BoundArguments> calls;
   {
@@ -508,7 +519,31 @@ AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions optio
     fn();
     calls = recorder.calls();
   }
-  return Autotuner(std::move(options)).tune_all(calls);
+  std::vector<BoundArguments> todo;
+  std::unordered_set<std::string> seen;
+  for (const BoundArguments& call : calls) {
+    const OpFamily& family = find_family(call.family());
+    std::vector<std::shared_ptr<const Implementation>> impls;
+    if (options.all_implementations) {
+      for (const auto& impl : family.implementations()) {
+        if (impl->supported_on(device_info())) impls.push_back(impl);
+      }
+    } else {
+      impls.push_back(family.implementation(call.implementation()));
+    }
+    for (const auto& impl : impls) {
+      const BoundArguments b = call.with_implementation(impl->name());
+      if (!seen.insert(id_of(b)).second) continue;
+      if (!options.ignore_cache && already_tuned(*impl, b)) {
+        TOKAMAX_LOG("autotune", kInfo,
+                    "already tuned or nothing to tune, skipped: " + b.family() + "/" +
+                        b.implementation() + " " + b.key());
+        continue;
+      }
+      todo.push_back(b);
+    }
+  }
+  return Autotuner(std::move(options)).tune_all(todo);
 }
 
 namespace {
@@ -563,6 +598,11 @@ class Backend : public TuningBackend {
 };
 
 const Backend g_backend;
+
+bool already_tuned(const Implementation& impl, const BoundArguments& bound) {
+  return !impl.has_config() || g_backend.scope_lookup(impl, bound, nullptr) ||
+         g_backend.cache_lookup(impl, bound, nullptr);
+}
 const struct Install {
   Install() { set_tuning_backend(&g_backend); }
 } g_install;

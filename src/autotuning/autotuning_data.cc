@@ -11,8 +11,6 @@
 
 namespace tokamax {
 
-std::string library_version() { return TOKAMAX_VERSION; }
-
 namespace {
 template <class T>
 T get_field(const Json& j, const char* name, const char* what) {

@@ -1,5 +1,6 @@
 // JSON and file helpers.
 #include "tokamax/core/json.h"
+#include "tokamax/core/version.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,6 +15,8 @@
 #include "tokamax/core/error.h"
 
 namespace tokamax {
+
+std::string library_version() { return TOKAMAX_VERSION; }
 
 std::string canonical_dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);

@@ -2,11 +2,13 @@
 #include "tokamax/op/dispatch.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_set>
 
 #include "tokamax/core/log.h"
+#include "tokamax/core/version.h"
 
 namespace tokamax {
 namespace {
@@ -14,6 +16,16 @@ namespace {
 thread_local std::optional<CacheMissPolicy> t_policy;
 thread_local CallRecorder* t_recorder = nullptr;
 std::atomic<const TuningBackend*> g_backend{nullptr};
+// The tracing-off fast path reads only g_observed (relaxed); g_observer is read after it.
+std::atomic<bool> g_observed{false};
+std::atomic<const CallObserver*> g_observer{nullptr};
+thread_local std::string t_enclosing_payload;
+
+double steady_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 void warn_miss_once(const OpFamily& family, const Implementation& impl,
                     const BoundArguments& bound) {
@@ -82,7 +94,7 @@ std::string_view rung_name(Rung r) {
     case Rung::kNullConfig:
       return "null_config";
     case Rung::kScope:
-      return "autotuning_scope";
+      return "scope";
     case Rung::kDiskCache:
       return "disk_cache";
     case Rung::kHeuristics:
@@ -94,6 +106,25 @@ std::string_view rung_name(Rung r) {
 }
 
 void set_tuning_backend(const TuningBackend* backend) { g_backend.store(backend); }
+
+void set_call_observer(const CallObserver* observer) {
+  g_observer.store(observer, std::memory_order_release);
+  g_observed.store(observer != nullptr, std::memory_order_release);
+}
+
+const std::string& enclosing_payload() { return t_enclosing_payload; }
+
+std::string call_payload(const BoundArguments& bound, const Resolution& resolution) {
+  const Json j = {{"format", kPayloadFormat},
+                  {"tokamax_version", library_version()},
+                  {"op",
+                   {{"family", bound.family()},
+                    {"implementation", bound.implementation()},
+                    {"config", resolution.config.json()},
+                    {"rung", rung_name(resolution.rung)}}},
+                  {"arguments", bound.arguments()}};
+  return std::string(kPayloadMarker) + canonical_dump(j);
+}
 
 Resolution resolve_config(const OpFamily& family, const Implementation& impl, const CallBase& call,
                           const std::optional<Config>& explicit_config) {
@@ -151,6 +182,36 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
 
 namespace {
 
+// The traced path: the payload (nested under the enclosing calls' payloads on this thread) is
+// visible to ops called from inside this one, and the observer gets the call's span, also when
+// it throws.
+void run_observed(const OpFamily& family, const Implementation& impl, CallBase& call,
+                  const Resolution& r) {
+  const std::string own = call_payload(call.bound.with_implementation(impl.name()), r);
+  std::string payload =
+      t_enclosing_payload.empty() ? own : t_enclosing_payload + "/" + own;
+  std::swap(t_enclosing_payload, payload);  // `payload` now holds the enclosing one
+  struct Restore {
+    std::string& slot;
+    std::string& saved;
+    ~Restore() { std::swap(slot, saved); }
+  } restore{t_enclosing_payload, payload};
+  const std::string name = family.name() + "/" + impl.name();
+  const double start = steady_us();
+  auto report = [&](const std::string& error) {
+    if (const CallObserver* o = g_observer.load(std::memory_order_acquire))
+      o->on_call(name, t_enclosing_payload, start, steady_us() - start, error);
+  };
+  try {
+    auto prepared = impl.prepare(call, r.config);
+    impl.run(call, r.config, prepared.get());
+  } catch (const std::exception& e) {
+    report(e.what());
+    throw;
+  }
+  report("");
+}
+
 template <class OnImpl>
 std::string walk(const OpFamily& family, const CallBase& call, const CallOptions& options,
                  std::vector<std::pair<std::string, std::string>>* skipped, OnImpl on_impl) {
@@ -195,8 +256,12 @@ std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& 
     TOKAMAX_LOG("dispatch", kDebug,
                 family.name() + " -> " + impl.name() + " config " + r.config.str() + " (" +
                     std::string(rung_name(r.rung)) + ")");
-    auto prepared = impl.prepare(call, r.config);
-    impl.run(call, r.config, prepared.get());
+    if (!g_observed.load(std::memory_order_relaxed)) {
+      auto prepared = impl.prepare(call, r.config);
+      impl.run(call, r.config, prepared.get());
+      return;
+    }
+    run_observed(family, impl, call, r);
   });
 }
 

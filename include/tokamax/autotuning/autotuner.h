@@ -35,6 +35,11 @@ struct AutotuneOptions {
   int prepare_threads = 0;      // 0 = hardware threads
   uint64_t seed = 0;            // inputs, shared by all candidates
   std::vector<Config> configs;  // explicit candidates (empty = heuristics + search space)
+  // autotune(fn): also tune keys an AutotuningScope or the disk cache already answers.
+  bool ignore_cache = false;
+  // tune_all / autotune(fn): tune every implementation of the family supported here, not only
+  // the one each call used (tokamax's all_implementations).
+  bool all_implementations = false;
   std::function<void(const AutotuneProgress&)> progress;
   void validate() const;  // InvalidArgument on a zero or negative budget etc.
 };
@@ -58,7 +63,9 @@ class Autotuner {
   AutotuneOptions options_;
 };
 
-// Captures the op calls `fn` makes (running it once) and tunes each distinct one.
+// Runs `fn` once, capturing the bound arguments of every op call it makes on this thread
+// (nested ones included), dedupes them, drops the keys an active AutotuningScope or the disk
+// cache already answers for this device kind (unless options.ignore_cache), and tunes the rest.
 AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions options = {});
 
 }  // namespace tokamax

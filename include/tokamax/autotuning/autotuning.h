@@ -11,12 +11,11 @@
 #include <vector>
 
 #include "tokamax/core/json.h"
+#include "tokamax/core/version.h"
 #include "tokamax/op/config.h"
 #include "tokamax/op/op.h"
 
 namespace tokamax {
-
-std::string library_version();
 
 struct BenchmarkData {
   double median_ms = 0;

@@ -78,6 +78,33 @@ struct Explanation {
 // What dispatch would do, without running anything.
 Explanation explain(const OpFamily& family, const CallBase& call, const CallOptions& options);
 
+// The payload a traced call carries: "tokamax:" + compact JSON of
+//   {"format": 1, "tokamax_version": V,
+//    "op": {"family": F, "implementation": I, "config": {...}, "rung": R},
+//    "arguments": {...}}
+// i.e. BoundArguments::to_json() plus the chosen config, the ladder rung that chose it and the
+// payload format (a reader refuses formats it does not know). A call made inside another op's
+// implementation carries "<outer payload>/<own payload>", outermost first.
+inline constexpr std::string_view kPayloadMarker = "tokamax:";
+inline constexpr int kPayloadFormat = 1;
+std::string call_payload(const BoundArguments& bound, const Resolution& resolution);
+
+// Sees every dispatched call while installed (the trace layer installs one when tracing is on).
+// With none installed, dispatch pays one relaxed atomic load per call.
+class CallObserver {
+ public:
+  virtual ~CallObserver() = default;
+  // `name` is "family/implementation"; `payload` includes the enclosing calls' payloads;
+  // start_us and dur_us are on the steady clock; `error` is the exception message when the
+  // call threw (the exception still propagates), else empty.
+  virtual void on_call(const std::string& name, const std::string& payload, double start_us,
+                       double dur_us, const std::string& error) const = 0;
+};
+// nullptr uninstalls. The observer must outlive its installation.
+void set_call_observer(const CallObserver* observer);
+// The payload of the calls enclosing this point on this thread ("" outside any traced call).
+const std::string& enclosing_payload();
+
 // Records the BoundArguments of every dispatched call on this thread while alive (nests).
 class CallRecorder {
  public:

@@ -1,0 +1,49 @@
+// Extraction of bound arguments from traces: the first half of offline tuning. Finds every
+// "tokamax:{...}" payload in a trace (ours, one with unrelated events, or one merged by other
+// tools; also a truncated one, whose complete events are kept), isolates each JSON object by
+// balancing braces outside JSON strings, validates it into BoundArguments, strips the config
+// and rung, and dedupes by (op, implementation, key). Nothing is fatal: a bad payload is
+// counted and skipped with a warning that names its event and position.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokamax/op/op.h"
+
+namespace tokamax {
+
+// One "tokamax:{" occurrence in a string: [begin, end) of the JSON object, or an error.
+struct PayloadSpan {
+  size_t marker = 0;  // offset of "tokamax:"
+  size_t begin = 0, end = 0;
+  std::string error;  // non-empty: no balanced object follows the marker
+};
+// Every payload in `s`, in order ("outer/inner" nesting gives outer first). A marker inside a
+// JSON string of an earlier payload is part of that payload, not a new one.
+std::vector<PayloadSpan> find_payloads(std::string_view s);
+
+struct ExtractOptions {
+  std::string op;  // keep only this family (empty: all)
+};
+
+struct ExtractReport {
+  std::vector<BoundArguments> bound_args;  // deduplicated, first-seen order, no configs
+  bool valid_json = true;    // false: the text was scanned leniently (truncated / not JSON)
+  bool chrome_trace = true;  // a {"traceEvents": [...]} object or a list of events
+  int64_t events = 0;        // trace events looked at (valid JSON only)
+  int64_t payloads = 0;      // payloads found, nested ones included
+  int64_t duplicates = 0, other_ops = 0;
+  int64_t malformed = 0, unknown_op = 0, incompatible = 0, invalid = 0;
+  std::vector<std::string> warnings;  // one per skipped payload, plus file-level ones
+  std::string summary() const;        // one line of counts
+};
+
+// `source` names the input in warnings (a path).
+ExtractReport extract_bound_args(std::string_view trace_text, std::string_view source,
+                                 const ExtractOptions& options = {});
+ExtractReport extract_bound_args_file(const std::string& path, const ExtractOptions& options = {});
+
+}  // namespace tokamax

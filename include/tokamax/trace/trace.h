@@ -1,0 +1,44 @@
+// The trace recorder: every op call becomes a Chrome Trace Event Format "complete" event
+// ("ph": "X"; name "family/implementation"; ts/dur in microseconds; pid; tid) whose args hold
+// the call's payload, "tokamax:{bound arguments + chosen config + ladder rung}" (see
+// call_payload in tokamax/op/dispatch.h). Perfetto UI and chrome://tracing load the file; a
+// profile of a real run is thus the input of offline tuning (`tokamax trace extract`).
+//
+// Recording is on while a TraceSession lives, or for the whole process when TOKAMAX_TRACE=path
+// is set at start-up ("%p" in the path becomes the process id). Events from every thread go to
+// every live session. A session streams into a temporary file next to its path and renames it
+// into place, complete, when it ends (the environment's session: at normal exit, and only if an
+// op was called), so a reader never sees a half-written trace under the final name.
+// With recording off, an op call pays one relaxed atomic load (bench/trace_bench.cc).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tokamax {
+
+class TraceSession {
+ public:
+  // InvalidArgument when the temporary file next to `path` cannot be created.
+  explicit TraceSession(std::string path);
+  ~TraceSession();  // close(); an I/O error is logged
+  TraceSession(const TraceSession&) = delete;
+  TraceSession& operator=(const TraceSession&) = delete;
+
+  // Stops recording and writes the complete file. Idempotent. Error on an I/O failure.
+  void close();
+  const std::string& path() const { return path_; }
+  int64_t num_events() const;  // op events recorded so far
+
+ private:
+  std::string path_;
+  std::shared_ptr<class TraceWriter> writer_;
+};
+
+// Whether any session (or TOKAMAX_TRACE) is recording.
+bool tracing_enabled();
+// The path TOKAMAX_TRACE named at start-up, with %p substituted ("" when unset).
+std::string env_trace_path();
+
+}  // namespace tokamax

@@ -1,0 +1,260 @@
+// Extraction of bound arguments from trace files.
+#include "tokamax/trace/extract.h"
+
+#include <cctype>
+#include <unordered_set>
+
+#include "tokamax/core/error.h"
+#include "tokamax/core/json.h"
+#include "tokamax/core/log.h"
+#include "tokamax/core/version.h"
+#include "tokamax/op/dispatch.h"
+
+namespace tokamax {
+
+std::vector<PayloadSpan> find_payloads(std::string_view s) {
+  std::vector<PayloadSpan> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t marker = s.find(kPayloadMarker, pos);
+    if (marker == std::string_view::npos) break;
+    const size_t begin = marker + kPayloadMarker.size();
+    pos = begin;
+    if (begin >= s.size() || s[begin] != '{') continue;  // "tokamax:" in prose, not a payload
+    PayloadSpan span{marker, begin, 0, ""};
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (size_t k = begin; k < s.size() && span.end == 0; ++k) {
+      const char c = s[k];
+      if (in_string) {
+        if (escaped)
+          escaped = false;
+        else if (c == '\\')
+          escaped = true;
+        else if (c == '"')
+          in_string = false;
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '{') {
+        ++depth;
+      } else if (c == '}' && --depth == 0) {
+        span.end = k + 1;
+      }
+    }
+    if (span.end == 0) {
+      span.error = "no balanced JSON object after the marker (truncated payload)";
+    } else {
+      pos = span.end;
+    }
+    out.push_back(std::move(span));
+  }
+  return out;
+}
+
+std::string ExtractReport::summary() const {
+  std::string s = std::to_string(bound_args.size()) + " bound arguments from " +
+                  std::to_string(payloads) + " payloads";
+  if (valid_json) s += " in " + std::to_string(events) + " events";
+  s += " (" + std::to_string(duplicates) + " duplicates";
+  if (other_ops) s += ", " + std::to_string(other_ops) + " of other ops";
+  s += ", skipped: " + std::to_string(malformed) + " malformed, " + std::to_string(unknown_op) +
+       " unknown op, " + std::to_string(incompatible) + " incompatible, " +
+       std::to_string(invalid) + " invalid)";
+  return s;
+}
+
+namespace {
+
+class Extractor {
+ public:
+  Extractor(const ExtractOptions& o, ExtractReport& r) : options_(o), report_(r) {}
+
+  // Every payload in one string of the trace. `where` names the event and string.
+  void scan(std::string_view s, const std::string& where) {
+    if (s.find(kPayloadMarker) == std::string_view::npos) return;
+    for (const PayloadSpan& p : find_payloads(s)) {
+      ++report_.payloads;
+      const std::string at = where + ", payload at offset " + std::to_string(p.marker);
+      if (!p.error.empty()) {
+        skip(report_.malformed, at + ": " + p.error);
+        continue;
+      }
+      Json j;
+      try {
+        j = parse_json(s.substr(p.begin, p.end - p.begin), "payload");
+      } catch (const InvalidArgument& e) {
+        skip(report_.malformed, at + ": " + e.what());
+        continue;
+      }
+      add(j, at);
+    }
+  }
+
+ private:
+  void skip(int64_t& counter, const std::string& why) {
+    ++counter;
+    report_.warnings.push_back(why);
+    TOKAMAX_LOG("trace", kWarning, "skipped " + why);
+  }
+
+  void add(const Json& j, const std::string& at) {
+    if (!j.is_object() || !j.contains("format") || !j["format"].is_number_integer() ||
+        j["format"].get<int>() != kPayloadFormat) {
+      const std::string format =
+          j.is_object() && j.contains("format") ? canonical_dump(j["format"]) : "none";
+      const std::string version = j.is_object() && j.contains("tokamax_version")
+                                      ? canonical_dump(j["tokamax_version"])
+                                      : "unknown";
+      skip(report_.incompatible, at + ": payload format " + format + " (tokamax version " +
+                                     version + "); this library (" + library_version() +
+                                     ") reads format " + std::to_string(kPayloadFormat));
+      return;
+    }
+    const Json op = j.value("op", Json());
+    const std::string family =
+        op.is_object() && op.contains("family") && op["family"].is_string()
+            ? op["family"].get<std::string>()
+            : "";
+    if (!options_.op.empty() && family != options_.op) {
+      ++report_.other_ops;
+      return;
+    }
+    try {
+      find_family(family);
+    } catch (const InvalidArgument& e) {
+      skip(report_.unknown_op, at + ": " + e.what());
+      return;
+    }
+    BoundArguments b;
+    try {
+      b = BoundArguments::from_json(j);  // keeps op.family/implementation and the arguments
+    } catch (const std::exception& e) {
+      skip(report_.invalid, at + ": " + e.what());
+      return;
+    }
+    if (!seen_.insert(b.family() + "/" + b.implementation() + "/" + b.key()).second) {
+      ++report_.duplicates;
+      return;
+    }
+    report_.bound_args.push_back(std::move(b));
+  }
+
+  const ExtractOptions& options_;
+  ExtractReport& report_;
+  std::unordered_set<std::string> seen_;
+};
+
+// Every string (keys too) under `j`.
+template <class F>
+void for_each_string(const Json& j, F&& f) {
+  if (j.is_string()) {
+    f(j.get_ref<const std::string&>());
+  } else if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) {
+      f(k);
+      for_each_string(v, f);
+    }
+  } else if (j.is_array()) {
+    for (const Json& v : j) for_each_string(v, f);
+  }
+}
+
+std::string event_label(const Json& e, size_t index) {
+  std::string label = "event #" + std::to_string(index);
+  if (e.is_object() && e.contains("name") && e["name"].is_string())
+    label += " '" + e["name"].get<std::string>() + "'";
+  return label;
+}
+
+// Text that is not valid JSON (a trace cut off mid-write, or not JSON at all): walk its string
+// literals lexically, decode each complete one and scan it. An event is named by the last
+// "name": "..." value seen before the payload.
+void scan_leniently(std::string_view text, Extractor& x) {
+  std::string last_name;
+  bool next_is_name = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '"') continue;
+    size_t k = i + 1;
+    for (bool esc = false; k < text.size(); ++k) {
+      if (esc)
+        esc = false;
+      else if (text[k] == '\\')
+        esc = true;
+      else if (text[k] == '"')
+        break;
+    }
+    if (k >= text.size()) break;  // an unterminated literal: the cut
+    std::string value;
+    try {
+      value = Json::parse(text.substr(i, k + 1 - i)).get<std::string>();
+    } catch (const std::exception&) {
+      i = k;
+      continue;
+    }
+    size_t after = k + 1;
+    while (after < text.size() && std::isspace(static_cast<unsigned char>(text[after]))) ++after;
+    const bool is_key = after < text.size() && text[after] == ':';
+    if (next_is_name && !is_key) last_name = value;
+    next_is_name = is_key && value == "name";
+    x.scan(value, "string at byte " + std::to_string(i) +
+                      (last_name.empty() ? "" : " (event '" + last_name + "')"));
+    i = k;
+  }
+}
+
+}  // namespace
+
+ExtractReport extract_bound_args(std::string_view text, std::string_view source,
+                                 const ExtractOptions& options) {
+  if (!options.op.empty()) find_family(options.op);
+  ExtractReport report;
+  Extractor x(options, report);
+  Json doc;
+  try {
+    doc = parse_json(text, source);
+  } catch (const InvalidArgument& e) {
+    report.valid_json = false;
+    report.chrome_trace = false;
+    report.warnings.push_back(std::string(e.what()) +
+                              "; scanning its text for payloads instead (the complete events "
+                              "of a truncated trace are kept)");
+    TOKAMAX_LOG("trace", kWarning, report.warnings.back());
+    scan_leniently(text, x);
+  }
+  const Json* events = nullptr;
+  if (doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array())
+    events = &doc["traceEvents"];
+  else if (doc.is_array())
+    events = &doc;
+  if (!report.valid_json) {
+    // scanned above
+  } else if (events) {
+    for (size_t i = 0; i < events->size(); ++i) {
+      const std::string label = std::string(source) + ": " + event_label((*events)[i], i);
+      ++report.events;
+      for_each_string((*events)[i], [&](const std::string& s) { x.scan(s, label); });
+    }
+    if (doc.is_object()) {  // other top-level members (merged traces keep metadata there)
+      for (const auto& [k, v] : doc.items()) {
+        if (k == "traceEvents") continue;
+        const std::string label = std::string(source) + ": top-level '" + k + "'";
+        for_each_string(v, [&](const std::string& s) { x.scan(s, label); });
+      }
+    }
+  } else {
+    report.chrome_trace = false;
+    for_each_string(doc, [&](const std::string& s) { x.scan(s, std::string(source)); });
+  }
+  if (!report.chrome_trace && report.payloads == 0) {
+    report.warnings.push_back(std::string(source) +
+                              " does not look like a Chrome trace (not JSON with a "
+                              "\"traceEvents\" list) and holds no tokamax payloads");
+  }
+  return report;
+}
+
+ExtractReport extract_bound_args_file(const std::string& path, const ExtractOptions& options) {
+  return extract_bound_args(read_file(path), path, options);
+}
+
+}  // namespace tokamax

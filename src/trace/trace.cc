@@ -1,0 +1,221 @@
+// The trace recorder: a CallObserver that turns each op call into a Chrome trace event and
+// streams it into every live session's file.
+#include "tokamax/trace/trace.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+#include "tokamax/core/device.h"
+#include "tokamax/core/error.h"
+#include "tokamax/core/json.h"
+#include "tokamax/core/log.h"
+#include "tokamax/core/version.h"
+#include "tokamax/op/dispatch.h"
+
+namespace tokamax {
+
+// One trace file being written: a temporary file next to the destination, renamed into place by
+// finish(). Not thread-safe; the registry's mutex serializes it.
+class TraceWriter {
+ public:
+  explicit TraceWriter(std::string path) : path_(std::move(path)) {
+    static std::atomic<int> counter{0};
+    const std::filesystem::path p(path_);
+    if (p.has_parent_path()) {
+      std::error_code ec;
+      std::filesystem::create_directories(p.parent_path(), ec);
+    }
+    tmp_ = path_ + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+    f_ = std::fopen(tmp_.c_str(), "w");
+    if (!f_) {
+      throw InvalidArgument("trace path '" + path_ + "': cannot create '" + tmp_ +
+                            "': " + std::strerror(errno));
+    }
+    std::setvbuf(f_, nullptr, _IOFBF, 1 << 16);
+    const Json other = {{"tokamax_version", library_version()},
+                        {"device_kind", device_kind()},
+                        {"payload_format", kPayloadFormat}};
+    const Json process_name = {{"name", "process_name"},
+                               {"ph", "M"},
+                               {"pid", static_cast<int64_t>(getpid())},
+                               {"tid", 0},
+                               {"args", {{"name", "tokamax (" + device_kind() + ")"}}}};
+    // The metadata event goes first so every op event can be written as ",\n{...}".
+    std::fputs(("{\"displayTimeUnit\":\"ms\",\"otherData\":" + other.dump() +
+                ",\n\"traceEvents\":[\n" + process_name.dump())
+                   .c_str(),
+               f_);
+  }
+  ~TraceWriter() {
+    if (f_) {
+      std::fclose(f_);
+      std::remove(tmp_.c_str());
+    }
+  }
+
+  void append(const std::string& event) {
+    if (!f_) return;
+    std::fputs(",\n", f_);
+    std::fputs(event.c_str(), f_);
+    ++events_;
+  }
+  int64_t events() const { return events_; }
+  bool finished() const { return f_ == nullptr; }
+
+  // Footer, flush, fsync, rename. Throws Error; the temporary file is removed on failure.
+  void finish() {
+    if (!f_) return;
+    std::FILE* f = f_;
+    f_ = nullptr;
+    std::fputs("\n]}\n", f);
+    const bool ok = std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+    const int err = errno;
+    std::fclose(f);
+    if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const std::string why = std::strerror(ok ? errno : err);
+      std::remove(tmp_.c_str());
+      throw Error("could not write trace '" + path_ + "': " + why);
+    }
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  std::FILE* f_ = nullptr;
+  int64_t events_ = 0;
+};
+
+namespace {
+
+std::string substitute_pid(std::string path) {
+  for (size_t i = path.find("%p"); i != std::string::npos; i = path.find("%p", i))
+    path.replace(i, 2, std::to_string(getpid()));
+  return path;
+}
+
+int64_t thread_id() {
+  thread_local const int64_t tid = static_cast<int64_t>(::syscall(SYS_gettid));
+  return tid;
+}
+
+class Recorder : public CallObserver {
+ public:
+  Recorder() {
+    const char* env = std::getenv("TOKAMAX_TRACE");
+    if (env && *env) env_path_ = substitute_pid(env);
+    update();
+  }
+  // Static destruction at normal exit: the environment's trace is completed here.
+  ~Recorder() override {
+    set_call_observer(nullptr);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!env_writer_) return;
+    try {
+      env_writer_->finish();
+    } catch (const std::exception& e) {
+      // The logger may already be gone at this point of the exit.
+      std::fprintf(stderr, "tokamax: TOKAMAX_TRACE: %s\n", e.what());
+    }
+  }
+
+  void on_call(const std::string& name, const std::string& payload, double start_us,
+               double dur_us, const std::string& error) const override {
+    Json args = {{"payload", payload}};
+    if (!error.empty()) args["error"] = error;
+    const Json event = {{"name", name},   {"cat", "tokamax"},
+                        {"ph", "X"},      {"ts", start_us},
+                        {"dur", dur_us},  {"pid", static_cast<int64_t>(getpid())},
+                        {"tid", thread_id()}, {"args", args}};
+    const std::string text = event.dump();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!env_path_.empty() && !env_writer_ && !env_failed_) {
+      try {
+        env_writer_ = std::make_shared<TraceWriter>(env_path_);
+      } catch (const std::exception& e) {
+        env_failed_ = true;
+        TOKAMAX_LOG("trace", kError, std::string("TOKAMAX_TRACE: ") + e.what());
+      }
+    }
+    if (env_writer_) env_writer_->append(text);
+    for (const auto& w : sessions_) w->append(text);
+  }
+
+  void add(std::shared_ptr<TraceWriter> w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sessions_.push_back(std::move(w));
+    update();
+  }
+  void remove(const TraceWriter* w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(sessions_, [&](const auto& s) { return s.get() == w; });
+    update();
+  }
+  std::mutex& mutex() const { return mu_; }
+  bool enabled() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !env_path_.empty() || !sessions_.empty();
+  }
+  const std::string& env_path() const { return env_path_; }
+
+ private:
+  // Caller holds mu_ (or is the constructor).
+  void update() {
+    set_call_observer(!env_path_.empty() || !sessions_.empty() ? this : nullptr);
+  }
+
+  mutable std::mutex mu_;
+  std::string env_path_;
+  mutable std::shared_ptr<TraceWriter> env_writer_;
+  mutable bool env_failed_ = false;
+  std::vector<std::shared_ptr<TraceWriter>> sessions_;
+};
+
+Recorder& recorder() {
+  static Recorder r;
+  return r;
+}
+
+// Starts the environment's recording when the library loads, before any op can be called.
+[[maybe_unused]] const bool g_started = (recorder(), true);
+
+}  // namespace
+
+TraceSession::TraceSession(std::string path)
+    : path_(std::move(path)), writer_(std::make_shared<TraceWriter>(path_)) {
+  recorder().add(writer_);
+}
+
+TraceSession::~TraceSession() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    TOKAMAX_LOG("trace", kError, e.what());
+  }
+}
+
+void TraceSession::close() {
+  recorder().remove(writer_.get());
+  std::lock_guard<std::mutex> lock(recorder().mutex());  // an in-flight append finishes first
+  writer_->finish();
+}
+
+int64_t TraceSession::num_events() const {
+  std::lock_guard<std::mutex> lock(recorder().mutex());
+  return writer_->events();
+}
+
+bool tracing_enabled() { return recorder().enabled(); }
+
+std::string env_trace_path() { return recorder().env_path(); }
+
+}  // namespace tokamax
