@@ -115,15 +115,29 @@ void set_call_observer(const CallObserver* observer) {
 const std::string& enclosing_payload() { return t_enclosing_payload; }
 
 std::string call_payload(const BoundArguments& bound, const Resolution& resolution) {
-  const Json j = {{"format", kPayloadFormat},
-                  {"tokamax_version", library_version()},
-                  {"op",
-                   {{"family", bound.family()},
-                    {"implementation", bound.implementation()},
-                    {"config", resolution.config.json()},
-                    {"rung", rung_name(resolution.rung)}}},
-                  {"arguments", bound.arguments()}};
-  return std::string(kPayloadMarker) + canonical_dump(j);
+  // Assembled from pieces that are already canonical (the key, the config string), in sorted
+  // key order, so the result equals canonical_dump of the object without building it: this
+  // runs on every traced call. (tests/trace: CallPayloadIsCanonicalJson.)
+  static const std::string version = Json(library_version()).dump();
+  std::string s;
+  s.reserve(bound.key().size() + resolution.config.str().size() + 160);
+  s += kPayloadMarker;
+  s += "{\"arguments\":";
+  s += bound.key();
+  s += ",\"format\":";
+  s += std::to_string(kPayloadFormat);
+  s += ",\"op\":{\"config\":";
+  s += resolution.config.str();
+  s += ",\"family\":";
+  append_json_string(s, bound.family());
+  s += ",\"implementation\":";
+  append_json_string(s, bound.implementation());
+  s += ",\"rung\":\"";
+  s += rung_name(resolution.rung);
+  s += "\"},\"tokamax_version\":";
+  s += version;
+  s += "}";
+  return s;
 }
 
 Resolution resolve_config(const OpFamily& family, const Implementation& impl, const CallBase& call,

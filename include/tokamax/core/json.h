@@ -21,6 +21,9 @@ std::string read_file(const std::string& path);
 // Writes via a temp file in the same directory + fsync + rename: readers see the old or the new
 // content, never a torn file. Creates parent directories.
 void write_file_atomic(const std::string& path, std::string_view content);
+// Appends `s` as a JSON string literal (quotes, backslashes and control characters escaped;
+// UTF-8 passed through). For hot paths that write JSON text without building a Json value.
+void append_json_string(std::string& out, std::string_view s);
 // FNV-1a 64: stable across runs and machines (std::hash is not).
 uint64_t hash64(std::string_view s);
 

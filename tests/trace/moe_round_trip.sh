@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# End to end, as the README walks through it: run examples/moe_block traced, extract its bound
+# arguments, tune them offline with a small budget, run again with the result applied, and check
+# that every ragged_dot call in the second trace was configured by the scope with a tuned config.
+# Usage: moe_round_trip.sh TOKAMAX_CLI MOE_BLOCK WORK_DIR
+set -euo pipefail
+cli=$1 moe=$2 work=$3
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+export TOKAMAX_CACHE_DIR="$work/cache" TOKAMAX_LOG=error
+
+TOKAMAX_TRACE=run1.json "$moe" --steps 2 --check
+"$cli" trace extract run1.json -o bound_args.json --op ragged_dot
+# --check ran the reference implementation too: 4 keys x {native, reference}.
+test "$(grep -c '"implementation": "native"' bound_args.json)" = 4
+"$cli" autotune --bound-args bound_args.json -o result.json --budget-s 120 >/dev/null
+TOKAMAX_TRACE=run2.json "$moe" --steps 2 --tuned result.json
+"$cli" trace summary run2.json --json > summary.json
+cat summary.json
+native=$(grep -c '"op": "ragged_dot/native"' summary.json)
+scope=$(grep -c '"rung": "scope"' summary.json)
+test "$native" = 4 && test "$scope" = 4 || { echo "expected 4 native keys from the scope"; exit 1; }
+
+# Bad input: a file that is not a trace gives a clear message and exit status 1, and no output.
+printf '\x7fELF garbage' > not_a_trace.bin
+if "$cli" trace extract not_a_trace.bin -o nothing.json 2> err.txt; then exit 1; fi
+grep -q 'does not look like a Chrome trace' err.txt
+test ! -e nothing.json
+# A trace cut in the middle keeps its complete events.
+head -c $(( $(wc -c < run1.json) * 2 / 3 )) run1.json > cut.json
+"$cli" trace extract cut.json -o partial.json 2> err.txt
+grep -q 'scanning its text' err.txt
+echo "round trip ok"

@@ -1,0 +1,491 @@
+// The trace layer: recording (TraceSession, nesting, threads, errors), extraction (brace
+// balancing, malformed / unknown / incompatible payloads, truncated and merged traces), and
+// the offline-tuning round trip: trace a run, extract, tune, apply, trace again.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "tests/op/fake_ops.h"
+
+namespace tokamax {
+namespace {
+
+using testing::fake;
+using testing::FakeCall;
+using testing::ScopedCacheDir;
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("tokamax_trace_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+// The op events ("ph": "X") of a trace file; the file must be valid JSON.
+std::vector<Json> op_events(const std::string& path) {
+  const Json doc = read_json_file(path);
+  std::vector<Json> out;
+  for (const Json& e : doc.at("traceEvents")) {
+    if (e.value("ph", "") == "X") out.push_back(e);
+  }
+  return out;
+}
+
+// The payload objects of one event, outermost first.
+std::vector<Json> payloads_of(const Json& event) {
+  const std::string s = event.at("args").at("payload").get<std::string>();
+  std::vector<Json> out;
+  for (const PayloadSpan& p : find_payloads(s)) {
+    EXPECT_TRUE(p.error.empty()) << p.error;
+    out.push_back(Json::parse(s.substr(p.begin, p.end - p.begin)));
+  }
+  return out;
+}
+
+// An op family whose only implementation calls the fake op from inside its run: the nesting
+// case (a fused op built from other ops).
+struct OuterCall : CallBase {
+  Tensor x;
+};
+class Composite : public Implementation {
+ public:
+  std::string name() const override { return "composite"; }
+  void run(CallBase& base, const Config&, const Prepared*) const override {
+    auto& c = static_cast<OuterCall&>(base);
+    auto inner = fake().make_call(fake().bind_json({{"x", c.x.spec().str()}}, ""), 3);
+    dispatch(fake(), *inner, {});
+    std::copy_n(inner->outputs[0].data_as<float>(), c.x.size(), c.outputs[0].data_as<float>());
+  }
+};
+class OuterFamily : public OpFamily {
+ public:
+  std::string name() const override { return "fake_outer"; }
+  std::vector<std::shared_ptr<const Implementation>> implementations() const override {
+    return {std::make_shared<Composite>()};
+  }
+  std::shared_ptr<const Implementation> reference() const override {
+    return std::make_shared<Composite>();
+  }
+  BoundArguments bind_json(const Json& a, const std::string& impl) const override {
+    return BoundArguments("fake_outer", impl,
+                          {{"x", a.at("x").get<std::string>()}, {"num_threads", 1}});
+  }
+  std::unique_ptr<CallBase> make_call(const BoundArguments& b, uint64_t seed) const override {
+    auto c = std::make_unique<OuterCall>();
+    const ShapeDtype x = ShapeDtype::parse(b.arguments()["x"].get<std::string>());
+    c->x = Tensor::randn(x.shape, DType::kF32, seed);
+    out_ = Tensor(x.shape, DType::kF32);
+    c->outputs = {out_.view()};
+    c->bound = b;
+    return c;
+  }
+  Tolerance tolerance(const CallBase&) const override { return {}; }
+
+ private:
+  mutable Tensor out_;
+};
+const OuterFamily& outer() {
+  static std::shared_ptr<OuterFamily> f = [] {
+    auto p = std::make_shared<OuterFamily>();
+    register_family(p);
+    return p;
+  }();
+  return *f;
+}
+
+TEST(Trace, CallPayloadIsCanonicalJson) {
+  auto call = testing::fake_call(5);
+  Resolution r;
+  r.config = Config::make(testing::TileConfig{7});
+  r.rung = Rung::kDiskCache;
+  const std::string p = call_payload(call->bound.with_implementation("one_field"), r);
+  ASSERT_EQ(p.rfind(kPayloadMarker, 0), 0u);
+  const Json j = Json::parse(p.substr(kPayloadMarker.size()));
+  EXPECT_EQ(p.substr(kPayloadMarker.size()), canonical_dump(j));
+  EXPECT_EQ(j["op"]["rung"], "disk_cache");
+  EXPECT_EQ(j["op"]["config"]["tile"], 7);
+  EXPECT_EQ(j["tokamax_version"], library_version());
+  EXPECT_EQ(BoundArguments::from_json(j).key(), call->bound.key());
+}
+
+TEST(Trace, OffWithoutSession) {
+  ASSERT_TRUE(env_trace_path().empty()) << "run the tests without TOKAMAX_TRACE";
+  EXPECT_FALSE(tracing_enabled());
+  const std::string path = temp_path("scoped.json");
+  {
+    TraceSession s(path);
+    EXPECT_TRUE(tracing_enabled());
+  }
+  EXPECT_FALSE(tracing_enabled());
+  EXPECT_TRUE(op_events(path).empty());
+  std::filesystem::remove(path);
+}
+
+TEST(Trace, EventsAreCompleteChromeEvents) {
+  ScopedCacheDir cache("trace_events");
+  const std::string path = temp_path("events.json");
+  auto call = testing::fake_call(16);
+  {
+    TraceSession s(path);
+    // Until the session ends only a temporary file exists: no half trace under the final name.
+    EXPECT_FALSE(std::filesystem::exists(path));
+    dispatch(fake(), *call, {});
+    EXPECT_EQ(s.num_events(), 1);
+  }
+  const auto events = op_events(path);
+  ASSERT_EQ(events.size(), 1u);
+  const Json& e = events[0];
+  EXPECT_EQ(e["name"], "fake/one_field");
+  EXPECT_EQ(e["pid"].get<int64_t>(), getpid());
+  EXPECT_TRUE(e["tid"].is_number_integer());
+  EXPECT_GT(e["ts"].get<double>(), 0);
+  EXPECT_GE(e["dur"].get<double>(), 0);
+  const auto p = payloads_of(e);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0]["format"], kPayloadFormat);
+  EXPECT_EQ(p[0]["op"]["family"], "fake");
+  EXPECT_EQ(p[0]["op"]["implementation"], "one_field");
+  EXPECT_EQ(p[0]["op"]["rung"], "heuristics");
+  EXPECT_EQ(p[0]["op"]["config"], Json({{"tile", 1}}));
+  EXPECT_EQ(p[0]["arguments"], call->bound.arguments());
+  // No leftover temporary file next to the trace.
+  for (const auto& f : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    EXPECT_EQ(f.path().string().find(path + ".tmp"), std::string::npos) << f.path();
+  std::filesystem::remove(path);
+}
+
+TEST(Trace, NestedPayloadsOutermostFirst) {
+  ScopedCacheDir cache("trace_nested");
+  const std::string path = temp_path("nested.json");
+  auto call = outer().make_call(outer().bind_json({{"x", "f32[8]"}}, ""), 1);
+  {
+    TraceSession s(path);
+    dispatch(outer(), *call, {});
+  }
+  EXPECT_TRUE(enclosing_payload().empty());  // restored after the call
+  const auto events = op_events(path);
+  ASSERT_EQ(events.size(), 2u);
+  // The inner call finishes first and carries "outer/inner".
+  const auto inner = payloads_of(events[0]);
+  ASSERT_EQ(inner.size(), 2u);
+  EXPECT_EQ(inner[0]["op"]["family"], "fake_outer");
+  EXPECT_EQ(inner[1]["op"]["family"], "fake");
+  EXPECT_EQ(events[0]["name"], "fake/one_field");
+  const auto own = payloads_of(events[1]);
+  ASSERT_EQ(own.size(), 1u);
+  EXPECT_EQ(own[0]["op"]["family"], "fake_outer");
+  // The inner span lies inside the outer one.
+  EXPECT_GE(events[0]["ts"].get<double>(), events[1]["ts"].get<double>());
+  EXPECT_LE(events[0]["ts"].get<double>() + events[0]["dur"].get<double>(),
+            events[1]["ts"].get<double>() + events[1]["dur"].get<double>() + 1e-3);
+
+  // Extraction finds both ops once each; the first event's "outer/inner" chain gives outer first.
+  const ExtractReport r = extract_bound_args_file(path);
+  ASSERT_EQ(r.bound_args.size(), 2u);
+  EXPECT_EQ(r.bound_args[0].family(), "fake_outer");
+  EXPECT_EQ(r.bound_args[1].family(), "fake");
+  EXPECT_EQ(r.payloads, 3);
+  EXPECT_EQ(r.duplicates, 1);
+  std::filesystem::remove(path);
+}
+
+TEST(Trace, ThrowingCallIsRecordedWithItsError) {
+  ScopedCacheDir cache("trace_throw");
+  const std::string path = temp_path("throw.json");
+  auto call = testing::fake_call(16);
+  {
+    TraceSession s(path);
+    CallOptions o;
+    o.implementation = "throws";
+    o.config = Config::make(testing::TileConfig{1});
+    EXPECT_THROW(dispatch(fake(), *call, o), std::runtime_error);
+    EXPECT_TRUE(enclosing_payload().empty());
+  }
+  const auto events = op_events(path);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["args"]["error"], "boom");
+  EXPECT_EQ(payloads_of(events[0])[0]["op"]["rung"], "explicit");
+  std::filesystem::remove(path);
+}
+
+TEST(Trace, ManyThreadsNoLossNoCorruption) {
+  ScopedCacheDir cache("trace_threads");
+  const std::string path = temp_path("threads.json");
+  const int kThreads = 4, kCalls = 60;
+  {
+    TraceSession s(path);
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t) {
+      ts.emplace_back([t] {
+        for (int i = 0; i < kCalls; ++i) {
+          auto c = testing::fake_call(8 + t);  // one key per thread
+          dispatch(fake(), *c, {});
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(s.num_events(), kThreads * kCalls);
+  }
+  const auto events = op_events(path);  // parses: the file is valid JSON
+  ASSERT_EQ(events.size(), static_cast<size_t>(kThreads * kCalls));
+  std::set<int64_t> tids;
+  std::map<std::string, int> per_key;
+  for (const Json& e : events) {
+    tids.insert(e["tid"].get<int64_t>());
+    const auto p = payloads_of(e);
+    ASSERT_EQ(p.size(), 1u);
+    per_key[p[0]["arguments"]["x"].get<std::string>()]++;
+  }
+  EXPECT_EQ(tids.size(), static_cast<size_t>(kThreads));
+  ASSERT_EQ(per_key.size(), static_cast<size_t>(kThreads));
+  for (const auto& [k, n] : per_key) EXPECT_EQ(n, kCalls) << k;
+  EXPECT_EQ(extract_bound_args_file(path).bound_args.size(), static_cast<size_t>(kThreads));
+  std::filesystem::remove(path);
+}
+
+TEST(Trace, TwoSessionsBothRecord) {
+  ScopedCacheDir cache("trace_two");
+  const std::string a = temp_path("a.json"), b = temp_path("b.json");
+  auto call = testing::fake_call(4);
+  {
+    TraceSession sa(a);
+    dispatch(fake(), *call, {});
+    {
+      TraceSession sb(b);
+      dispatch(fake(), *call, {});
+    }
+    dispatch(fake(), *call, {});
+  }
+  EXPECT_EQ(op_events(a).size(), 3u);
+  EXPECT_EQ(op_events(b).size(), 1u);
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+}
+
+TEST(Trace, UnwritablePathIsInvalidArgument) {
+  EXPECT_THROW(TraceSession("/proc/no/such/dir/trace.json"), InvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Brace balancing.
+
+std::vector<std::string> spans_text(std::string_view s) {
+  std::vector<std::string> out;
+  for (const PayloadSpan& p : find_payloads(s))
+    out.push_back(p.error.empty() ? std::string(s.substr(p.begin, p.end - p.begin))
+                                  : "ERROR@" + std::to_string(p.marker));
+  return out;
+}
+
+TEST(FindPayloads, BracesInsideStringsDoNotCount) {
+  const std::string a = R"({"s":"}}}{","t":"\"}\\"})";
+  EXPECT_EQ(spans_text("tokamax:" + a), std::vector<std::string>{a});
+  // Escaped backslash right before a closing quote, then a real closing brace.
+  const std::string b = R"({"k":"a\\","n":{"m":"{"}})";
+  EXPECT_EQ(spans_text("x tokamax:" + b + " trailing }"), std::vector<std::string>{b});
+}
+
+TEST(FindPayloads, NestedChainsAndMarkersInsideStrings) {
+  const std::string outer = R"({"doc":"see tokamax:{not a payload}"})";
+  const std::string inner = R"({"op":{"family":"x"}})";
+  EXPECT_EQ(spans_text("tokamax:" + outer + "/tokamax:" + inner),
+            (std::vector<std::string>{outer, inner}));
+}
+
+TEST(FindPayloads, ProseTruncationAndEmpty) {
+  EXPECT_TRUE(spans_text("tokamax: a word, tokamax:ragged_dot").empty());
+  EXPECT_TRUE(spans_text("").empty());
+  EXPECT_EQ(spans_text(R"(tokamax:{"a":{"b":1})"), std::vector<std::string>{"ERROR@0"});
+  // A truncated payload does not hide a later complete one: the search resumes after the
+  // marker, whether the cut left a brace or a string open.
+  EXPECT_EQ(spans_text(R"(tokamax:{"a":"}"  tokamax:{"b":2})"),
+            (std::vector<std::string>{"ERROR@0", R"({"b":2})"}));
+  EXPECT_EQ(spans_text(R"(tokamax:{"a":{ tokamax:{"b":2})"),
+            (std::vector<std::string>{"ERROR@0", R"({"b":2})"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Extraction from traces written by other tools and from bad files.
+
+std::string payload_for(const Json& arguments, const std::string& family = "fake",
+                        int format = kPayloadFormat) {
+  return std::string(kPayloadMarker) +
+         Json({{"format", format},
+               {"tokamax_version", "0.1.0"},
+               {"op", {{"family", family}, {"implementation", "one_field"},
+                       {"config", {{"tile", 2}}}, {"rung", "scope"}}},
+               {"arguments", arguments}})
+             .dump();
+}
+
+Json event(const std::string& name, const std::string& payload) {
+  return {{"name", name}, {"ph", "X"}, {"ts", 1}, {"dur", 2}, {"pid", 1}, {"tid", 1},
+          {"args", {{"payload", payload}}}};
+}
+
+TEST(Extract, MixedTraceCountsEveryKindOfPayload) {
+  fake();
+  const Json good = {{"x", "f32[64]"}, {"num_threads", 1}};
+  Json events = Json::array();
+  events.push_back({{"name", "python"}, {"ph", "X"}, {"args", {{"code", "d = {'}': 1}"}}}});
+  events.push_back(event("fake/one_field", payload_for(good)));
+  events.push_back(event("fake/one_field", payload_for(good)));  // duplicate
+  events.push_back(event("bad", "tokamax:{\"format\":1,\"op\":}"));
+  events.push_back(event("unknown", payload_for(good, "no_such_op")));
+  events.push_back(event("future", payload_for(good, "fake", 99)));
+  events.push_back(event("invalid", payload_for({{"x", "f32[-3]"}})));
+  events.push_back(event("other", payload_for({{"x", "f32[7]"}})));
+  const std::string text = Json({{"traceEvents", events}}).dump();
+
+  const ExtractReport r = extract_bound_args(text, "mixed.json");
+  EXPECT_TRUE(r.valid_json);
+  EXPECT_TRUE(r.chrome_trace);
+  EXPECT_EQ(r.events, 8);
+  EXPECT_EQ(r.payloads, 7);
+  ASSERT_EQ(r.bound_args.size(), 2u);
+  EXPECT_EQ(r.bound_args[0].arguments()["x"], "f32[64]");
+  EXPECT_EQ(r.bound_args[0].implementation(), "one_field");
+  EXPECT_EQ(r.bound_args[0].to_json()["op"].count("config"), 0u);  // configs stripped
+  EXPECT_EQ(r.duplicates, 1);
+  EXPECT_EQ(r.malformed, 1);
+  EXPECT_EQ(r.unknown_op, 1);
+  EXPECT_EQ(r.incompatible, 1);
+  EXPECT_EQ(r.invalid, 1);
+  ASSERT_EQ(r.warnings.size(), 4u);
+  // Each warning names the event and the position in its string.
+  EXPECT_NE(r.warnings[0].find("event #3 'bad'"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("offset 0"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[1].find("no_such_op"), std::string::npos) << r.warnings[1];
+  EXPECT_NE(r.warnings[2].find("format 99"), std::string::npos) << r.warnings[2];
+
+  ExtractOptions only;
+  only.op = "fake_outer";
+  outer();
+  const ExtractReport f = extract_bound_args(text, "mixed.json", only);
+  EXPECT_TRUE(f.bound_args.empty());
+  EXPECT_EQ(f.other_ops, 5);
+}
+
+TEST(Extract, MergedListFormAndTruncatedTrace) {
+  fake();
+  Json events = Json::array();
+  for (int n : {3, 5, 9}) events.push_back(event("fake", payload_for({{"x", ShapeDtype{{n}, DType::kF32}.str()}})));
+  // The bare-list form other tools write.
+  const std::string list = events.dump();
+  EXPECT_EQ(extract_bound_args(list, "list.json").bound_args.size(), 3u);
+  // Cut in the middle of the last event: the first two survive.
+  const std::string cut = list.substr(0, list.rfind("f32[9]"));
+  const ExtractReport r = extract_bound_args(cut, "cut.json");
+  EXPECT_FALSE(r.valid_json);
+  ASSERT_EQ(r.bound_args.size(), 2u);
+  EXPECT_EQ(r.bound_args[1].arguments()["x"], "f32[5]");
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_NE(r.warnings[0].find("cut.json"), std::string::npos);
+}
+
+TEST(Extract, NotATrace) {
+  const ExtractReport bin = extract_bound_args(std::string("\x7f" "ELF\x02\x01\x01\0\0", 9), "a.out");
+  EXPECT_TRUE(bin.bound_args.empty());
+  EXPECT_FALSE(bin.valid_json);
+  EXPECT_NE(bin.warnings.back().find("does not look like a Chrome trace"), std::string::npos);
+  const ExtractReport obj = extract_bound_args(R"({"hello": "world"})", "x.json");
+  EXPECT_TRUE(obj.bound_args.empty());
+  EXPECT_FALSE(obj.chrome_trace);
+  EXPECT_THROW(extract_bound_args("[]", "x", {.op = "no_such_op"}), InvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The round trip on the real op: trace, extract, tune (small budget), apply, trace again.
+
+TEST(OfflineTuning, RoundTripShowsScopeRung) {
+  ScopedCacheDir cache("trace_round_trip");
+  const Tensor x = Tensor::randn({24, 40}, DType::kF32, 1);
+  const Tensor w1 = Tensor::randn({3, 40, 24}, DType::kF32, 2);
+  const Tensor w2 = Tensor::randn({3, 24, 16}, DType::kF32, 3);
+  const std::vector<int32_t> sizes = {10, 0, 14};
+  auto model = [&] {
+    const Tensor h = ragged_dot(x, w1, sizes, {.activation = Activation::kRelu});
+    return ragged_dot(h, w2, sizes);
+  };
+  const std::string t1 = temp_path("rt1.json"), t2 = temp_path("rt2.json");
+  {
+    TraceSession s(t1);
+    model();
+    model();
+  }
+  const ExtractReport r = extract_bound_args_file(t1);
+  ASSERT_EQ(r.bound_args.size(), 2u) << r.summary();
+  EXPECT_EQ(r.duplicates, 2);
+  // Through the file format the CLI uses.
+  const auto list = BoundArguments::loads_list(BoundArguments::dumps_list(r.bound_args));
+
+  AutotuneOptions o;
+  o.timing.min_samples = 3;
+  o.timing.min_time_s = 0.002;
+  o.max_candidates = 4;
+  o.remeasure_rounds = 1;
+  o.budget_s = 60;
+  const AutotuningResult tuned = Autotuner(o).tune_all(list);
+  ASSERT_EQ(tuned.data().size(), 2u);
+  const AutotuningResult loaded = AutotuningResult::loads(tuned.dumps());
+  {
+    AutotuningScope scope(loaded);
+    TraceSession s(t2);
+    const Tensor y = model();
+    const Tensor ref = [&] {
+      const Tensor h = ragged_dot(x, w1, sizes,
+                                  {.activation = Activation::kRelu, .implementation = "reference"});
+      return ragged_dot(h, w2, sizes, {.implementation = "reference"});
+    }();
+    for (int64_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y.get(i), ref.get(i), 1e-3);
+  }
+  const auto events = op_events(t2);
+  int tuned_calls = 0;
+  for (const Json& e : events) {
+    if (e["name"] != "ragged_dot/native") continue;
+    const Json p = payloads_of(e).back();
+    EXPECT_EQ(p["op"]["rung"], "scope");
+    const BoundArguments b = BoundArguments::from_json(p);
+    const AutotuningData* d = loaded.find(b);
+    ASSERT_NE(d, nullptr);
+    EXPECT_EQ(p["op"]["config"], d->fastest().config.json());
+    ++tuned_calls;
+  }
+  EXPECT_EQ(tuned_calls, 2);
+  std::filesystem::remove(t1);
+  std::filesystem::remove(t2);
+}
+
+TEST(OfflineTuning, CaptureSkipsKeysAlreadyTunedUnlessAskedNot) {
+  ScopedCacheDir cache("trace_capture");
+  AutotuneOptions o;
+  o.timing.min_samples = 3;
+  o.timing.min_time_s = 0.002;
+  o.remeasure_rounds = 1;
+  auto fn = [] {
+    auto a = testing::fake_call(32);
+    dispatch(fake(), *a, {});
+    dispatch(fake(), *a, {});  // same key: tuned once
+    auto b = outer().make_call(outer().bind_json({{"x", "f32[16]"}}, ""), 1);
+    dispatch(outer(), *b, {});  // composite (nothing to tune) calls fake on f32[16]
+  };
+  const AutotuningResult first = autotune(fn, o);
+  ASSERT_EQ(first.data().size(), 2u);  // fake f32[32] and the nested fake f32[16]
+  for (const auto& [b, d] : first.data()) {
+    EXPECT_EQ(b.family(), "fake");
+    EXPECT_EQ(d.fastest().config.get<testing::TileConfig>().tile, 3);
+  }
+  {
+    AutotuningScope scope(first);
+    EXPECT_TRUE(autotune(fn, o).data().empty());
+    AutotuneOptions again = o;
+    again.ignore_cache = true;
+    // Ignoring the cache also measures the composite (null config).
+    EXPECT_EQ(autotune(fn, again).data().size(), 3u);
+  }
+}
+
+}  // namespace
+}  // namespace tokamax
