@@ -8,11 +8,17 @@ cli=$1 moe=$2 work=$3
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 export TOKAMAX_CACHE_DIR="$work/cache" TOKAMAX_LOG=error
 
-TOKAMAX_TRACE=run1.json "$moe" --steps 2 --check
+# The traced run happens on "another kind of machine" (the kind is only a label here): the trace
+# records it, the bound arguments do not carry it, and the tuning machine stamps its own kind.
+TOKAMAX_DEVICE_KIND=production_box TOKAMAX_TRACE=run1.json "$moe" --steps 2 --check
+grep -q '"device_kind":"production_box"' run1.json
 "$cli" trace extract run1.json -o bound_args.json --op ragged_dot
+if grep -q production_box bound_args.json; then exit 1; fi
 # --check ran the reference implementation too: 4 keys x {native, reference}.
 test "$(grep -c '"implementation": "native"' bound_args.json)" = 4
 "$cli" autotune --bound-args bound_args.json -o result.json --budget-s 120 >/dev/null
+here=$("$cli" device --json | grep -o '"device_kind": *"[^"]*"' | head -1 | sed 's/.*: *//')
+grep -q "\"device_kind\": *$here" result.json
 TOKAMAX_TRACE=run2.json "$moe" --steps 2 --tuned result.json
 "$cli" trace summary run2.json --json > summary.json
 cat summary.json
