@@ -9,8 +9,8 @@
 
 namespace tokamax::cli {
 
-int trace_extract(const std::string& trace_file, const std::string& out_path,
-                  const std::string& op, bool json) {
+int trace_extract(const std::string& trace_file, const std::string& out_path, const std::string& op,
+                  bool json) {
   ExtractOptions options;
   options.op = op;
   const ExtractReport r = extract_bound_args_file(trace_file, options);

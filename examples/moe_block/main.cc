@@ -143,8 +143,7 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       const Tensor out = moe_block(x, w, d, "");
       const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-              .count();
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       std::printf("step %d: %.3f ms\n", s, ms);
       if (check) {
         const Tensor ref = moe_block(x, w, d, "reference");

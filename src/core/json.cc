@@ -1,6 +1,5 @@
 // JSON and file helpers.
 #include "tokamax/core/json.h"
-#include "tokamax/core/version.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "tokamax/core/error.h"
+#include "tokamax/core/version.h"
 
 namespace tokamax {
 

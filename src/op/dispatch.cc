@@ -202,8 +202,7 @@ namespace {
 void run_observed(const OpFamily& family, const Implementation& impl, CallBase& call,
                   const Resolution& r) {
   const std::string own = call_payload(call.bound.with_implementation(impl.name()), r);
-  std::string payload =
-      t_enclosing_payload.empty() ? own : t_enclosing_payload + "/" + own;
+  std::string payload = t_enclosing_payload.empty() ? own : t_enclosing_payload + "/" + own;
   std::swap(t_enclosing_payload, payload);  // `payload` now holds the enclosing one
   struct Restore {
     std::string& slot;

@@ -111,10 +111,9 @@ class Extractor {
       return;
     }
     const Json op = j.value("op", Json());
-    const std::string family =
-        op.is_object() && op.contains("family") && op["family"].is_string()
-            ? op["family"].get<std::string>()
-            : "";
+    const std::string family = op.is_object() && op.contains("family") && op["family"].is_string()
+                                   ? op["family"].get<std::string>()
+                                   : "";
     if (!options_.op.empty() && family != options_.op) {
       ++report_.other_ops;
       return;

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -136,8 +136,8 @@ class Recorder : public CallObserver {
     }
   }
 
-  void on_call(const std::string& name, const std::string& payload, double start_us,
-               double dur_us, const std::string& error) const override {
+  void on_call(const std::string& name, const std::string& payload, double start_us, double dur_us,
+               const std::string& error) const override {
     // Written by hand in sorted key order (one escape pass over the payload), not through a
     // Json object: this runs on every traced call.
     std::string text;
@@ -193,9 +193,7 @@ class Recorder : public CallObserver {
 
  private:
   // Caller holds mu_ (or is the constructor).
-  void update() {
-    set_call_observer(!env_path_.empty() || !sessions_.empty() ? this : nullptr);
-  }
+  void update() { set_call_observer(!env_path_.empty() || !sessions_.empty() ? this : nullptr); }
 
   const int64_t pid_ = static_cast<int64_t>(getpid());
   mutable std::mutex mu_;

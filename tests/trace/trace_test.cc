@@ -151,7 +151,8 @@ TEST(Trace, EventsAreCompleteChromeEvents) {
   EXPECT_EQ(p[0]["op"]["config"], Json({{"tile", 1}}));
   EXPECT_EQ(p[0]["arguments"], call->bound.arguments());
   // No leftover temporary file next to the trace.
-  for (const auto& f : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+  for (const auto& f :
+       std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
     EXPECT_EQ(f.path().string().find(path + ".tmp"), std::string::npos) << f.path();
   std::filesystem::remove(path);
 }
@@ -311,17 +312,24 @@ TEST(FindPayloads, ProseTruncationAndEmpty) {
 
 std::string payload_for(const Json& arguments, const std::string& family = "fake",
                         int format = kPayloadFormat) {
-  return std::string(kPayloadMarker) +
-         Json({{"format", format},
-               {"tokamax_version", "0.1.0"},
-               {"op", {{"family", family}, {"implementation", "one_field"},
-                       {"config", {{"tile", 2}}}, {"rung", "scope"}}},
-               {"arguments", arguments}})
-             .dump();
+  return std::string(kPayloadMarker) + Json({{"format", format},
+                                             {"tokamax_version", "0.1.0"},
+                                             {"op",
+                                              {{"family", family},
+                                               {"implementation", "one_field"},
+                                               {"config", {{"tile", 2}}},
+                                               {"rung", "scope"}}},
+                                             {"arguments", arguments}})
+                                           .dump();
 }
 
 Json event(const std::string& name, const std::string& payload) {
-  return {{"name", name}, {"ph", "X"}, {"ts", 1}, {"dur", 2}, {"pid", 1}, {"tid", 1},
+  return {{"name", name},
+          {"ph", "X"},
+          {"ts", 1},
+          {"dur", 2},
+          {"pid", 1},
+          {"tid", 1},
           {"args", {{"payload", payload}}}};
 }
 
@@ -371,7 +379,8 @@ TEST(Extract, MixedTraceCountsEveryKindOfPayload) {
 TEST(Extract, MergedListFormAndTruncatedTrace) {
   fake();
   Json events = Json::array();
-  for (int n : {3, 5, 9}) events.push_back(event("fake", payload_for({{"x", ShapeDtype{{n}, DType::kF32}.str()}})));
+  for (int n : {3, 5, 9})
+    events.push_back(event("fake", payload_for({{"x", ShapeDtype{{n}, DType::kF32}.str()}})));
   // The bare-list form other tools write.
   const std::string list = events.dump();
   EXPECT_EQ(extract_bound_args(list, "list.json").bound_args.size(), 3u);
@@ -386,7 +395,10 @@ TEST(Extract, MergedListFormAndTruncatedTrace) {
 }
 
 TEST(Extract, NotATrace) {
-  const ExtractReport bin = extract_bound_args(std::string("\x7f" "ELF\x02\x01\x01\0\0", 9), "a.out");
+  const ExtractReport bin = extract_bound_args(std::string("\x7f"
+                                                           "ELF\x02\x01\x01\0\0",
+                                                           9),
+                                               "a.out");
   EXPECT_TRUE(bin.bound_args.empty());
   EXPECT_FALSE(bin.valid_json);
   EXPECT_NE(bin.warnings.back().find("does not look like a Chrome trace"), std::string::npos);
