@@ -463,20 +463,27 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   return data;
 }
 
+namespace {
+
+// `b` as it names its implementation, or once per implementation of its family supported here
+// when it names none or `all` asks for every one.
+std::vector<BoundArguments> per_implementation(const BoundArguments& b, bool all) {
+  if (!b.implementation().empty() && !all) return {b};
+  std::vector<BoundArguments> out;
+  for (const auto& impl : find_family(b.family()).implementations()) {
+    if (impl->supported_on(device_info())) out.push_back(b.with_implementation(impl->name()));
+  }
+  return out;
+}
+
+}  // namespace
+
 AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) const {
   AutotuningResult result;
   std::vector<BoundArguments> expanded;
   std::unordered_set<std::string> seen;
   for (const BoundArguments& b : list) {
-    std::vector<BoundArguments> items;
-    if (b.implementation().empty() || options_.all_implementations) {
-      for (const auto& impl : find_family(b.family()).implementations()) {
-        if (impl->supported_on(device_info())) items.push_back(b.with_implementation(impl->name()));
-      }
-    } else {
-      items.push_back(b);
-    }
-    for (auto& i : items) {
+    for (auto& i : per_implementation(b, options_.all_implementations)) {
       if (seen.insert(id_of(i)).second) expanded.push_back(std::move(i));
     }
   }
@@ -522,18 +529,9 @@ AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions optio
   std::vector<BoundArguments> todo;
   std::unordered_set<std::string> seen;
   for (const BoundArguments& call : calls) {
-    const OpFamily& family = find_family(call.family());
-    std::vector<std::shared_ptr<const Implementation>> impls;
-    if (options.all_implementations) {
-      for (const auto& impl : family.implementations()) {
-        if (impl->supported_on(device_info())) impls.push_back(impl);
-      }
-    } else {
-      impls.push_back(family.implementation(call.implementation()));
-    }
-    for (const auto& impl : impls) {
-      const BoundArguments b = call.with_implementation(impl->name());
+    for (const BoundArguments& b : per_implementation(call, options.all_implementations)) {
       if (!seen.insert(id_of(b)).second) continue;
+      const auto impl = find_family(b.family()).implementation(b.implementation());
       if (!options.ignore_cache && already_tuned(*impl, b)) {
         TOKAMAX_LOG("autotune", kInfo,
                     "already tuned or nothing to tune, skipped: " + b.family() + "/" +

@@ -196,6 +196,11 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
 
 namespace {
 
+void prepare_and_run(const Implementation& impl, CallBase& call, const Config& config) {
+  const auto prepared = impl.prepare(call, config);
+  impl.run(call, config, prepared.get());
+}
+
 // The traced path: the payload (nested under the enclosing calls' payloads on this thread) is
 // visible to ops called from inside this one, and the observer gets the call's span, also when
 // it throws.
@@ -216,8 +221,7 @@ void run_observed(const OpFamily& family, const Implementation& impl, CallBase& 
       o->on_call(name, t_enclosing_payload, start, steady_us() - start, error);
   };
   try {
-    auto prepared = impl.prepare(call, r.config);
-    impl.run(call, r.config, prepared.get());
+    prepare_and_run(impl, call, r.config);
   } catch (const std::exception& e) {
     report(e.what());
     throw;
@@ -270,11 +274,10 @@ std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& 
                 family.name() + " -> " + impl.name() + " config " + r.config.str() + " (" +
                     std::string(rung_name(r.rung)) + ")");
     if (!g_observed.load(std::memory_order_relaxed)) {
-      auto prepared = impl.prepare(call, r.config);
-      impl.run(call, r.config, prepared.get());
-      return;
+      prepare_and_run(impl, call, r.config);
+    } else {
+      run_observed(family, impl, call, r);
     }
-    run_observed(family, impl, call, r);
   });
 }
 
