@@ -17,11 +17,20 @@ using testing::fake;
 using testing::FakeCall;
 using testing::ScopedCacheDir;
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("tokamax_trace_" + std::to_string(getpid()) + "_" + name))
-      .string();
-}
+// A path in the temporary directory, removed when the test ends (also when it fails).
+class TempPath {
+ public:
+  explicit TempPath(const std::string& name)
+      : path_((std::filesystem::temp_directory_path() /
+               ("tokamax_trace_" + std::to_string(getpid()) + "_" + name))
+                  .string()) {}
+  ~TempPath() { std::filesystem::remove(path_); }
+  operator const std::string&() const { return path_; }  // NOLINT: used where a path is
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 // The op events ("ph": "X") of a trace file; the file must be valid JSON.
 std::vector<Json> op_events(const std::string& path) {
@@ -113,24 +122,23 @@ TEST(Trace, CallPayloadIsCanonicalJson) {
 TEST(Trace, OffWithoutSession) {
   ASSERT_TRUE(env_trace_path().empty()) << "run the tests without TOKAMAX_TRACE";
   EXPECT_FALSE(tracing_enabled());
-  const std::string path = temp_path("scoped.json");
+  const TempPath path("scoped.json");
   {
     TraceSession s(path);
     EXPECT_TRUE(tracing_enabled());
   }
   EXPECT_FALSE(tracing_enabled());
   EXPECT_TRUE(op_events(path).empty());
-  std::filesystem::remove(path);
 }
 
 TEST(Trace, EventsAreCompleteChromeEvents) {
   ScopedCacheDir cache("trace_events");
-  const std::string path = temp_path("events.json");
+  const TempPath path("events.json");
   auto call = testing::fake_call(16);
   {
     TraceSession s(path);
     // Until the session ends only a temporary file exists: no half trace under the final name.
-    EXPECT_FALSE(std::filesystem::exists(path));
+    EXPECT_FALSE(std::filesystem::exists(path.str()));
     dispatch(fake(), *call, {});
     EXPECT_EQ(s.num_events(), 1);
   }
@@ -152,14 +160,13 @@ TEST(Trace, EventsAreCompleteChromeEvents) {
   EXPECT_EQ(p[0]["arguments"], call->bound.arguments());
   // No leftover temporary file next to the trace.
   for (const auto& f :
-       std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
-    EXPECT_EQ(f.path().string().find(path + ".tmp"), std::string::npos) << f.path();
-  std::filesystem::remove(path);
+       std::filesystem::directory_iterator(std::filesystem::path(path.str()).parent_path()))
+    EXPECT_EQ(f.path().string().find(path.str() + ".tmp"), std::string::npos) << f.path();
 }
 
 TEST(Trace, NestedPayloadsOutermostFirst) {
   ScopedCacheDir cache("trace_nested");
-  const std::string path = temp_path("nested.json");
+  const TempPath path("nested.json");
   auto call = outer().make_call(outer().bind_json({{"x", "f32[8]"}}, ""), 1);
   {
     TraceSession s(path);
@@ -189,12 +196,11 @@ TEST(Trace, NestedPayloadsOutermostFirst) {
   EXPECT_EQ(r.bound_args[1].family(), "fake");
   EXPECT_EQ(r.payloads, 3);
   EXPECT_EQ(r.duplicates, 1);
-  std::filesystem::remove(path);
 }
 
 TEST(Trace, ThrowingCallIsRecordedWithItsError) {
   ScopedCacheDir cache("trace_throw");
-  const std::string path = temp_path("throw.json");
+  const TempPath path("throw.json");
   auto call = testing::fake_call(16);
   {
     TraceSession s(path);
@@ -208,12 +214,11 @@ TEST(Trace, ThrowingCallIsRecordedWithItsError) {
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0]["args"]["error"], "boom");
   EXPECT_EQ(payloads_of(events[0])[0]["op"]["rung"], "explicit");
-  std::filesystem::remove(path);
 }
 
 TEST(Trace, ManyThreadsNoLossNoCorruption) {
   ScopedCacheDir cache("trace_threads");
-  const std::string path = temp_path("threads.json");
+  const TempPath path("threads.json");
   const int kThreads = 4, kCalls = 60;
   {
     TraceSession s(path);
@@ -243,12 +248,11 @@ TEST(Trace, ManyThreadsNoLossNoCorruption) {
   ASSERT_EQ(per_key.size(), static_cast<size_t>(kThreads));
   for (const auto& [k, n] : per_key) EXPECT_EQ(n, kCalls) << k;
   EXPECT_EQ(extract_bound_args_file(path).bound_args.size(), static_cast<size_t>(kThreads));
-  std::filesystem::remove(path);
 }
 
 TEST(Trace, TwoSessionsBothRecord) {
   ScopedCacheDir cache("trace_two");
-  const std::string a = temp_path("a.json"), b = temp_path("b.json");
+  const TempPath a("a.json"), b("b.json");
   auto call = testing::fake_call(4);
   {
     TraceSession sa(a);
@@ -261,8 +265,6 @@ TEST(Trace, TwoSessionsBothRecord) {
   }
   EXPECT_EQ(op_events(a).size(), 3u);
   EXPECT_EQ(op_events(b).size(), 1u);
-  std::filesystem::remove(a);
-  std::filesystem::remove(b);
 }
 
 TEST(Trace, UnwritablePathIsInvalidArgument) {
@@ -421,7 +423,7 @@ TEST(OfflineTuning, RoundTripShowsScopeRung) {
     const Tensor h = ragged_dot(x, w1, sizes, {.activation = Activation::kRelu});
     return ragged_dot(h, w2, sizes);
   };
-  const std::string t1 = temp_path("rt1.json"), t2 = temp_path("rt2.json");
+  const TempPath t1("rt1.json"), t2("rt2.json");
   {
     TraceSession s(t1);
     model();
@@ -466,8 +468,6 @@ TEST(OfflineTuning, RoundTripShowsScopeRung) {
     ++tuned_calls;
   }
   EXPECT_EQ(tuned_calls, 2);
-  std::filesystem::remove(t1);
-  std::filesystem::remove(t2);
 }
 
 TEST(OfflineTuning, CaptureSkipsKeysAlreadyTunedUnlessAskedNot) {
