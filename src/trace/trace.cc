@@ -64,11 +64,18 @@ class TraceWriter {
     }
   }
 
-  void append(const std::string& event) {
+  // `now_us`: the event's end on the steady clock. Buffered, but handed to the kernel at least
+  // every kFlushUs, so a process that dies leaves all but its last moments in the temporary
+  // file (which `tokamax trace extract` reads: complete events are kept).
+  void append(const std::string& event, double now_us) {
     if (!f_) return;
     std::fputs(",\n", f_);
     std::fputs(event.c_str(), f_);
     ++events_;
+    if (now_us - flushed_us_ >= kFlushUs) {
+      std::fflush(f_);
+      flushed_us_ = now_us;
+    }
   }
   int64_t events() const { return events_; }
   bool finished() const { return f_ == nullptr; }
@@ -92,8 +99,10 @@ class TraceWriter {
 
  private:
   std::string path_, tmp_;
+  static constexpr double kFlushUs = 100e3;
   std::FILE* f_ = nullptr;
   int64_t events_ = 0;
+  double flushed_us_ = 0;
 };
 
 namespace {
@@ -170,8 +179,9 @@ class Recorder : public CallObserver {
         TOKAMAX_LOG("trace", kError, std::string("TOKAMAX_TRACE: ") + e.what());
       }
     }
-    if (env_writer_) env_writer_->append(text);
-    for (const auto& w : sessions_) w->append(text);
+    const double end_us = start_us + dur_us;
+    if (env_writer_) env_writer_->append(text, end_us);
+    for (const auto& w : sessions_) w->append(text, end_us);
   }
 
   void add(std::shared_ptr<TraceWriter> w) {

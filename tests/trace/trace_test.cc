@@ -2,6 +2,7 @@
 // balancing, malformed / unknown / incompatible payloads, truncated and merged traces), and
 // the offline-tuning round trip: trace a run, extract, tune, apply, trace again.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -248,6 +249,39 @@ TEST(Trace, ManyThreadsNoLossNoCorruption) {
   ASSERT_EQ(per_key.size(), static_cast<size_t>(kThreads));
   for (const auto& [k, n] : per_key) EXPECT_EQ(n, kCalls) << k;
   EXPECT_EQ(extract_bound_args_file(path).bound_args.size(), static_cast<size_t>(kThreads));
+}
+
+TEST(Trace, ProcessThatDiesLeavesAReadableTemporaryFile) {
+  ScopedCacheDir cache("trace_crash");
+  const TempPath path("crash.json");
+  auto call = testing::fake_call(6);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    TraceSession s(path);
+    dispatch(fake(), *call, {});
+    dispatch(fake(), *call, {});
+    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    dispatch(fake(), *call, {});  // more than 100 ms after the last flush: flushes all three
+    std::_Exit(0);                // no destructors: the session never ends
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_FALSE(std::filesystem::exists(path.str()));
+  const std::string prefix = path.str() + ".tmp." + std::to_string(child) + ".";
+  std::string tmp;
+  for (const auto& f :
+       std::filesystem::directory_iterator(std::filesystem::path(path.str()).parent_path())) {
+    if (f.path().string().rfind(prefix, 0) == 0) tmp = f.path().string();
+  }
+  ASSERT_FALSE(tmp.empty()) << "no " << prefix << "*";
+  const ExtractReport r = extract_bound_args_file(tmp);
+  std::filesystem::remove(tmp);
+  EXPECT_FALSE(r.valid_json);  // no footer
+  EXPECT_EQ(r.payloads, 3);
+  ASSERT_EQ(r.bound_args.size(), 1u);
+  EXPECT_EQ(r.bound_args[0].key(), call->bound.key());
 }
 
 TEST(Trace, TwoSessionsBothRecord) {

@@ -8,7 +8,9 @@
 // is set at start-up ("%p" in the path becomes the process id). Events from every thread go to
 // every live session. A session streams into a temporary file next to its path and renames it
 // into place, complete, when it ends (the environment's session: at normal exit, and only if an
-// op was called), so a reader never sees a half-written trace under the final name.
+// op was called), so a reader never sees a half-written trace under the final name. A process
+// that dies instead leaves "<path>.tmp.<pid>.<n>", flushed at least every 100 ms: `tokamax trace
+// extract` reads it (the complete events are kept).
 // With recording off, an op call pays one relaxed atomic load (bench/trace_bench.cc).
 #pragma once
 
