@@ -16,7 +16,11 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
   if (chosen != 1) throw InvalidArgument("give exactly one of --spec, --tag, --bound-args");
   std::vector<BoundArguments> base;
   if (!file.empty()) {
-    base = BoundArguments::loads_list(read_file(file), "'" + file + "'");
+    // Entries this library cannot use (an op of a newer version, say) are skipped, not fatal.
+    std::vector<std::string> skipped;
+    base = BoundArguments::loads_list(read_file(file), "'" + file + "'", &skipped);
+    for (const auto& why : skipped) fmt::print(stderr, "warning: skipped {}\n", why);
+    if (base.empty()) throw InvalidArgument("'" + file + "': no usable bound arguments");
   } else {
     const OpFamily& f = find_family(op);
     for (const ArgSpec& s : find_arg_specs(op, spec, tag))

@@ -60,12 +60,20 @@ std::string BoundArguments::dumps_list(const std::vector<BoundArguments>& list) 
 }
 
 std::vector<BoundArguments> BoundArguments::loads_list(std::string_view text,
-                                                       std::string_view source) {
+                                                       std::string_view source,
+                                                       std::vector<std::string>* skipped) {
   const Json j = parse_json(text, source);
   if (!j.is_array())
     throw InvalidArgument(std::string(source) + ": expected a JSON list of bound arguments");
   std::vector<BoundArguments> out;
-  for (const Json& e : j) out.push_back(from_json(e));
+  for (size_t i = 0; i < j.size(); ++i) {
+    try {
+      out.push_back(from_json(j[i]));
+    } catch (const InvalidArgument& e) {
+      if (!skipped) throw;
+      skipped->push_back(std::string(source) + " entry #" + std::to_string(i) + ": " + e.what());
+    }
+  }
   return out;
 }
 

@@ -102,6 +102,22 @@ TEST_F(Cli, BadInput) {
   r = run("autotune --bound-args " + path("bad.json"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("malformed JSON"), std::string::npos) << r.err;
+  // A bound-args file with an op this library does not know: that entry is skipped with a
+  // warning, the rest is tuned; with nothing usable left, the command fails.
+  const std::string good =
+      R"({"op": {"family": "ragged_dot", "implementation": "blas"}, "arguments": {"lhs": "f32[3,8]",)"
+      R"( "rhs": "f32[2,8,8]", "group_sizes": [1, 2]}})";
+  const std::string unknown = R"({"op": {"family": "flash_mla"}, "arguments": {}})";
+  std::ofstream(path("mixed.json")) << "[" << unknown << ", " << good << "]";
+  r = run("autotune --bound-args " + path("mixed.json") + " --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("entry #0: InvalidArgument: unknown op 'flash_mla'"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(Json::parse(r.out)["data"].size(), 1u) << r.out;
+  std::ofstream(path("unknown.json")) << "[" << unknown << "]";
+  r = run("autotune --bound-args " + path("unknown.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("no usable bound arguments"), std::string::npos) << r.err;
   std::ofstream(path("bad_cache.json")) << "{\"schema_version\": 1}";
   EXPECT_EQ(run("cache verify " + path("bad_cache.json")).code, 1);
   EXPECT_EQ(run("autotune --spec smoke_decode --impl nope").code, 2);

@@ -38,10 +38,13 @@ class BoundArguments {
   Json to_json() const;
   // Validates through the family's bind (unknown family -> InvalidArgument).
   static BoundArguments from_json(const Json& j);
-  // A "bound-args file": a JSON list of the above.
+  // A "bound-args file": a JSON list of the above. With `skipped`, an entry that does not
+  // validate (an op this library does not know, bad arguments) is left out and described there
+  // instead of failing the whole list.
   static std::string dumps_list(const std::vector<BoundArguments>& list);
   static std::vector<BoundArguments> loads_list(std::string_view text,
-                                                std::string_view source = "bound-args");
+                                                std::string_view source = "bound-args",
+                                                std::vector<std::string>* skipped = nullptr);
 
  private:
   struct Rep {
