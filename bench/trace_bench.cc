@@ -1,6 +1,7 @@
 // The cost of the trace recorder per op call. With tracing off dispatch pays one relaxed atomic
 // load; with a TraceSession live it builds the payload JSON and appends one event under a mutex.
-// Run: build/release/bench/tokamax_bench --benchmark_filter=BM_TinyRaggedDot
+// Run: build/release/bench/tokamax_bench --benchmark_filter='BM_TinyRaggedDot|BM_TracingOff'
+
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -37,5 +38,12 @@ void BM_TinyRaggedDot(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_TinyRaggedDot)->ArgName("tracing")->Arg(0)->Arg(1);
+
+// What tracing-off adds to every call: the check dispatch makes (one relaxed load), on its own.
+void BM_TracingOffCheck(benchmark::State& state) {
+  if (calls_observed()) state.SkipWithError("tracing is on; unset TOKAMAX_TRACE");
+  for (auto _ : state) benchmark::DoNotOptimize(calls_observed());
+}
+BENCHMARK(BM_TracingOffCheck);
 
 }  // namespace

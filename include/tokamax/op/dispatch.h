@@ -7,6 +7,7 @@
 // The policy comes from TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK or a CacheMissPolicyScope.
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <utility>
@@ -102,6 +103,12 @@ class CallObserver {
 };
 // nullptr uninstalls. The observer must outlive its installation.
 void set_call_observer(const CallObserver* observer);
+namespace detail {
+extern std::atomic<bool> g_calls_observed;
+}  // namespace detail
+// Whether an observer is installed: the one relaxed load dispatch pays per call when tracing is
+// off (bench/trace_bench.cc measures it).
+inline bool calls_observed() { return detail::g_calls_observed.load(std::memory_order_relaxed); }
 // The payload of the calls enclosing this point on this thread ("" outside any traced call).
 const std::string& enclosing_payload();
 
