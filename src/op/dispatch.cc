@@ -12,15 +12,14 @@
 
 namespace tokamax {
 
-std::atomic<bool> detail::g_calls_observed{false};
-
 namespace {
 
 thread_local std::optional<CacheMissPolicy> t_policy;
 thread_local CallRecorder* t_recorder = nullptr;
 std::atomic<const TuningBackend*> g_backend{nullptr};
-// The tracing-off fast path reads only detail::g_calls_observed (relaxed); g_observer is read
-// after it.
+// The tracing-off fast path reads only g_observed (relaxed; internal linkage, so a direct load,
+// not one through the GOT); g_observer is read after it.
+std::atomic<bool> g_observed{false};
 std::atomic<const CallObserver*> g_observer{nullptr};
 thread_local std::string t_enclosing_payload;
 
@@ -112,8 +111,10 @@ void set_tuning_backend(const TuningBackend* backend) { g_backend.store(backend)
 
 void set_call_observer(const CallObserver* observer) {
   g_observer.store(observer, std::memory_order_release);
-  detail::g_calls_observed.store(observer != nullptr, std::memory_order_release);
+  g_observed.store(observer != nullptr, std::memory_order_release);
 }
+
+bool calls_observed() { return g_observed.load(std::memory_order_relaxed); }
 
 const std::string& enclosing_payload() { return t_enclosing_payload; }
 
@@ -276,7 +277,7 @@ std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& 
     TOKAMAX_LOG("dispatch", kDebug,
                 family.name() + " -> " + impl.name() + " config " + r.config.str() + " (" +
                     std::string(rung_name(r.rung)) + ")");
-    if (!calls_observed()) {
+    if (!g_observed.load(std::memory_order_relaxed)) {
       prepare_and_run(impl, call, r.config);
     } else {
       run_observed(family, impl, call, r);

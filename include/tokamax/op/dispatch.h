@@ -7,7 +7,6 @@
 // The policy comes from TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK or a CacheMissPolicyScope.
 #pragma once
 
-#include <atomic>
 #include <optional>
 #include <string>
 #include <utility>
@@ -103,12 +102,9 @@ class CallObserver {
 };
 // nullptr uninstalls. The observer must outlive its installation.
 void set_call_observer(const CallObserver* observer);
-namespace detail {
-extern std::atomic<bool> g_calls_observed;
-}  // namespace detail
-// Whether an observer is installed: the one relaxed load dispatch pays per call when tracing is
-// off (bench/trace_bench.cc measures it).
-inline bool calls_observed() { return detail::g_calls_observed.load(std::memory_order_relaxed); }
+// Whether an observer is installed. Dispatch makes this check inline on every call, one relaxed
+// load of a library-internal flag (bench/trace_bench.cc times this function, a call around it).
+bool calls_observed();
 // The payload of the calls enclosing this point on this thread ("" outside any traced call).
 const std::string& enclosing_payload();
 
