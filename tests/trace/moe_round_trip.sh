@@ -26,6 +26,10 @@ native=$(grep -c '"op": "ragged_dot/native"' summary.json)
 scope=$(grep -c '"rung": "scope"' summary.json)
 test "$native" = 4 && test "$scope" = 4 || { echo "expected 4 native keys from the scope"; exit 1; }
 
+# "%p" in TOKAMAX_TRACE becomes the process id (one trace per process of a multi-process job).
+TOKAMAX_TRACE=pid_%p.json "$moe" --steps 1 > /dev/null
+ls pid_[0-9]*.json > /dev/null
+
 # Bad input: a file that is not a trace gives a clear message and exit status 1, and no output.
 printf '\x7fELF garbage' > not_a_trace.bin
 if "$cli" trace extract not_a_trace.bin -o nothing.json 2> err.txt; then exit 1; fi
