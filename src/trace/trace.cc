@@ -2,6 +2,8 @@
 // streams it into every live session's file.
 #include "tokamax/trace/trace.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -78,7 +80,19 @@ class TraceWriter {
     }
   }
   int64_t events() const { return events_; }
-  bool finished() const { return f_ == nullptr; }
+
+  // In a child process after fork(): the file and its buffered events belong to the parent. The
+  // descriptor is pointed at /dev/null (so the copied stdio buffer, flushed at the child's exit,
+  // goes nowhere) and the writer forgets the file without removing or renaming anything.
+  void abandon() {
+    if (!f_) return;
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    if (null_fd >= 0) {
+      ::dup2(null_fd, fileno(f_));
+      ::close(null_fd);
+    }
+    f_ = nullptr;  // the FILE is left open on purpose: closing it would flush the parent's data
+  }
 
   // Footer, flush, fsync, rename. Throws Error; the temporary file is removed on failure.
   void finish() {
@@ -120,17 +134,37 @@ void append_us(std::string& out, double us) {
   out.append(buf, r.ptr);
 }
 
-int64_t thread_id() {
-  thread_local const int64_t tid = static_cast<int64_t>(::syscall(SYS_gettid));
-  return tid;
+// Bumped in a child after fork(): the cached process and thread ids below are then stale.
+std::atomic<int> g_fork_generation{0};
+
+struct Ids {
+  int generation = -1;
+  int64_t pid = 0, tid = 0;
+};
+
+const Ids& ids() {
+  thread_local Ids ids;
+  const int g = g_fork_generation.load(std::memory_order_relaxed);
+  if (ids.generation != g) {
+    ids = {g, static_cast<int64_t>(getpid()), static_cast<int64_t>(::syscall(SYS_gettid))};
+  }
+  return ids;
 }
+
+class Recorder;
+Recorder& recorder();
 
 class Recorder : public CallObserver {
  public:
   Recorder() {
     const char* env = std::getenv("TOKAMAX_TRACE");
-    if (env && *env) env_path_ = substitute_pid(env);
+    if (env && *env) env_template_ = env;
+    env_path_ = substitute_pid(env_template_);
     update();
+    // The lock is held across fork() so the child never inherits it held by a thread that does
+    // not exist there; the child then lets go of the parent's files (see after_fork_in_child).
+    pthread_atfork([] { recorder().mu_.lock(); }, [] { recorder().mu_.unlock(); },
+                   [] { recorder().after_fork_in_child(); });
   }
   // Static destruction at normal exit: the environment's trace is completed here.
   ~Recorder() override {
@@ -164,9 +198,10 @@ class Recorder : public CallObserver {
     text += ",\"name\":";
     append_json_string(text, name);
     text += ",\"ph\":\"X\",\"pid\":";
-    text += std::to_string(pid_);
+    const Ids& id = ids();
+    text += std::to_string(id.pid);
     text += ",\"tid\":";
-    text += std::to_string(thread_id());
+    text += std::to_string(id.tid);
     text += ",\"ts\":";
     append_us(text, start_us);
     text += '}';
@@ -202,12 +237,26 @@ class Recorder : public CallObserver {
   const std::string& env_path() const { return env_path_; }
 
  private:
+  // In the child, with mu_ held since the prepare handler. Sessions are the parent's: the child
+  // records nothing into them. TOKAMAX_TRACE starts afresh for the child (its own file when the
+  // path has %p, its own temporary file in any case).
+  void after_fork_in_child() {
+    g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+    for (const auto& w : sessions_) w->abandon();
+    sessions_.clear();
+    if (env_writer_) env_writer_->abandon();
+    env_writer_.reset();
+    env_failed_ = false;
+    env_path_ = substitute_pid(env_template_);
+    update();
+    mu_.unlock();
+  }
+
   // Caller holds mu_ (or is the constructor).
   void update() { set_call_observer(!env_path_.empty() || !sessions_.empty() ? this : nullptr); }
 
-  const int64_t pid_ = static_cast<int64_t>(getpid());
   mutable std::mutex mu_;
-  std::string env_path_;
+  std::string env_template_, env_path_;
   mutable std::shared_ptr<TraceWriter> env_writer_;
   mutable bool env_failed_ = false;
   std::vector<std::shared_ptr<TraceWriter>> sessions_;

@@ -284,6 +284,31 @@ TEST(Trace, ProcessThatDiesLeavesAReadableTemporaryFile) {
   EXPECT_EQ(r.bound_args[0].key(), call->bound.key());
 }
 
+TEST(Trace, ForkedChildLeavesTheParentsTraceAlone) {
+  ScopedCacheDir cache("trace_fork");
+  const TempPath path("forked.json");
+  auto call = testing::fake_call(6);
+  {
+    TraceSession s(path);
+    dispatch(fake(), *call, {});
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // The child's calls must not reach the parent's session, and its exit (which flushes
+      // every stdio stream) must not write the copied buffer into the parent's file.
+      for (int i = 0; i < 5; ++i) dispatch(fake(), *call, {});
+      std::exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    dispatch(fake(), *call, {});
+  }
+  const auto events = op_events(path);  // valid JSON
+  ASSERT_EQ(events.size(), 2u);
+  for (const Json& e : events) EXPECT_EQ(e["pid"].get<int64_t>(), getpid());
+}
+
 TEST(Trace, TwoSessionsBothRecord) {
   ScopedCacheDir cache("trace_two");
   const TempPath a("a.json"), b("b.json");

@@ -11,6 +11,8 @@
 // op was called), so a reader never sees a half-written trace under the final name. A process
 // that dies instead leaves "<path>.tmp.<pid>.<n>", flushed at least every 100 ms: `tokamax trace
 // extract` reads it (the complete events are kept).
+// After fork(), the child records nothing into its parent's sessions (nor writes their files);
+// with TOKAMAX_TRACE it starts its own trace (use %p for a file per process).
 // With recording off, an op call pays one relaxed atomic load (bench/trace_bench.cc).
 #pragma once
 
