@@ -139,11 +139,13 @@ void bf16_multi_tile(int64_t kp, const uint32_t* a, int64_t as, const uint32_t* 
   store_panels<MR, NP>(c0, c1, c, ldc, acc);
 }
 
-// Panels per multi call by tile rows: as many as the 32 registers allow, except one row, where
-// 4 panels (4 concurrent weight streams per thread) read memory faster than 8: one thread streams
-// 27.3 vs 24.2-26.3 GB/s on memory_bound (and a standalone loop over the same layout, 28.5 vs 25,
-// against a plain read at 28-30), the hardware prefetchers keeping up with fewer streams.
-constexpr int kMultiNp[kMultiMaxMr + 1] = {0, 4, 6, 4, 3};
+// Panels per multi call by tile rows: at most 4 (4 concurrent weight streams per thread), though
+// the 32 registers would allow 8 for one row and 6 for two: fewer streams read memory faster,
+// the hardware prefetchers keeping up. One thread, measured side by side: memory_bound (one row
+// per group) 27.3 vs 24.2-26.3 GB/s with 8 panels; GPT-OSS / DeepSeek decode (mostly 1-3 rows)
+// 27.1-27.8 vs 23.0-27.3 GB/s with 6 panels for two rows. A standalone loop over the same
+// layout: 28.5 GB/s with 4 panels, 25 with 8, against a plain read at 28-30.
+constexpr int kMultiNp[kMultiMaxMr + 1] = {0, 4, 4, 4, 3};
 
 void f32_multi(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
                int64_t ps, float* c, int64_t ldc, bool acc) {

@@ -277,6 +277,19 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
   }
 }
 
+// Groups of 1-5 rows with many panels: the weight-streaming (multi-panel) kernels for every row
+// count they take (1-4), a whole number of their panel groups and a tail, the regular kernel
+// beyond, in f32 and with bf16 weights, packed and not.
+TEST(RaggedDotNative, DecodeShapesStreamManyPanels) {
+  for (DType rhs : {DType::kF32, DType::kBF16}) {
+    for (int64_t N : {int64_t{128}, int64_t{7 * 32 + 5}}) {
+      const Case c{DType::kF32, rhs, {}, RaggedDimNums::kForward, 133, N, {1, 2, 0, 3, 4, 5, 1}, 1};
+      check_case("native", c, false);
+      check_case("native", c, true);
+    }
+  }
+}
+
 TEST(RaggedDotNative, VectorBf16PackingMatchesScalar) {
   namespace k = rdot::kernels;
   if (!device_info().isa.has_avx512_bf16()) GTEST_SKIP() << "needs AVX-512 BF16";
