@@ -24,8 +24,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
                                 const std::vector<std::string>& impls, double min_time_s);
 
 // `tokamax trace extract`: exit status 0 when something was extracted, 1 when nothing could be.
-int trace_extract(const std::string& trace_file, const std::string& out_path, const std::string& op,
-                  bool json);
+int trace_extract(const std::vector<std::string>& trace_files, const std::string& out_path,
+                  const std::string& op, bool json);
 // `tokamax trace summary`: op calls grouped by (op, implementation, key, config, rung).
 int trace_summary(const std::string& trace_file, bool json);
 

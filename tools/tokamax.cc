@@ -232,7 +232,10 @@ int main(int argc, char** argv) {
   std::string trace_file;
   auto* trace_extract = trace->add_subcommand(
       "extract", "bound arguments of every tokamax op call in a trace (for offline tuning)");
-  trace_extract->add_option("trace", trace_file, "a Chrome trace (TOKAMAX_TRACE, TraceSession)")
+  std::vector<std::string> trace_files;
+  trace_extract
+      ->add_option("traces", trace_files,
+                   "Chrome traces (TOKAMAX_TRACE, TraceSession); several are merged and deduped")
       ->required();
   trace_extract->add_option("-o,--output", out_path, "bound-args file to write (default: stdout)");
   trace_extract->add_option("--op", op, "keep only this op family (default: all)");
@@ -388,7 +391,7 @@ int main(int argc, char** argv) {
       }
       return bad ? 1 : 0;
     } else if (trace_extract->parsed()) {
-      return tk::cli::trace_extract(trace_file, out_path, op_given ? op : "", json);
+      return tk::cli::trace_extract(trace_files, out_path, op_given ? op : "", json);
     } else if (trace_summary->parsed()) {
       return tk::cli::trace_summary(trace_file, json);
     } else if (bench->parsed()) {

@@ -9,31 +9,26 @@
 
 namespace tokamax::cli {
 
-int trace_extract(const std::string& trace_file, const std::string& out_path, const std::string& op,
-                  bool json) {
+int trace_extract(const std::vector<std::string>& trace_files, const std::string& out_path,
+                  const std::string& op, bool json) {
   ExtractOptions options;
   options.op = op;
-  const ExtractReport r = extract_bound_args_file(trace_file, options);
+  const ExtractReport r = extract_bound_args_files(trace_files, options);
+  const std::string traces = join(trace_files, ", ");
   if (json) {
-    const Json j = {{"trace", trace_file},
-                    {"valid_json", r.valid_json},
-                    {"chrome_trace", r.chrome_trace},
-                    {"events", r.events},
-                    {"payloads", r.payloads},
-                    {"extracted", r.bound_args.size()},
-                    {"duplicates", r.duplicates},
-                    {"other_ops", r.other_ops},
-                    {"malformed", r.malformed},
-                    {"unknown_op", r.unknown_op},
-                    {"incompatible", r.incompatible},
-                    {"invalid", r.invalid},
+    const Json j = {{"traces", trace_files},          {"valid_json", r.valid_json},
+                    {"chrome_trace", r.chrome_trace}, {"events", r.events},
+                    {"payloads", r.payloads},         {"extracted", r.bound_args.size()},
+                    {"duplicates", r.duplicates},     {"other_ops", r.other_ops},
+                    {"malformed", r.malformed},       {"unknown_op", r.unknown_op},
+                    {"incompatible", r.incompatible}, {"invalid", r.invalid},
                     {"warnings", r.warnings}};
     std::cerr << j.dump(2) << "\n";
   } else {
     for (const auto& w : r.warnings) fmt::print(stderr, "warning: {}\n", w);
   }
   if (r.bound_args.empty()) {
-    fmt::print(stderr, "tokamax trace extract: nothing extracted from {}: {}\n", trace_file,
+    fmt::print(stderr, "tokamax trace extract: nothing extracted from {}: {}\n", traces,
                r.summary());
     return 1;
   }

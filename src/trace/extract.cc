@@ -203,17 +203,20 @@ void scan_leniently(std::string_view text, Extractor& x) {
 
 }  // namespace
 
-ExtractReport extract_bound_args(std::string_view text, std::string_view source,
-                                 const ExtractOptions& options) {
-  if (!options.op.empty()) find_family(options.op);
-  ExtractReport report;
-  Extractor x(options, report);
+namespace {
+
+// One input into a report shared by several: dedupe spans inputs; valid_json and chrome_trace
+// hold for every input.
+void extract_into(std::string_view text, std::string_view source, Extractor& x,
+                  ExtractReport& report) {
+  const int64_t payloads_before = report.payloads;
+  bool chrome_trace = true;
   Json doc;
   try {
     doc = parse_json(text, source);
   } catch (const InvalidArgument& e) {
     report.valid_json = false;
-    report.chrome_trace = false;
+    chrome_trace = false;
     report.warnings.push_back(std::string(e.what()) +
                               "; scanning its text for payloads instead (the complete events "
                               "of a truncated trace are kept)");
@@ -225,7 +228,7 @@ ExtractReport extract_bound_args(std::string_view text, std::string_view source,
     events = &doc["traceEvents"];
   else if (doc.is_array())
     events = &doc;
-  if (!report.valid_json) {
+  if (!chrome_trace) {
     // scanned above
   } else if (events) {
     for (size_t i = 0; i < events->size(); ++i) {
@@ -241,19 +244,39 @@ ExtractReport extract_bound_args(std::string_view text, std::string_view source,
       }
     }
   } else {
-    report.chrome_trace = false;
+    chrome_trace = false;
     for_each_string(doc, [&](const std::string& s) { x.scan(s, std::string(source)); });
   }
-  if (!report.chrome_trace && report.payloads == 0) {
+  report.chrome_trace = report.chrome_trace && chrome_trace;
+  if (!chrome_trace && report.payloads == payloads_before) {
     report.warnings.push_back(std::string(source) +
                               " does not look like a Chrome trace (not JSON with a "
                               "\"traceEvents\" list) and holds no tokamax payloads");
   }
+}
+
+}  // namespace
+
+ExtractReport extract_bound_args(std::string_view text, std::string_view source,
+                                 const ExtractOptions& options) {
+  if (!options.op.empty()) find_family(options.op);
+  ExtractReport report;
+  Extractor x(options, report);
+  extract_into(text, source, x, report);
+  return report;
+}
+
+ExtractReport extract_bound_args_files(const std::vector<std::string>& paths,
+                                       const ExtractOptions& options) {
+  if (!options.op.empty()) find_family(options.op);
+  ExtractReport report;
+  Extractor x(options, report);
+  for (const std::string& path : paths) extract_into(read_file(path), path, x, report);
   return report;
 }
 
 ExtractReport extract_bound_args_file(const std::string& path, const ExtractOptions& options) {
-  return extract_bound_args(read_file(path), path, options);
+  return extract_bound_args_files({path}, options);
 }
 
 }  // namespace tokamax

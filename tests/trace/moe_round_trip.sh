@@ -29,6 +29,9 @@ test "$native" = 4 && test "$scope" = 4 || { echo "expected 4 native keys from t
 # "%p" in TOKAMAX_TRACE becomes the process id (one trace per process of a multi-process job).
 TOKAMAX_TRACE=pid_%p.json "$moe" --steps 1 > /dev/null
 ls pid_[0-9]*.json > /dev/null
+# Several traces (one per process) into one list, deduplicated across files.
+"$cli" trace extract run1.json pid_*.json -o merged.json --op ragged_dot
+test "$(grep -c '"family"' merged.json)" = "$(grep -c '"family"' bound_args.json)"
 
 # Bad input: a file that is not a trace gives a clear message and exit status 1, and no output.
 printf '\x7fELF garbage' > not_a_trace.bin

@@ -455,6 +455,28 @@ TEST(Extract, MergedListFormAndTruncatedTrace) {
   EXPECT_NE(r.warnings[0].find("cut.json"), std::string::npos);
 }
 
+TEST(Extract, SeveralTracesDedupeAcrossFiles) {
+  fake();
+  const TempPath a("multi_a.json"), b("multi_b.json");
+  auto trace_of = [](std::vector<int> ns) {
+    Json events = Json::array();
+    for (int n : ns)
+      events.push_back(event("fake", payload_for({{"x", ShapeDtype{{n}, DType::kF32}.str()}})));
+    return Json({{"traceEvents", events}}).dump();
+  };
+  write_file_atomic(a, trace_of({3, 5}));
+  write_file_atomic(b, trace_of({5, 7}));
+  const ExtractReport r = extract_bound_args_files({a, b});
+  ASSERT_EQ(r.bound_args.size(), 3u);
+  EXPECT_EQ(r.duplicates, 1);
+  EXPECT_EQ(r.events, 4);
+  EXPECT_TRUE(r.valid_json);
+  write_file_atomic(b, trace_of({9}).substr(0, 40));  // truncated: no complete payload
+  const ExtractReport t = extract_bound_args_files({a, b});
+  EXPECT_EQ(t.bound_args.size(), 2u);
+  EXPECT_FALSE(t.valid_json);
+}
+
 TEST(Extract, NotATrace) {
   const ExtractReport bin = extract_bound_args(std::string("\x7f"
                                                            "ELF\x02\x01\x01\0\0",

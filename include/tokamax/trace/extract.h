@@ -31,8 +31,8 @@ struct ExtractOptions {
 
 struct ExtractReport {
   std::vector<BoundArguments> bound_args;  // deduplicated, first-seen order, no configs
-  bool valid_json = true;    // false: the text was scanned leniently (truncated / not JSON)
-  bool chrome_trace = true;  // a {"traceEvents": [...]} object or a list of events
+  bool valid_json = true;    // false: a text was scanned leniently (truncated / not JSON)
+  bool chrome_trace = true;  // each input a {"traceEvents": [...]} object or a list of events
   int64_t events = 0;        // trace events looked at (valid JSON only)
   int64_t payloads = 0;      // payloads found, nested ones included
   int64_t duplicates = 0, other_ops = 0;
@@ -45,5 +45,9 @@ struct ExtractReport {
 ExtractReport extract_bound_args(std::string_view trace_text, std::string_view source,
                                  const ExtractOptions& options = {});
 ExtractReport extract_bound_args_file(const std::string& path, const ExtractOptions& options = {});
+// Several traces (say one per process of a job, TOKAMAX_TRACE=trace_%p.json) into one list,
+// deduplicated across them; valid_json / chrome_trace hold only if they hold for every file.
+ExtractReport extract_bound_args_files(const std::vector<std::string>& paths,
+                                       const ExtractOptions& options = {});
 
 }  // namespace tokamax
