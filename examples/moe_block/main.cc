@@ -27,14 +27,28 @@ struct Dims {
   int tokens = 64, d_model = 256, d_ff = 512, experts = 8, top_k = 2;
 };
 
+// Weights are packed once into the native kernel's layout, as an inference server would at load
+// time (an unpacked rhs is packed on every call). The reference check uses the plain tensors.
 struct Weights {
   Tensor router, gate, up, down;  // [1,D,E], [E,D,F], [E,D,F], [E,F,D]
+  PackedRhs router_p, gate_p, up_p, down_p;
   Weights(const Dims& d, DType dtype)
       : router(Tensor::randn({1, d.d_model, d.experts}, DType::kF32, 10)),
         gate(Tensor::randn({d.experts, d.d_model, d.d_ff}, dtype, 11)),
         up(Tensor::randn({d.experts, d.d_model, d.d_ff}, dtype, 12)),
-        down(Tensor::randn({d.experts, d.d_ff, d.d_model}, dtype, 13)) {}
+        down(Tensor::randn({d.experts, d.d_ff, d.d_model}, dtype, 13)),
+        router_p(pack_rhs(router)),
+        gate_p(pack_rhs(gate)),
+        up_p(pack_rhs(up)),
+        down_p(pack_rhs(down)) {}
 };
+
+// The packed weights for tokamax's choice of implementation, the plain ones when one is pinned
+// (only native reads the packed layout).
+Tensor matmul(const Tensor& x, const Tensor& w, const PackedRhs& p,
+              const std::vector<int32_t>& sizes, const RaggedDotOptions& o) {
+  return o.implementation.empty() ? ragged_dot(x, p, sizes, o) : ragged_dot(x, w, sizes, o);
+}
 
 Tensor rms_norm(const Tensor& x) {
   const int64_t rows = x.shape()[0], cols = x.shape()[1];
@@ -57,7 +71,7 @@ Tensor moe_block(const Tensor& x, const Weights& w, const Dims& d, const std::st
   RaggedDotOptions o;
   o.implementation = impl;
   const std::vector<int32_t> all_rows = {T};
-  const Tensor logits = ragged_dot(h, w.router, all_rows, o);  // [T,E]
+  const Tensor logits = matmul(h, w.router, w.router_p, all_rows, o);  // [T,E]
 
   // Top-k experts per token, softmax over the chosen logits.
   std::vector<int> expert(T * K);
@@ -89,10 +103,10 @@ Tensor moe_block(const Tensor& x, const Weights& w, const Dims& d, const std::st
 
   RaggedDotOptions silu = o;
   silu.activation = Activation::kSilu;
-  Tensor gate = ragged_dot(xs, w.gate, group_sizes, silu);  // [T*K, F]
-  const Tensor up = ragged_dot(xs, w.up, group_sizes, o);
+  Tensor gate = matmul(xs, w.gate, w.gate_p, group_sizes, silu);  // [T*K, F]
+  const Tensor up = matmul(xs, w.up, w.up_p, group_sizes, o);
   for (int64_t i = 0; i < gate.size(); ++i) gate.data_as<float>()[i] *= up.data_as<float>()[i];
-  const Tensor y = ragged_dot(gate, w.down, group_sizes, o);  // [T*K, D]
+  const Tensor y = matmul(gate, w.down, w.down_p, group_sizes, o);  // [T*K, D]
 
   Tensor out({T, D}, DType::kF32);
   std::copy_n(x.data_as<float>(), x.size(), out.data_as<float>());
