@@ -45,7 +45,7 @@ int trace_extract(const std::vector<std::string>& trace_files, const std::string
 }
 
 int trace_summary(const std::string& trace_file, bool json) {
-  const Json doc = read_json_file(trace_file);
+  const Json doc = parse_json(read_trace_file(trace_file), trace_file);
   const Json& events = doc.is_object() && doc.contains("traceEvents") ? doc["traceEvents"] : doc;
   if (!events.is_array()) {
     throw InvalidArgument(trace_file + ": not a Chrome trace (expected a \"traceEvents\" list)");

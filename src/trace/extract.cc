@@ -1,6 +1,8 @@
 // Extraction of bound arguments from trace files.
 #include "tokamax/trace/extract.h"
 
+#include <zlib.h>
+
 #include <cctype>
 #include <unordered_set>
 
@@ -94,7 +96,7 @@ class Extractor {
   void skip(int64_t& counter, const std::string& why) {
     ++counter;
     report_.warnings.push_back(why);
-    TOKAMAX_LOG("trace", kWarning, "skipped " + why);
+    TOKAMAX_LOG("trace", kInfo, "skipped " + why);
   }
 
   void add(const Json& j, const std::string& at) {
@@ -220,7 +222,7 @@ void extract_into(std::string_view text, std::string_view source, Extractor& x,
     report.warnings.push_back(std::string(e.what()) +
                               "; scanning its text for payloads instead (the complete events "
                               "of a truncated trace are kept)");
-    TOKAMAX_LOG("trace", kWarning, report.warnings.back());
+    TOKAMAX_LOG("trace", kInfo, report.warnings.back());
     scan_leniently(text, x);
   }
   const Json* events = nullptr;
@@ -266,12 +268,44 @@ ExtractReport extract_bound_args(std::string_view text, std::string_view source,
   return report;
 }
 
+std::string read_trace_file(const std::string& path, std::vector<std::string>* warnings) {
+  std::string raw = read_file(path);
+  if (raw.size() < 2 || static_cast<unsigned char>(raw[0]) != 0x1f ||
+      static_cast<unsigned char>(raw[1]) != 0x8b) {
+    return raw;
+  }
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) throw Error(path + ": zlib initialization failed");
+  z.next_in = reinterpret_cast<Bytef*>(raw.data());
+  z.avail_in = static_cast<uInt>(raw.size());
+  std::string out;
+  char buf[1 << 16];
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof buf;
+    rc = inflate(&z, Z_NO_FLUSH);
+    out.append(buf, sizeof buf - z.avail_out);
+    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;  // input ends before the stream does
+  }
+  inflateEnd(&z);
+  if (rc != Z_STREAM_END) {
+    const std::string why = path + ": gzip stream " +
+                            (rc == Z_BUF_ERROR ? std::string("truncated") : "corrupt") + " after " +
+                            std::to_string(out.size()) + " bytes of text; reading what came out";
+    if (warnings) warnings->push_back(why);
+    TOKAMAX_LOG("trace", kInfo, why);
+  }
+  return out;
+}
+
 ExtractReport extract_bound_args_files(const std::vector<std::string>& paths,
                                        const ExtractOptions& options) {
   if (!options.op.empty()) find_family(options.op);
   ExtractReport report;
   Extractor x(options, report);
-  for (const std::string& path : paths) extract_into(read_file(path), path, x, report);
+  for (const std::string& path : paths)
+    extract_into(read_trace_file(path, &report.warnings), path, x, report);
   return report;
 }
 

@@ -42,4 +42,12 @@ test ! -e nothing.json
 head -c $(( $(wc -c < run1.json) * 2 / 3 )) run1.json > cut.json
 "$cli" trace extract cut.json -o partial.json 2> err.txt
 grep -q 'scanning its text' err.txt
+# Gzip-compressed traces (as trace viewers save them), whole and cut short.
+gzip -c run1.json > run1.json.gz
+"$cli" trace extract run1.json.gz -o from_gz.json 2> err.txt
+cmp from_gz.json <("$cli" trace extract run1.json 2>/dev/null)
+"$cli" trace summary run1.json.gz > /dev/null
+head -c $(( $(wc -c < run1.json.gz) * 9 / 10 )) run1.json.gz > cut.json.gz
+"$cli" trace extract cut.json.gz -o partial_gz.json 2> err.txt
+grep -q 'gzip stream truncated' err.txt
 echo "round trip ok"

@@ -41,6 +41,11 @@ struct ExtractReport {
   std::string summary() const;        // one line of counts
 };
 
+// The text of a trace file, gunzipped when it is gzip-compressed (traces saved as .json.gz by
+// Perfetto, TensorBoard and others). A truncated gzip stream gives the text up to the cut, with
+// a warning appended to `warnings` (when given). Error if the file cannot be read.
+std::string read_trace_file(const std::string& path, std::vector<std::string>* warnings = nullptr);
+
 // `source` names the input in warnings (a path).
 ExtractReport extract_bound_args(std::string_view trace_text, std::string_view source,
                                  const ExtractOptions& options = {});
