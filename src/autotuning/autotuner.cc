@@ -522,7 +522,8 @@ bool already_tuned(const Implementation& impl, const BoundArguments& bound);
 AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions options) {
   std::vector<BoundArguments> calls;
   {
-    CallRecorder recorder;
+    CallRecorder recorder(options.capture_all_threads ? CallRecorder::Scope::kAllThreads
+                                                      : CallRecorder::Scope::kThisThread);
     fn();
     calls = recorder.calls();
   }

@@ -46,12 +46,57 @@ void warn_miss_once(const OpFamily& family, const Implementation& impl,
 
 }  // namespace
 
+namespace {
+
+// All-threads recorders, and the observer flag's other half (g_observed = an observer is
+// installed or this list is not empty; both change under g_slow_path_mu).
+std::mutex g_slow_path_mu;
+std::vector<CallRecorder*> g_all_threads_recorders;
+
+// Caller holds g_slow_path_mu.
+void update_observed_flag() {
+  g_observed.store(
+      g_observer.load(std::memory_order_acquire) != nullptr || !g_all_threads_recorders.empty(),
+      std::memory_order_release);
+}
+
+}  // namespace
+
 void record_call(const BoundArguments& b) {
   for (CallRecorder* r = t_recorder; r; r = r->outer_) r->calls_.push_back(b);
 }
 
-CallRecorder::CallRecorder() : outer_(t_recorder) { t_recorder = this; }
-CallRecorder::~CallRecorder() { t_recorder = outer_; }
+void record_call_all_threads(const BoundArguments& b) {
+  std::lock_guard<std::mutex> lock(g_slow_path_mu);
+  for (CallRecorder* r : g_all_threads_recorders) r->calls_.push_back(b);
+}
+
+CallRecorder::CallRecorder(Scope scope) : scope_(scope) {
+  if (scope_ == Scope::kThisThread) {
+    outer_ = t_recorder;
+    t_recorder = this;
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_slow_path_mu);
+  g_all_threads_recorders.push_back(this);
+  update_observed_flag();
+}
+
+CallRecorder::~CallRecorder() {
+  if (scope_ == Scope::kThisThread) {
+    t_recorder = outer_;
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_slow_path_mu);
+  std::erase(g_all_threads_recorders, this);
+  update_observed_flag();
+}
+
+std::vector<BoundArguments> CallRecorder::calls() const {
+  if (scope_ == Scope::kThisThread) return calls_;
+  std::lock_guard<std::mutex> lock(g_slow_path_mu);
+  return calls_;
+}
 
 CacheMissPolicy parse_cache_miss_policy(std::string_view s) {
   if (s == "heuristics") return CacheMissPolicy::kHeuristics;
@@ -110,8 +155,9 @@ std::string_view rung_name(Rung r) {
 void set_tuning_backend(const TuningBackend* backend) { g_backend.store(backend); }
 
 void set_call_observer(const CallObserver* observer) {
+  std::lock_guard<std::mutex> lock(g_slow_path_mu);
   g_observer.store(observer, std::memory_order_release);
-  g_observed.store(observer != nullptr, std::memory_order_release);
+  update_observed_flag();
 }
 
 bool calls_observed() { return g_observed.load(std::memory_order_relaxed); }
@@ -279,8 +325,13 @@ std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& 
                     std::string(rung_name(r.rung)) + ")");
     if (!g_observed.load(std::memory_order_relaxed)) {
       prepare_and_run(impl, call, r.config);
-    } else {
+      return;
+    }
+    record_call_all_threads(call.bound.with_implementation(impl.name()));
+    if (g_observer.load(std::memory_order_acquire)) {
       run_observed(family, impl, call, r);
+    } else {
+      prepare_and_run(impl, call, r.config);
     }
   });
 }

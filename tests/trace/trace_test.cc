@@ -580,5 +580,31 @@ TEST(OfflineTuning, CaptureSkipsKeysAlreadyTunedUnlessAskedNot) {
   }
 }
 
+TEST(OfflineTuning, CaptureOnThreadsTheFunctionStarts) {
+  ScopedCacheDir cache("trace_capture_threads");
+  AutotuneOptions o;
+  o.timing.min_samples = 3;
+  o.timing.min_time_s = 0.002;
+  o.remeasure_rounds = 1;
+  auto fn = [] {
+    std::vector<std::thread> ts;
+    for (int n : {12, 13}) {
+      ts.emplace_back([n] {
+        auto c = testing::fake_call(n);
+        dispatch(fake(), *c, {});
+      });
+    }
+    for (auto& t : ts) t.join();
+  };
+  EXPECT_TRUE(autotune(fn, o).data().empty());  // the calling thread made no call
+  EXPECT_FALSE(calls_observed());
+  o.capture_all_threads = true;
+  const AutotuningResult r = autotune(fn, o);
+  EXPECT_FALSE(calls_observed());  // the recorder is gone: back to the one-load path
+  std::set<std::string> keys;
+  for (const auto& [b, d] : r.data()) keys.insert(b.arguments()["x"].get<std::string>());
+  EXPECT_EQ(keys, (std::set<std::string>{"f32[12]", "f32[13]"}));
+}
+
 }  // namespace
 }  // namespace tokamax

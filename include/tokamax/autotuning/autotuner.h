@@ -40,6 +40,10 @@ struct AutotuneOptions {
   // tune_all / autotune(fn): tune every implementation of the family supported here, not only
   // the one each call used (tokamax's all_implementations).
   bool all_implementations = false;
+  // autotune(fn): capture the op calls of every thread while fn runs (fn runs ops on threads it
+  // starts), not only those of the calling thread. Calls other threads of the process make in
+  // that time are captured too.
+  bool capture_all_threads = false;
   std::function<void(const AutotuneProgress&)> progress;
   void validate() const;  // InvalidArgument on a zero or negative budget etc.
 };
@@ -64,8 +68,9 @@ class Autotuner {
 };
 
 // Runs `fn` once, capturing the bound arguments of every op call it makes on this thread
-// (nested ones included), dedupes them, drops the keys an active AutotuningScope or the disk
-// cache already answers for this device kind (unless options.ignore_cache), and tunes the rest.
+// (every thread with options.capture_all_threads; nested calls included), dedupes them, drops the
+// keys an active AutotuningScope or the disk cache already answers for this device kind (unless
+// options.ignore_cache), and tunes the rest.
 AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions options = {});
 
 }  // namespace tokamax

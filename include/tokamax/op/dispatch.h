@@ -102,24 +102,30 @@ class CallObserver {
 };
 // nullptr uninstalls. The observer must outlive its installation.
 void set_call_observer(const CallObserver* observer);
-// Whether an observer is installed. Dispatch makes this check inline on every call, one relaxed
-// load of a library-internal flag (bench/trace_bench.cc times this function, a call around it).
+// Whether an observer or an all-threads CallRecorder is installed. Dispatch makes this check
+// inline on every call, one relaxed load of a library-internal flag (bench/trace_bench.cc times
+// this function, a call around it).
 bool calls_observed();
 // The payload of the calls enclosing this point on this thread ("" outside any traced call).
 const std::string& enclosing_payload();
 
-// Records the BoundArguments of every dispatched call on this thread while alive (nests).
+// Records the BoundArguments of every dispatched call while alive: on the thread that made it
+// (recorders nest), or on every thread (for a function that runs ops on threads it starts; calls
+// from unrelated threads of the process are recorded too).
 class CallRecorder {
  public:
-  CallRecorder();
+  enum class Scope { kThisThread, kAllThreads };
+  explicit CallRecorder(Scope scope = Scope::kThisThread);
   ~CallRecorder();
   CallRecorder(const CallRecorder&) = delete;
   CallRecorder& operator=(const CallRecorder&) = delete;
-  const std::vector<BoundArguments>& calls() const { return calls_; }
+  std::vector<BoundArguments> calls() const;  // in call order (per thread)
 
  private:
   friend void record_call(const BoundArguments&);
-  CallRecorder* outer_;
+  friend void record_call_all_threads(const BoundArguments&);
+  Scope scope_;
+  CallRecorder* outer_ = nullptr;
   std::vector<BoundArguments> calls_;
 };
 
