@@ -92,10 +92,21 @@ class Extractor {
     }
   }
 
+  // Adds the count of warnings left out (a huge trace of bad payloads must not flood the report).
+  void finish() {
+    if (suppressed_ > 0)
+      report_.warnings.push_back(std::to_string(suppressed_) + " more skipped payloads not listed");
+  }
+
  private:
+  static constexpr size_t kMaxListed = 100;
+
   void skip(int64_t& counter, const std::string& why) {
     ++counter;
-    report_.warnings.push_back(why);
+    if (report_.warnings.size() < kMaxListed)
+      report_.warnings.push_back(why);
+    else
+      ++suppressed_;
     TOKAMAX_LOG("trace", kInfo, "skipped " + why);
   }
 
@@ -143,6 +154,7 @@ class Extractor {
   const ExtractOptions& options_;
   ExtractReport& report_;
   std::unordered_set<std::string> seen_;
+  int64_t suppressed_ = 0;
 };
 
 // Every string (keys too) under `j`.
@@ -265,6 +277,7 @@ ExtractReport extract_bound_args(std::string_view text, std::string_view source,
   ExtractReport report;
   Extractor x(options, report);
   extract_into(text, source, x, report);
+  x.finish();
   return report;
 }
 
@@ -306,6 +319,7 @@ ExtractReport extract_bound_args_files(const std::vector<std::string>& paths,
   Extractor x(options, report);
   for (const std::string& path : paths)
     extract_into(read_trace_file(path, &report.warnings), path, x, report);
+  x.finish();
   return report;
 }
 

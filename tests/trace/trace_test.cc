@@ -477,6 +477,15 @@ TEST(Extract, SeveralTracesDedupeAcrossFiles) {
   EXPECT_FALSE(t.valid_json);
 }
 
+TEST(Extract, ManyBadPayloadsAreCountedNotAllListed) {
+  Json events = Json::array();
+  for (int i = 0; i < 250; ++i) events.push_back(event("bad", "tokamax:{\"format\":"));
+  const ExtractReport r = extract_bound_args(Json({{"traceEvents", events}}).dump(), "bad.json");
+  EXPECT_EQ(r.malformed, 250);
+  ASSERT_EQ(r.warnings.size(), 101u);
+  EXPECT_EQ(r.warnings.back(), "150 more skipped payloads not listed");
+}
+
 TEST(Extract, NotATrace) {
   const ExtractReport bin = extract_bound_args(std::string("\x7f"
                                                            "ELF\x02\x01\x01\0\0",

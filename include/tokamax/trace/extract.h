@@ -37,8 +37,9 @@ struct ExtractReport {
   int64_t payloads = 0;      // payloads found, nested ones included
   int64_t duplicates = 0, other_ops = 0;
   int64_t malformed = 0, unknown_op = 0, incompatible = 0, invalid = 0;
-  std::vector<std::string> warnings;  // one per skipped payload, plus file-level ones
-  std::string summary() const;        // one line of counts
+  // One per skipped payload (the first 100, then a count), plus file-level ones.
+  std::vector<std::string> warnings;
+  std::string summary() const;  // one line of counts
 };
 
 // The text of a trace file, gunzipped when it is gzip-compressed (traces saved as .json.gz by
