@@ -503,6 +503,15 @@ TEST(Extract, NotATrace) {
 // ---------------------------------------------------------------------------------------------
 // The round trip on the real op: trace, extract, tune (small budget), apply, trace again.
 
+// Few, short samples: these tests check what is tuned, not how well.
+AutotuneOptions quick_tuning() {
+  AutotuneOptions o;
+  o.timing.min_samples = 3;
+  o.timing.min_time_s = 0.002;
+  o.remeasure_rounds = 1;
+  return o;
+}
+
 TEST(OfflineTuning, RoundTripShowsScopeRung) {
   ScopedCacheDir cache("trace_round_trip");
   const Tensor x = Tensor::randn({24, 40}, DType::kF32, 1);
@@ -525,11 +534,8 @@ TEST(OfflineTuning, RoundTripShowsScopeRung) {
   // Through the file format the CLI uses.
   const auto list = BoundArguments::loads_list(BoundArguments::dumps_list(r.bound_args));
 
-  AutotuneOptions o;
-  o.timing.min_samples = 3;
-  o.timing.min_time_s = 0.002;
+  AutotuneOptions o = quick_tuning();
   o.max_candidates = 4;
-  o.remeasure_rounds = 1;
   o.budget_s = 60;
   const AutotuningResult tuned = Autotuner(o).tune_all(list);
   ASSERT_EQ(tuned.data().size(), 2u);
@@ -562,10 +568,7 @@ TEST(OfflineTuning, RoundTripShowsScopeRung) {
 
 TEST(OfflineTuning, CaptureSkipsKeysAlreadyTunedUnlessAskedNot) {
   ScopedCacheDir cache("trace_capture");
-  AutotuneOptions o;
-  o.timing.min_samples = 3;
-  o.timing.min_time_s = 0.002;
-  o.remeasure_rounds = 1;
+  const AutotuneOptions o = quick_tuning();
   auto fn = [] {
     auto a = testing::fake_call(32);
     dispatch(fake(), *a, {});
@@ -591,10 +594,7 @@ TEST(OfflineTuning, CaptureSkipsKeysAlreadyTunedUnlessAskedNot) {
 
 TEST(OfflineTuning, CaptureOnThreadsTheFunctionStarts) {
   ScopedCacheDir cache("trace_capture_threads");
-  AutotuneOptions o;
-  o.timing.min_samples = 3;
-  o.timing.min_time_s = 0.002;
-  o.remeasure_rounds = 1;
+  AutotuneOptions o = quick_tuning();
   auto fn = [] {
     std::vector<std::thread> ts;
     for (int n : {12, 13}) {
