@@ -429,11 +429,14 @@ Tolerance Family::tolerance(const CallBase& base) const {
   return {1e-4 * scale, 1e-4, 1e-5};
 }
 
-bool Family::memory_bound(const CallBase& base) const {
-  const auto& c = static_cast<const RaggedDotCall&>(base);
+bool weight_streaming(const RaggedDotCall& c) {
   // Arithmetic intensity over weight bytes: flops per byte below ~8 is bandwidth-limited here.
   const double bytes = weight_bytes(c);
   return bytes > 0 && call_flops(c) / bytes < 8.0;
+}
+
+bool Family::memory_bound(const CallBase& base) const {
+  return weight_streaming(static_cast<const RaggedDotCall&>(base));
 }
 
 }  // namespace rdot

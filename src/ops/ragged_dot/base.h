@@ -110,6 +110,8 @@ const Family& family();
 // Flops and bytes a call moves, for benchmarks.
 double call_flops(const RaggedDotCall& c);
 double weight_bytes(const RaggedDotCall& c);
+// Few rows per group: the call's time is the time to read the weights once.
+bool weight_streaming(const RaggedDotCall& c);
 // Total rows spread over `groups` uniformly at random with `seed` (tokamax's representative
 // distribution).
 std::vector<int32_t> generate_group_sizes(int64_t total, int64_t groups, uint64_t seed = 0);

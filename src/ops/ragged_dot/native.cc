@@ -239,15 +239,17 @@ class Native : public Implementation {
     if (rows <= kDecodeRows) {
       cfg.mr = static_cast<int>(std::clamp<int64_t>(rows, 1, ks.max_mr));
       cfg.mc = cfg.mr;
-      // K blocks of 512 and items of at most 512 columns: within 6% of the best of the
-      // search space on every primary decode spec here (kc = K or 1024-column items lose up
-      // to 1.5x on some: fewer streams in flight per thread).
-      cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 512));
     } else {
       cfg.mr = std::min(8, ks.max_mr);
       cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 4));
-      cfg.kc = static_cast<int>(std::min<int64_t>(depth2, 512));
     }
+    // K blocks of 512 keep the packed A tile in L2 while it is reused across the item's panels.
+    // When the weights are read once anyway (few rows per group), one K block: each panel is
+    // then one long stream, not K/512 short ones, each restarting the prefetchers (one thread:
+    // GPT-OSS decode 28-29.5 vs 25.7 GB/s, whose K = 2880 also left a 320-deep tail block;
+    // memory_bound 30.2 vs 28.6; two threads: within 2%).
+    const bool streaming = weight_streaming(c);
+    cfg.kc = static_cast<int>(std::min<int64_t>(depth2, streaming ? kMaxKc : 512));
     // Enough work items to balance threads, as wide as possible otherwise.
     const int64_t row_blocks =
         std::max<int64_t>(1, ng) * std::max<int64_t>(1, (rows + cfg.mc - 1) / cfg.mc);
@@ -256,7 +258,7 @@ class Native : public Implementation {
     const double work = std::max(call_flops(c) / 1e6, weight_bytes(c) / 1e6);
     const int64_t want =
         std::clamp<int64_t>(static_cast<int64_t>(work), 1, 4 * std::max(1, c.num_threads));
-    int nc = rows <= kDecodeRows ? 512 : 1024;
+    int nc = 1024;
     while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
     cfg.nc = static_cast<int>(
         round_up(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr));
@@ -297,9 +299,12 @@ class Native : public Implementation {
         ks.max_mr >= 12 ? std::vector<int>{8, 12} : std::vector<int>{4, ks.max_mr};
     for (int mr : mrs) {
       if (mr > rows1 && mr != mrs.front()) continue;  // tiles taller than the groups
+      std::vector<int> kcs = {128, 256, 512};
+      if (weight_streaming(c) && depth2 > 512)
+        kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
       for (int mcf : {4, 8, 16}) {
         if (mr * mcf > round_up(rows1, mr) * 2 && mcf != 4) continue;
-        for (int kc : {128, 256, 512}) {
+        for (int kc : kcs) {
           for (int nc : {256, 512, 1024}) add(mr, mr * mcf, kc, nc);
         }
       }
