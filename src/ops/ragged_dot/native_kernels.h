@@ -23,6 +23,20 @@ using Bf16Kernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t a_str
 // multi_np[mr] adjacent panels at once (b + p * panel_stride, C at c + p * nr), so each thread
 // keeps several streams from memory in flight instead of one.
 inline constexpr int kMultiMaxMr = 4;
+
+// Runs body.template operator()<MR>() with MR = mr clamped to [1, Max]: the tile height chosen
+// at run time picks one of the kernel variants compiled for each height. (Each ISA file calls
+// it with its own lambdas, so the instantiations stay local to that file and its -m flags.)
+template <int Max, class Body>
+inline void with_tile_rows(int mr, Body&& body) {
+  if constexpr (Max > 1) {
+    if (mr < Max) {
+      with_tile_rows<Max - 1>(mr, body);
+      return;
+    }
+  }
+  body.template operator()<Max>();
+}
 using F32MultiKernel = void (*)(int mr, int64_t kc, const float* a, int64_t rs_a, int64_t cs_a,
                                 const float* b, int64_t panel_stride, float* c, int64_t ldc,
                                 bool accumulate);

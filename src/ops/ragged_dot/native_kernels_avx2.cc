@@ -39,26 +39,7 @@ void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b
 
 void f32_kernel(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
                 float* c, int64_t ldc, bool acc) {
-  switch (mr) {
-    case 1:
-      f32_tile<1>(kc, a, rs, cs, b, c, ldc, acc);
-      break;
-    case 2:
-      f32_tile<2>(kc, a, rs, cs, b, c, ldc, acc);
-      break;
-    case 3:
-      f32_tile<3>(kc, a, rs, cs, b, c, ldc, acc);
-      break;
-    case 4:
-      f32_tile<4>(kc, a, rs, cs, b, c, ldc, acc);
-      break;
-    case 5:
-      f32_tile<5>(kc, a, rs, cs, b, c, ldc, acc);
-      break;
-    default:
-      f32_tile<6>(kc, a, rs, cs, b, c, ldc, acc);
-      break;
-  }
+  with_tile_rows<6>(mr, [&]<int MR>() { f32_tile<MR>(kc, a, rs, cs, b, c, ldc, acc); });
 }
 
 const KernelSet kSet{Isa::kAvx2, "avx2", kNr, 6, f32_kernel, nullptr};

@@ -149,88 +149,24 @@ constexpr int kMultiNp[kMultiMaxMr + 1] = {0, 4, 4, 4, 3};
 
 void f32_multi(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
                int64_t ps, float* c, int64_t ldc, bool acc) {
-  switch (mr) {
-    case 1:
-      f32_multi_tile<1, kMultiNp[1]>(kc, a, rs, cs, b, ps, c, ldc, acc);
-      break;
-    case 2:
-      f32_multi_tile<2, kMultiNp[2]>(kc, a, rs, cs, b, ps, c, ldc, acc);
-      break;
-    case 3:
-      f32_multi_tile<3, kMultiNp[3]>(kc, a, rs, cs, b, ps, c, ldc, acc);
-      break;
-    default:
-      f32_multi_tile<4, kMultiNp[4]>(kc, a, rs, cs, b, ps, c, ldc, acc);
-      break;
-  }
+  with_tile_rows<kMultiMaxMr>(
+      mr, [&]<int MR>() { f32_multi_tile<MR, kMultiNp[MR]>(kc, a, rs, cs, b, ps, c, ldc, acc); });
 }
 
 void bf16_multi(int mr, int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, int64_t ps,
                 float* c, int64_t ldc, bool acc) {
-  switch (mr) {
-    case 1:
-      bf16_multi_tile<1, kMultiNp[1]>(kp, a, as, b, ps, c, ldc, acc);
-      break;
-    case 2:
-      bf16_multi_tile<2, kMultiNp[2]>(kp, a, as, b, ps, c, ldc, acc);
-      break;
-    case 3:
-      bf16_multi_tile<3, kMultiNp[3]>(kp, a, as, b, ps, c, ldc, acc);
-      break;
-    default:
-      bf16_multi_tile<4, kMultiNp[4]>(kp, a, as, b, ps, c, ldc, acc);
-      break;
-  }
+  with_tile_rows<kMultiMaxMr>(
+      mr, [&]<int MR>() { bf16_multi_tile<MR, kMultiNp[MR]>(kp, a, as, b, ps, c, ldc, acc); });
 }
-
-#define TOKAMAX_MR_CASES(F, ...) \
-  switch (mr) {                  \
-    case 1:                      \
-      F<1>(__VA_ARGS__);         \
-      break;                     \
-    case 2:                      \
-      F<2>(__VA_ARGS__);         \
-      break;                     \
-    case 3:                      \
-      F<3>(__VA_ARGS__);         \
-      break;                     \
-    case 4:                      \
-      F<4>(__VA_ARGS__);         \
-      break;                     \
-    case 5:                      \
-      F<5>(__VA_ARGS__);         \
-      break;                     \
-    case 6:                      \
-      F<6>(__VA_ARGS__);         \
-      break;                     \
-    case 7:                      \
-      F<7>(__VA_ARGS__);         \
-      break;                     \
-    case 8:                      \
-      F<8>(__VA_ARGS__);         \
-      break;                     \
-    case 9:                      \
-      F<9>(__VA_ARGS__);         \
-      break;                     \
-    case 10:                     \
-      F<10>(__VA_ARGS__);        \
-      break;                     \
-    case 11:                     \
-      F<11>(__VA_ARGS__);        \
-      break;                     \
-    default:                     \
-      F<12>(__VA_ARGS__);        \
-      break;                     \
-  }
 
 void f32_kernel(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
                 float* c, int64_t ldc, bool acc) {
-  TOKAMAX_MR_CASES(f32_tile, kc, a, rs, cs, b, c, ldc, acc)
+  with_tile_rows<12>(mr, [&]<int MR>() { f32_tile<MR>(kc, a, rs, cs, b, c, ldc, acc); });
 }
 
 void bf16_kernel(int mr, int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, float* c,
                  int64_t ldc, bool acc) {
-  TOKAMAX_MR_CASES(bf16_tile, kp, a, as, b, c, ldc, acc)
+  with_tile_rows<12>(mr, [&]<int MR>() { bf16_tile<MR>(kp, a, as, b, c, ldc, acc); });
 }
 
 // A as bf16 pairs from an f32 lhs, 32 values per vcvtne2ps2bf16 (round to nearest even, like
