@@ -542,6 +542,9 @@ AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions optio
       todo.push_back(b);
     }
   }
+  // Expanded and filtered above: tune_all must not expand again (it would bring back the
+  // implementations just skipped as already tuned).
+  options.all_implementations = false;
   return Autotuner(std::move(options)).tune_all(todo);
 }
 

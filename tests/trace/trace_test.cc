@@ -592,6 +592,24 @@ TEST(OfflineTuning, CaptureSkipsKeysAlreadyTunedUnlessAskedNot) {
   }
 }
 
+TEST(OfflineTuning, AllImplementationsLeavesOutTheTunedOnes) {
+  ScopedCacheDir cache("trace_capture_all_impls");
+  AutotuneOptions o = quick_tuning();
+  o.candidate_timeout_s = 0.02;  // the fake family's broken implementations fail fast
+  auto fn = [] {
+    auto a = testing::fake_call(32);
+    dispatch(fake(), *a, {});
+  };
+  const AutotuningResult first = autotune(fn, o);
+  ASSERT_EQ(first.data().size(), 1u);
+  EXPECT_EQ(first.data()[0].first.implementation(), "one_field");
+  AutotuningScope scope(first);
+  o.all_implementations = true;
+  const AutotuningResult rest = autotune(fn, o);
+  EXPECT_FALSE(rest.data().empty());
+  for (const auto& [b, d] : rest.data()) EXPECT_NE(b.implementation(), "one_field");
+}
+
 TEST(OfflineTuning, CaptureOnThreadsTheFunctionStarts) {
   ScopedCacheDir cache("trace_capture_threads");
   AutotuneOptions o = quick_tuning();
