@@ -255,8 +255,8 @@ void prepare_and_run(const Implementation& impl, CallBase& call, const Config& c
 // visible to ops called from inside this one, and the observer gets the call's span, also when
 // it throws.
 void run_observed(const OpFamily& family, const Implementation& impl, CallBase& call,
-                  const Resolution& r) {
-  const std::string own = call_payload(call.bound.with_implementation(impl.name()), r);
+                  const BoundArguments& bound, const Resolution& r) {
+  const std::string own = call_payload(bound, r);
   std::string payload = t_enclosing_payload.empty() ? own : t_enclosing_payload + "/" + own;
   std::swap(t_enclosing_payload, payload);  // `payload` now holds the enclosing one
   struct Restore {
@@ -327,9 +327,10 @@ std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& 
       prepare_and_run(impl, call, r.config);
       return;
     }
-    record_call_all_threads(call.bound.with_implementation(impl.name()));
+    const BoundArguments bound = call.bound.with_implementation(impl.name());
+    record_call_all_threads(bound);
     if (g_observer.load(std::memory_order_acquire)) {
-      run_observed(family, impl, call, r);
+      run_observed(family, impl, call, bound, r);
     } else {
       prepare_and_run(impl, call, r.config);
     }
