@@ -69,7 +69,11 @@ namespace {
 
 class Extractor {
  public:
-  Extractor(const ExtractOptions& o, ExtractReport& r) : options_(o), report_(r) {}
+  // InvalidArgument when options.op names no known family.
+  Extractor(const ExtractOptions& o, ExtractReport& r) : options_(o), report_(r) {
+    if (!options_.op.empty()) find_family(options_.op);
+  }
+  ExtractReport& report() { return report_; }
 
   // Every payload in one string of the trace. `where` names the event and string.
   void scan(std::string_view s, const std::string& where) {
@@ -221,8 +225,8 @@ namespace {
 
 // One input into a report shared by several: dedupe spans inputs; valid_json and chrome_trace
 // hold for every input.
-void extract_into(std::string_view text, std::string_view source, Extractor& x,
-                  ExtractReport& report) {
+void extract_into(std::string_view text, std::string_view source, Extractor& x) {
+  ExtractReport& report = x.report();
   const int64_t payloads_before = report.payloads;
   bool chrome_trace = true;
   Json doc;
@@ -273,10 +277,9 @@ void extract_into(std::string_view text, std::string_view source, Extractor& x,
 
 ExtractReport extract_bound_args(std::string_view text, std::string_view source,
                                  const ExtractOptions& options) {
-  if (!options.op.empty()) find_family(options.op);
   ExtractReport report;
   Extractor x(options, report);
-  extract_into(text, source, x, report);
+  extract_into(text, source, x);
   x.finish();
   return report;
 }
@@ -314,11 +317,10 @@ std::string read_trace_file(const std::string& path, std::vector<std::string>* w
 
 ExtractReport extract_bound_args_files(const std::vector<std::string>& paths,
                                        const ExtractOptions& options) {
-  if (!options.op.empty()) find_family(options.op);
   ExtractReport report;
   Extractor x(options, report);
   for (const std::string& path : paths)
-    extract_into(read_trace_file(path, &report.warnings), path, x, report);
+    extract_into(read_trace_file(path, &report.warnings), path, x);
   x.finish();
   return report;
 }
