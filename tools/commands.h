@@ -18,6 +18,9 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
 struct BenchRow {
   std::string spec, implementation, config, rung;
   double median_ms = 0, iqr_ms = 0, gflops = 0, gbps = 0, pct_of_peak = 0, speedup_vs_baseline = 0;
+  // The ceiling pct_of_peak is against: GFLOP/s for compute-bound rows (the process's roofline),
+  // GB/s for memory-bound ones (a streaming read timed in the same rounds as the row).
+  double peak_value = 0;
   std::string peak_kind, baseline;
 };
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,

@@ -40,6 +40,36 @@ double rate(int threads, double work_per_thread, Body body) {
 
 }  // namespace
 
+struct ReadProbe::Buffer {
+  int64_t floats_per_thread = 0;
+  Tensor data;
+  std::atomic<float> sink{0};  // keeps the sums (and so the reads) alive
+};
+
+ReadProbe::ReadProbe(int threads) : threads_(std::max(1, threads)), buf_(new Buffer) {
+  if (!device_info().isa.has_avx2_fma()) return;
+  // Twice the last-level cache per thread (at least 64 MiB): no pass finds its data cached.
+  buf_->floats_per_thread = std::max<int64_t>(64 << 20, 2 * device_info().l3_bytes) / 4;
+  buf_->data = Tensor::full({buf_->floats_per_thread * threads_}, DType::kF32, 1.0);
+}
+ReadProbe::~ReadProbe() = default;
+
+bool ReadProbe::available() const { return buf_->floats_per_thread > 0; }
+
+double ReadProbe::bytes_per_pass() const {
+  return static_cast<double>(buf_->floats_per_thread) * 4 * threads_;
+}
+
+void ReadProbe::run_pass_on(int thread) const {
+  if (!available()) return;
+  const float* p = buf_->data.data_as<float>() + buf_->floats_per_thread * thread;
+  buf_->sink.store(roofline::read_f32_avx2(p, buf_->floats_per_thread), std::memory_order_relaxed);
+}
+
+void ReadProbe::run_pass() const {
+  ThreadPool::global().run(threads_, [&](int t) { run_pass_on(t); });
+}
+
 Json Roofline::to_json() const {
   return {{"threads", threads},
           {"f32_fma_gflops_1core", f32_gflops_1core},
@@ -79,21 +109,28 @@ Roofline measure_roofline() {
     r.bf16_gflops_all =
         rate(r.threads, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;
   }
-  if (dev.isa.has_avx2_fma()) {
-    const int64_t per_thread = std::max<int64_t>(64 << 20, 2 * dev.l3_bytes) / 4;  // floats
+  const ReadProbe probe(r.threads);
+  if (probe.available()) {
+    const double per_thread_bytes = probe.bytes_per_pass() / r.threads;
+    r.read_gbps_1core = rate(1, per_thread_bytes,
+                             [&](int) {
+                               probe.run_pass_on(0);
+                               return 0.f;
+                             }) /
+                        1e9;
+    r.read_gbps_all = rate(r.threads, per_thread_bytes,
+                           [&](int t) {
+                             probe.run_pass_on(t);
+                             return 0.f;
+                           }) /
+                      1e9;
+    const int64_t per_thread = static_cast<int64_t>(per_thread_bytes) / 4;  // floats
     Tensor src = Tensor::full({per_thread * r.threads}, DType::kF32, 1.0);
     Tensor dst = Tensor::zeros({per_thread * r.threads}, DType::kF32);
     const float* s = src.data_as<float>();
     float* d = dst.data_as<float>();
-    const double bytes = static_cast<double>(per_thread) * 4;
-    r.read_gbps_1core =
-        rate(1, bytes, [&](int) { return roofline::read_f32_avx2(s, per_thread); }) / 1e9;
-    r.read_gbps_all =
-        rate(r.threads, bytes,
-             [&](int t) { return roofline::read_f32_avx2(s + per_thread * t, per_thread); }) /
-        1e9;
     r.copy_gbps_all =
-        rate(r.threads, 2 * bytes,
+        rate(r.threads, 2 * per_thread_bytes,
              [&](int t) {
                roofline::copy_f32_avx2(s + per_thread * t, d + per_thread * t, per_thread);
                return 0.f;

@@ -56,6 +56,19 @@ TEST(Device, RooflinePositiveFinite) {
   }
 }
 
+TEST(Device, ReadProbeStreamsItsBuffer) {
+  const ReadProbe probe(2);
+  if (!device_info().isa.has_avx2_fma()) {
+    EXPECT_FALSE(probe.available());
+    GTEST_SKIP() << "read loop needs AVX2";
+  }
+  ASSERT_TRUE(probe.available());
+  EXPECT_EQ(probe.threads(), 2);
+  // Larger than the last-level cache on every thread, so no pass is served from the cache.
+  EXPECT_GE(probe.bytes_per_pass(), 2.0 * 2 * static_cast<double>(device_info().l3_bytes));
+  probe.run_pass();  // in-bounds on every thread (ASan checks it in `make asan`)
+}
+
 TEST(Device, CliPrintsDeviceAndHonoursKindOverride) {
   int rc = 0;
   const std::string out =

@@ -92,6 +92,19 @@ TEST_F(Cli, AutotuneCacheAndBench) {
     EXPECT_TRUE(rows[0].contains(key)) << key;
   }
   EXPECT_GT(rows[0]["median_ms"].get<double>(), 0);
+  EXPECT_EQ(rows[0]["peak"], "f32_fma");
+  // A memory-bound spec: the percentage is against a read ceiling timed in the same rounds,
+  // and each row carries that ceiling.
+  r = run("bench --spec smoke_decode --min-time 0.01 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (const Json& row : Json::parse(r.out)) {
+    EXPECT_EQ(row["peak"], "mem_read") << row.dump();
+    const double ceiling = row["peak_value"].get<double>();
+    ASSERT_GT(ceiling, 0) << row.dump();
+    EXPECT_NEAR(row["pct_of_peak"].get<double>(), 100 * row["gbps"].get<double>() / ceiling,
+                1e-6 * row["pct_of_peak"].get<double>())
+        << row.dump();
+  }
 }
 
 TEST_F(Cli, BadInput) {

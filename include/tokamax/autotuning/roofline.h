@@ -2,6 +2,8 @@
 // median of several runs. Benchmarks report results as a percentage of these.
 #pragma once
 
+#include <memory>
+
 #include "tokamax/core/json.h"
 
 namespace tokamax {
@@ -19,6 +21,30 @@ struct Roofline {
 };
 
 Roofline measure_roofline();
+
+// The memory-read ceiling as a probe a benchmark times beside its own rows: one pass streams
+// a buffer far larger than the last-level cache on `threads` threads at once. On a shared
+// machine the bandwidth drifts by tens of percent within a minute (a neighbour's traffic), so
+// "percent of bandwidth" is only meaningful against a ceiling measured in the same minute.
+class ReadProbe {
+ public:
+  explicit ReadProbe(int threads);
+  ~ReadProbe();
+  ReadProbe(const ReadProbe&) = delete;
+  ReadProbe& operator=(const ReadProbe&) = delete;
+  // False where no streaming-read loop exists for this CPU (no AVX2); run() is then a no-op.
+  bool available() const;
+  int threads() const { return threads_; }
+  double bytes_per_pass() const;  // all threads together
+  void run_pass() const;          // one read of every thread's buffer, threads in parallel
+  // One thread's pass over its own buffer (for a one-core measurement).
+  void run_pass_on(int thread) const;
+
+ private:
+  struct Buffer;
+  int threads_;
+  std::unique_ptr<Buffer> buf_;
+};
 // Measured once per process (the larger of two measurements per ceiling), then reused.
 const Roofline& cached_roofline();
 
