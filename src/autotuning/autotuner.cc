@@ -426,7 +426,11 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
       return data.entries().at(cands[a].str()).benchmark->median_ms <
              data.entries().at(cands[b].str()).benchmark->median_ms;
     });
+    // The heuristics config (candidate 0) is always a finalist when it ran: a winner is then
+    // one that beat the untuned default side by side, not one measured in a quieter minute.
+    const bool heuristics_ok = options_.configs.empty() && std::count(ok.begin(), ok.end(), 0);
     ok.resize(std::min<size_t>(ok.size(), static_cast<size_t>(options_.finalists)));
+    if (heuristics_ok && !std::count(ok.begin(), ok.end(), 0)) ok.push_back(0);
     std::vector<std::vector<double>> samples(ok.size());
     TimingOptions t = options_.timing;
     t.cold_cache = cold;
@@ -449,6 +453,7 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
       b.median_ms = s.median_ms;
       b.samples_ms = s.samples_ms;
       b.iqr_ms = s.iqr_ms();
+      b.finalist = true;
       data.set(cands[ok[f]], std::move(b));
     }
   }

@@ -28,12 +28,14 @@ T get_field(const Json& j, const char* name, const char* what) {
 }  // namespace
 
 Json BenchmarkData::to_json() const {
-  return {{"median_ms", median_ms},
-          {"evaluation_times_ms", samples_ms},
-          {"iqr_ms", iqr_ms},
-          {"prepare_time_ms", prepare_ms},
-          {"scratch_bytes", scratch_bytes},
-          {"cold_cache", cold_cache}};
+  Json j = {{"median_ms", median_ms},
+            {"evaluation_times_ms", samples_ms},
+            {"iqr_ms", iqr_ms},
+            {"prepare_time_ms", prepare_ms},
+            {"scratch_bytes", scratch_bytes},
+            {"cold_cache", cold_cache}};
+  if (finalist) j["finalist"] = true;  // absent = false (files written before it existed)
+  return j;
 }
 
 BenchmarkData BenchmarkData::from_json(const Json& j) {
@@ -49,6 +51,7 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
   if (j.contains("scratch_bytes"))
     b.scratch_bytes = get_field<int64_t>(j, "scratch_bytes", "BenchmarkData");
   if (j.contains("cold_cache")) b.cold_cache = get_field<bool>(j, "cold_cache", "BenchmarkData");
+  if (j.contains("finalist")) b.finalist = get_field<bool>(j, "finalist", "BenchmarkData");
   return b;
 }
 
@@ -102,9 +105,15 @@ bool AutotuningData::has_success() const {
 }
 
 const AutotuningData::Entry& AutotuningData::fastest() const {
+  // Only finalists compete when there are any: their medians were measured side by side.
+  bool any_finalist = false;
+  for (const auto& [k, e] : entries_) any_finalist |= e.benchmark && e.benchmark->finalist;
+  auto competes = [&](const Entry& e) {
+    return e.benchmark && (!any_finalist || e.benchmark->finalist);
+  };
   const Entry* best = nullptr;
   for (const auto& [k, e] : entries_) {
-    if (e.benchmark && (!best || e.benchmark->median_ms < best->benchmark->median_ms)) best = &e;
+    if (competes(e) && (!best || e.benchmark->median_ms < best->benchmark->median_ms)) best = &e;
   }
   if (!best) {
     std::string why = entries_.empty() ? "autotuning data is empty" : "all configs failed:";
@@ -118,7 +127,7 @@ const AutotuningData::Entry& AutotuningData::fastest() const {
   const double window = std::max(2e-3, 0.01 * best->benchmark->median_ms);
   const Entry* pick = nullptr;
   for (const auto& [k, e] : entries_) {
-    if (!e.benchmark || e.benchmark->median_ms > best->benchmark->median_ms + window) continue;
+    if (!competes(e) || e.benchmark->median_ms > best->benchmark->median_ms + window) continue;
     if (!pick || e.benchmark->scratch_bytes < pick->benchmark->scratch_bytes ||
         (e.benchmark->scratch_bytes == pick->benchmark->scratch_bytes &&
          e.benchmark->median_ms < pick->benchmark->median_ms)) {

@@ -41,6 +41,31 @@ TEST(Autotuner, FindsFastestAndMeasuresEveryCandidate) {
   EXPECT_EQ(d.fastest().config.get<TileConfig>().tile, 3);
 }
 
+TEST(Autotuner, HeuristicsConfigIsAlwaysAFinalist) {
+  // one_field: tile 3 fastest, tiles 2 and 4 next, the heuristics config (tile 1) slowest.
+  AutotuneOptions o = quick();
+  o.finalists = 1;
+  const AutotuningData d = Autotuner(o).tune(bound("one_field"));
+  auto finalist = [&](int tile) {
+    return d.entries().at(Config::make(TileConfig{tile}).str()).benchmark->finalist;
+  };
+  EXPECT_TRUE(finalist(3));
+  EXPECT_TRUE(finalist(1));  // last in the first pass, re-measured anyway
+  EXPECT_FALSE(finalist(2));
+  EXPECT_FALSE(finalist(4));
+  EXPECT_EQ(d.fastest().config.get<TileConfig>().tile, 3);
+  // JSON keeps the flag (files written before it existed read as not finalists).
+  const Json j = d.entries().at(Config::make(TileConfig{1}).str()).benchmark->to_json();
+  EXPECT_TRUE(BenchmarkData::from_json(j).finalist);
+  Json old = j;
+  old.erase("finalist");
+  EXPECT_FALSE(BenchmarkData::from_json(old).finalist);
+  // Without re-measurement nobody is a finalist and every success competes.
+  o.remeasure_rounds = 0;
+  const AutotuningData single_pass = Autotuner(o).tune(bound("one_field"));
+  for (const auto& [k, e] : single_pass.entries()) EXPECT_FALSE(e.benchmark->finalist) << k;
+}
+
 TEST(Autotuner, CandidatesDeterministicHeuristicsFirst) {
   const auto c = Autotuner(quick()).candidates(bound("one_field"));
   ASSERT_EQ(c.size(), 4u);
@@ -147,6 +172,19 @@ TEST(AutotuningData, SelectionIsDeterministicWithTieBreakOnScratch) {
   f.set(Config::make(TileConfig{1}), mk(0.0100, 50));
   f.set(Config::make(TileConfig{2}), mk(0.0115, 5));
   EXPECT_EQ(f.fastest().config.get<TileConfig>().tile, 2);
+  // Finalists were measured side by side; a non-finalist's faster first-pass median (taken in
+  // another minute) does not beat them.
+  AutotuningData g;
+  auto fin = [&](double ms, int64_t scratch) {
+    BenchmarkData b = mk(ms, scratch);
+    b.finalist = true;
+    return b;
+  };
+  g.set(Config::make(TileConfig{1}), mk(0.5, 0));
+  g.set(Config::make(TileConfig{2}), fin(1.0, 100));
+  g.set(Config::make(TileConfig{3}), fin(1.004, 10));  // tie window applies among finalists
+  g.set(Config::make(TileConfig{4}), fin(2.0, 0));
+  EXPECT_EQ(g.fastest().config.get<TileConfig>().tile, 3);
   AutotuningData none;
   none.set_failure(Config::make(TileConfig{1}), {FailureKind::kTimeout, "slow"});
   EXPECT_THROW(none.fastest(), Error);

@@ -3,7 +3,8 @@
 // nothing else running; every candidate's output is checked against the reference
 // implementation (outputs poisoned with NaN and surrounded by guard zones); failures are
 // recorded per config with their reason; the winner is the fastest median, the least scratch
-// memory within a tie window, confirmed by re-measuring the finalists interleaved.
+// memory within a tie window among the finalists (the fastest few of a first pass, and the
+// heuristics config always), re-measured side by side in interleaved rounds.
 #pragma once
 
 #include <functional>
@@ -30,7 +31,7 @@ struct AutotuneOptions {
   double candidate_timeout_s = 10;  // the checked run of a candidate; slower -> timeout
   double budget_s = 1e30;           // whole run, seconds; must be > 0
   int max_candidates = 1 << 30;     // per key; must be > 0 (the heuristics config is always kept)
-  int finalists = 3;                // re-measured interleaved
+  int finalists = 3;                // re-measured interleaved, plus the heuristics config
   int remeasure_rounds = 5;
   int prepare_threads = 0;      // 0 = hardware threads
   uint64_t seed = 0;            // inputs, shared by all candidates

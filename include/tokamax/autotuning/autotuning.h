@@ -24,6 +24,10 @@ struct BenchmarkData {
   double prepare_ms = 0;
   int64_t scratch_bytes = 0;
   bool cold_cache = false;
+  // Re-measured with the other finalists in interleaved rounds; when a key has finalists, its
+  // winner is chosen among them only (their medians come from the same minutes; the others'
+  // first-pass medians do not, and cannot be compared with them fairly).
+  bool finalist = false;
   Json to_json() const;
   static BenchmarkData from_json(const Json& j);
 };
@@ -60,8 +64,9 @@ class AutotuningData {
   const std::map<std::string, Entry>& entries() const { return entries_; }
   bool empty() const { return entries_.empty(); }
   bool has_success() const;
-  // The winner: fastest median; within max(2 us, 1%) of it the least scratch memory, then the
-  // fastest, then the smallest config string. Error naming every failure when none succeeded.
+  // The winner: among the finalists if any entry is one (else among all successes), the
+  // fastest median; within max(2 us, 1%) of it the least scratch memory, then the fastest,
+  // then the smallest config string. Error naming every failure when none succeeded.
   const Entry& fastest() const;
   // Right-hand side wins per config.
   AutotuningData operator|(const AutotuningData& other) const;
