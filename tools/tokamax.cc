@@ -136,8 +136,9 @@ void print_result_table(const tk::AutotuningResult& r) {
     fmt::print("  {:<48} {:>11} {:>10}  {}\n", "config", "median ms", "IQR ms", "status");
     for (const auto& [k, e] : d.entries()) {
       if (e.benchmark) {
-        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok\n", k, e.benchmark->median_ms,
-                   e.benchmark->iqr_ms);
+        // "finalist": re-measured side by side with the others so marked; the winner is one.
+        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok{}\n", k, e.benchmark->median_ms,
+                   e.benchmark->iqr_ms, e.benchmark->finalist ? ", finalist" : "");
       } else {
         fmt::print("  {:<48} {:>11} {:>10}  {}: {}\n", k, "-", "-",
                    tk::failure_kind_name(e.failure->kind), e.failure->message.substr(0, 160));
@@ -348,7 +349,12 @@ int main(int argc, char** argv) {
           fmt::print("{} [{}]\n  key {}\n", e["file"].get<std::string>(),
                      e["implementation"].get<std::string>(), e["key"].get<std::string>());
           for (const auto& [cfg, bd] : e["configs"].items()) {
-            fmt::print("    {} {:.4f} ms\n", cfg, bd.value("median_ms", 0.0));
+            if (bd.contains("failure")) {
+              fmt::print("    {} failed: {}\n", cfg, bd["failure"].value("kind", "?"));
+            } else {
+              fmt::print("    {} {:.4f} ms{}\n", cfg, bd.value("median_ms", 0.0),
+                         bd.value("finalist", false) ? "  finalist" : "");
+            }
           }
         }
         if (out.empty()) fmt::print("no cache entries for {} on {}\n", op, tk::device_kind());
