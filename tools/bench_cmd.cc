@@ -111,25 +111,26 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
     const bool probing = mem && probe->available();
     std::vector<double> probe_samples;
     constexpr int kRounds = 5;
+    auto round_timing = [&](int round) {
+      TimingOptions t;
+      t.warmup = round == 0 ? 2 : 1;
+      t.min_time_s = min_time_s / kRounds;
+      t.min_samples = 3;
+      t.max_time_s = std::max(2.0, min_time_s);
+      return t;
+    };
     for (int round = 0; round < kRounds; ++round) {
       if (probing) {
-        TimingOptions t;
-        t.warmup = round == 0 ? 1 : 0;
-        t.min_time_s = min_time_s / kRounds;
-        t.min_samples = 3;
-        t.max_time_s = std::max(2.0, min_time_s);
+        TimingOptions t = round_timing(round);
+        t.warmup = round == 0 ? 1 : 0;  // its buffer defeats the caches on its own
         const SampleStats st = time_callable([&] { probe->run_pass(); }, t);
         probe_samples.insert(probe_samples.end(), st.samples_ms.begin(), st.samples_ms.end());
       }
       for (size_t i = 0; i < runners.size(); ++i) {
         Runner& run = runners[i];
         if (!run.impl) continue;
-        TimingOptions t;
+        TimingOptions t = round_timing(round);
         t.cold_cache = mem;
-        t.warmup = round == 0 ? 2 : 1;
-        t.min_time_s = min_time_s / kRounds;
-        t.min_samples = 3;
-        t.max_time_s = std::max(2.0, min_time_s);
         try {
           const SampleStats st =
               time_callable([&] { run.impl->run(call, run.config, run.prepared.get()); }, t);
