@@ -46,7 +46,9 @@ struct ReadProbe::Buffer {
   std::atomic<float> sink{0};  // keeps the sums (and so the reads) alive
 };
 
-ReadProbe::ReadProbe(int threads) : threads_(std::max(1, threads)), buf_(new Buffer) {
+// Clamped like ThreadPool::run, so bytes_per_pass counts only the threads that read.
+ReadProbe::ReadProbe(int threads)
+    : threads_(std::clamp(threads, 1, ThreadPool::global().size())), buf_(new Buffer) {
   if (!device_info().isa.has_avx2_fma()) return;
   // Four times the last-level cache per thread (at least 64 MiB): no pass finds its data
   // cached. With only twice the L3 a one-thread pass read 3-20% faster here than over 256 MiB

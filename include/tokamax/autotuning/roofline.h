@@ -26,13 +26,15 @@ Roofline measure_roofline();
 // a buffer far larger than the last-level cache on `threads` threads at once. On a shared
 // machine the bandwidth drifts by tens of percent within a minute (a neighbour's traffic), so
 // "percent of bandwidth" is only meaningful against a ceiling measured in the same minute.
+// `threads` is clamped to the threads the process's pool has.
 class ReadProbe {
  public:
   explicit ReadProbe(int threads);
   ~ReadProbe();
   ReadProbe(const ReadProbe&) = delete;
   ReadProbe& operator=(const ReadProbe&) = delete;
-  // False where no streaming-read loop exists for this CPU (no AVX2); run() is then a no-op.
+  // False where no streaming-read loop exists for this CPU (no AVX2); the passes are then
+  // no-ops.
   bool available() const;
   int threads() const { return threads_; }
   double bytes_per_pass() const;  // all threads together
@@ -45,6 +47,7 @@ class ReadProbe {
   int threads_;
   std::unique_ptr<Buffer> buf_;
 };
+
 // Measured once per process (the larger of two measurements per ceiling), then reused.
 const Roofline& cached_roofline();
 
