@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -170,10 +171,20 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tokamax " + tk::library_version());
 
   bool json = false, roofline = false;
+  // --threads on the commands that measure or key by the thread count (the cache key holds
+  // it): the library's set_num_threads, the same as TOKAMAX_NUM_THREADS.
+  int threads = 0;
+  std::vector<CLI::Option*> threads_opts;
+  auto add_threads = [&](CLI::App* sub) {
+    threads_opts.push_back(
+        sub->add_option("--threads", threads,
+                        "threads the kernels use (default: TOKAMAX_NUM_THREADS, else all cores)"));
+  };
   auto* device = app.add_subcommand(
       "device", "print this CPU, its device kind and (--roofline) its measured ceilings");
   device->add_flag("--json", json, "JSON output");
   device->add_flag("--roofline", roofline, "measure peak FLOP/s and memory bandwidth");
+  add_threads(device);
 
   auto* ops = app.add_subcommand("ops", "list op families, implementations and config fields");
   ops->add_flag("--json", json, "JSON output");
@@ -203,6 +214,7 @@ int main(int argc, char** argv) {
   auto* budget_opt =
       autotune->add_option("--budget-s", budget_s, "whole-run time budget in seconds (> 0)");
   autotune->add_flag("--json", json, "print the result as JSON");
+  add_threads(autotune);
 
   auto* explain =
       app.add_subcommand("explain", "which implementation and config a call would use, and why");
@@ -210,6 +222,7 @@ int main(int argc, char** argv) {
   explain->add_option("--spec", spec, "a spec name")->required();
   explain->add_option("--impl", impl_csv, "pin an implementation");
   explain->add_flag("--json", json, "JSON output");
+  add_threads(explain);
 
   auto* cache = app.add_subcommand("cache", "inspect, merge and verify cache and result files");
   cache->require_subcommand(1);
@@ -255,6 +268,7 @@ int main(int argc, char** argv) {
       "implementations (default native,blas); IMPL:heuristics pins the heuristics config");
   bench->add_option("--min-time", min_time, "seconds of measurement per row");
   bench->add_flag("--json", json, "JSON output");
+  add_threads(bench);
 
   try {
     app.parse(argc, argv);
@@ -269,6 +283,14 @@ int main(int argc, char** argv) {
     // program); the command reports it as the error it is.
     if (const char* log = std::getenv("TOKAMAX_LOG"); log && *log) {
       tk::set_log_settings(tk::LogSettings::parse(log));
+    }
+    if (std::any_of(threads_opts.begin(), threads_opts.end(),
+                    [](const CLI::Option* o) { return o->count() > 0; })) {
+      if (threads <= 0) {
+        throw tk::InvalidArgument("--threads " + std::to_string(threads) +
+                                  ": expected a positive integer");
+      }
+      tk::set_num_threads(threads);
     }
     if (device->parsed() || app.get_subcommands().empty()) {
       print_device(json, roofline);

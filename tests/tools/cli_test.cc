@@ -107,6 +107,22 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   }
 }
 
+TEST_F(Cli, ThreadsOptionSetsTheThreadCountOfTheKey) {
+  for (int t : {1, 2}) {
+    const Result r = run("explain --spec smoke_decode --json --threads " + std::to_string(t));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string key = Json::parse(r.out)["key"].get<std::string>();
+    EXPECT_NE(key.find("\"num_threads\":" + std::to_string(t)), std::string::npos) << key;
+  }
+  for (const char* bad : {"0", "-3"}) {
+    const Result r = run(std::string("bench --spec smoke_f32 --threads ") + bad);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("--threads " + std::string(bad) + ": expected a positive integer"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
 TEST_F(Cli, BadInput) {
   Result r = run("autotune --spec smoke_decode --budget-s 0");
   EXPECT_EQ(r.code, 2);
