@@ -4,24 +4,66 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 
 #include "ops/ragged_dot/base.h"
 #include "tools/commands.h"
 
 namespace tokamax::cli {
 
+namespace {
+
+// A bound-args file (`tokamax trace extract`'s output). Entries this library cannot use (an op
+// of a newer version, say) are skipped with a warning, not fatal.
+std::vector<BoundArguments> load_bound_args_file(const std::string& file) {
+  std::vector<std::string> skipped;
+  std::vector<BoundArguments> list =
+      BoundArguments::loads_list(read_file(file), "'" + file + "'", &skipped);
+  for (const auto& why : skipped) fmt::print(stderr, "warning: skipped {}\n", why);
+  if (list.empty()) throw InvalidArgument("'" + file + "': no usable bound arguments");
+  return list;
+}
+
+}  // namespace
+
+void check_one_source(const std::string& spec, const std::string& tag, const std::string& file) {
+  if (!spec.empty() + !tag.empty() + !file.empty() != 1)
+    throw InvalidArgument("give exactly one of --spec, --tag, --bound-args");
+}
+
+std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& file) {
+  std::vector<ArgSpec> out;
+  std::set<std::string> keys;
+  for (const BoundArguments& b : load_bound_args_file(file)) {
+    if (b.family() != op) {
+      fmt::print(stderr, "warning: skipped an entry of op '{}' (benchmarking '{}')\n", b.family(),
+                 op);
+      continue;
+    }
+    // One set of rows per key, whichever implementation the trace named.
+    if (!keys.insert(b.key()).second) continue;
+    // Named by position and the tensor arguments ("#2 f32[64,2880] x f32[32,2880,2880]").
+    std::string name = fmt::format("#{}", out.size());
+    const char* sep = " ";
+    for (const auto& [arg, value] : b.arguments().items()) {
+      if (value.is_string() && value.get<std::string>().find('[') != std::string::npos) {
+        name += sep + value.get<std::string>();
+        sep = " x ";
+      }
+    }
+    out.push_back(ArgSpec{op, name, b.arguments(), {}});
+  }
+  if (out.empty()) throw InvalidArgument("'" + file + "': no bound arguments of op '" + op + "'");
+  return out;
+}
+
 std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec,
                                               const std::string& tag, const std::string& file,
                                               const std::vector<std::string>& impls) {
-  const int chosen = !spec.empty() + !tag.empty() + !file.empty();
-  if (chosen != 1) throw InvalidArgument("give exactly one of --spec, --tag, --bound-args");
+  check_one_source(spec, tag, file);
   std::vector<BoundArguments> base;
   if (!file.empty()) {
-    // Entries this library cannot use (an op of a newer version, say) are skipped, not fatal.
-    std::vector<std::string> skipped;
-    base = BoundArguments::loads_list(read_file(file), "'" + file + "'", &skipped);
-    for (const auto& why : skipped) fmt::print(stderr, "warning: skipped {}\n", why);
-    if (base.empty()) throw InvalidArgument("'" + file + "': no usable bound arguments");
+    base = load_bound_args_file(file);
   } else {
     const OpFamily& f = find_family(op);
     for (const ArgSpec& s : find_arg_specs(op, spec, tag))

@@ -15,6 +15,13 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
                                               const std::string& bound_args_file,
                                               const std::vector<std::string>& impls);
 
+// InvalidArgument unless exactly one of --spec, --tag, --bound-args was given.
+void check_one_source(const std::string& spec, const std::string& tag,
+                      const std::string& bound_args_file);
+// The distinct keys of op `op` in a bound-args file as specs to benchmark (other ops and
+// entries this library cannot use are skipped with a warning).
+std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& bound_args_file);
+
 struct BenchRow {
   std::string spec, implementation, config, rung;
   double median_ms = 0, iqr_ms = 0, gflops = 0, gbps = 0, pct_of_peak = 0, speedup_vs_baseline = 0;

@@ -263,6 +263,8 @@ int main(int argc, char** argv) {
   bench->add_option("--op", op, "op family");
   bench->add_option("--spec", spec, "a spec name");
   bench->add_option("--tag", tag, "every spec with this tag");
+  bench->add_option("--bound-args", bound_args,
+                    "every distinct key in a bound-args file (tokamax trace extract)");
   bench->add_option(
       "--impl", impl_csv,
       "implementations (default native,blas); IMPL:heuristics pins the heuristics config");
@@ -423,10 +425,13 @@ int main(int argc, char** argv) {
     } else if (trace_summary->parsed()) {
       return tk::cli::trace_summary(trace_file, json);
     } else if (bench->parsed()) {
-      if (spec.empty() == tag.empty())
-        throw tk::InvalidArgument("bench: give exactly one of --spec, --tag");
+      tk::cli::check_one_source(spec, tag, bound_args);
+      tk::find_family(op);
       const auto rows =
-          tk::cli::run_bench(op, tk::find_arg_specs(op, spec, tag), split_csv(impl_csv), min_time);
+          tk::cli::run_bench(op,
+                             bound_args.empty() ? tk::find_arg_specs(op, spec, tag)
+                                                : tk::cli::bound_args_specs(op, bound_args),
+                             split_csv(impl_csv), min_time);
       if (json) {
         Json arr = Json::array();
         for (const auto& r : rows) {

@@ -107,6 +107,31 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   }
 }
 
+TEST_F(Cli, BenchesEveryDistinctKeyOfABoundArgsFile) {
+  // Two entries of one key (the trace named two implementations), one other key, an op this
+  // library does not know.
+  const std::string decode =
+      R"("arguments": {"lhs": "f32[8,64]", "rhs": "f32[8,64,64]", "group_sizes": [1,1,1,1,1,1,1,1]})";
+  std::ofstream(path("ba.json"))
+      << "[{\"op\": {\"family\": \"ragged_dot\", \"implementation\": \"native\"}, " << decode
+      << "}, {\"op\": {\"family\": \"ragged_dot\", \"implementation\": \"blas\"}, " << decode
+      << "}, "
+      << R"({"op": {"family": "ragged_dot"}, "arguments": {"lhs": "f32[30,24]",)"
+      << R"( "rhs": "bf16[3,24,40]", "group_sizes": [10, 0, 20]}}, )"
+      << R"({"op": {"family": "flash_mla"}, "arguments": {}}])";
+  Result r = run("bench --bound-args " + path("ba.json") + " --min-time 0.01 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("unknown op 'flash_mla'"), std::string::npos) << r.err;
+  const Json rows = Json::parse(r.out);
+  ASSERT_EQ(rows.size(), 4u) << r.out;  // 2 keys x (native, blas)
+  EXPECT_EQ(rows[0]["spec"], "#0 f32[8,64] x f32[8,64,64]");
+  EXPECT_EQ(rows[2]["spec"], "#1 f32[30,24] x bf16[3,24,40]");
+  for (const Json& row : rows) EXPECT_GT(row["median_ms"].get<double>(), 0) << row.dump();
+  r = run("bench --bound-args " + path("ba.json") + " --spec smoke_f32");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("exactly one of --spec, --tag, --bound-args"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, ThreadsOptionSetsTheThreadCountOfTheKey) {
   for (int t : {1, 2}) {
     const Result r = run("explain --spec smoke_decode --json --threads " + std::to_string(t));
