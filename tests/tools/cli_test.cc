@@ -71,10 +71,13 @@ TEST_F(Cli, AutotuneCacheAndBench) {
       run("autotune --spec smoke_decode --impl native -o " + path("r.json") + " --into-cache");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("winner"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ok, finalist"), std::string::npos) << r.out;
   EXPECT_EQ(run("cache verify " + path("r.json")).code, 0);
   r = run("cache verify");  // the cache just written
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("ragged_dot_native.json"), std::string::npos) << r.out;
+  r = run("cache show");
+  EXPECT_NE(r.out.find("ms  finalist"), std::string::npos) << r.out;
   r = run("cache show --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_GE(Json::parse(r.out).size(), 1u);
