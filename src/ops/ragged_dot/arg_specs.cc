@@ -36,23 +36,27 @@ std::vector<ArgSpec> arg_specs() {
                      Json::array({512, 512, 512, 512, 512, 512, 512, 512}), {"primary"}));
     v.push_back(spec("memory_bound" + suffix, 8, 8, 2048, 2048, "f32", rdt,
                      Json::array({1, 1, 1, 1, 1, 1, 1, 1}), {"primary"}));
-    // Decode: a batch of 16 tokens routed top-k; prefill: 512 tokens.
-    v.push_back(spec("qwen3_30b_a3b_decode" + suffix, 128, 16 * 8, 2048, 768, "f32", rdt,
-                     uniform(128, 128), {"primary", "decode"}));
-    v.push_back(spec("deepseek_v2_lite_decode" + suffix, 64, 16 * 6, 2048, 1408, "f32", rdt,
-                     uniform(64, 96), {"primary", "decode"}));
-    v.push_back(spec("gpt_oss_20b_decode" + suffix, 32, 16 * 4, 2880, 2880, "f32", rdt,
-                     uniform(32, 64), {"primary", "decode"}));
-    v.push_back(spec("mixtral_8x7b_decode" + suffix, 8, 16 * 2, 4096, 14336, "f32", rdt,
-                     uniform(8, 32), {"large", "decode"}));
-    v.push_back(spec("qwen3_30b_a3b_prefill" + suffix, 128, 512 * 8, 2048, 768, "f32", rdt,
-                     uniform(128, 4096), {"large", "prefill"}));
-    v.push_back(spec("deepseek_v2_lite_prefill" + suffix, 64, 512 * 6, 2048, 1408, "f32", rdt,
-                     uniform(64, 3072), {"large", "prefill"}));
-    v.push_back(spec("gpt_oss_20b_prefill" + suffix, 32, 512 * 4, 2880, 2880, "f32", rdt,
-                     uniform(32, 2048), {"large", "prefill"}));
-    v.push_back(spec("mixtral_8x7b_prefill" + suffix, 8, 512 * 2, 4096, 14336, "f32", rdt,
-                     uniform(8, 1024), {"large", "prefill"}));
+    // Mixture-of-experts models: decode is a batch of 16 tokens routed top-k, prefill 512.
+    // Each token takes top_k rows; rows spread over the experts as tokamax does (uniform).
+    struct Model {
+      const char* name;
+      int64_t experts, k, n, top_k;
+      bool primary_decode;  // small enough to tune and benchmark routinely
+    };
+    constexpr Model kModels[] = {{"qwen3_30b_a3b", 128, 2048, 768, 8, true},
+                                 {"deepseek_v2_lite", 64, 2048, 1408, 6, true},
+                                 {"gpt_oss_20b", 32, 2880, 2880, 4, true},
+                                 {"mixtral_8x7b", 8, 4096, 14336, 2, false}};
+    for (const auto& [phase, tokens] :
+         {std::pair<std::string, int64_t>{"decode", 16}, {"prefill", 512}}) {
+      for (const Model& m : kModels) {
+        const int64_t rows = tokens * m.top_k;
+        const bool primary = phase == "decode" && m.primary_decode;
+        v.push_back(spec(std::string(m.name) + "_" + phase + suffix, m.experts, rows, m.k, m.n,
+                         "f32", rdt, uniform(m.experts, rows),
+                         {primary ? "primary" : "large", phase}));
+      }
+    }
   }
   return v;
 }
