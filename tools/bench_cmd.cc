@@ -32,6 +32,7 @@ void check_one_source(const std::string& spec, const std::string& tag, const std
 }
 
 std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& file) {
+  find_family(op);  // an unknown --op is named as such, not as "no entries of op X"
   std::vector<ArgSpec> out;
   std::set<std::string> keys;
   for (const BoundArguments& b : load_bound_args_file(file)) {

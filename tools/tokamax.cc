@@ -299,8 +299,7 @@ int main(int argc, char** argv) {
     } else if (ops->parsed()) {
       print_ops(json);
     } else if (specs->parsed()) {
-      tk::find_family(op);
-      print_specs(op, tag, json);
+      print_specs(op, tag, json);  // find_arg_specs names an unknown op
     } else if (autotune->parsed()) {
       tk::AutotuneOptions o;
       if (have_budget) o.budget_s = budget_s;
@@ -426,7 +425,6 @@ int main(int argc, char** argv) {
       return tk::cli::trace_summary(trace_file, json);
     } else if (bench->parsed()) {
       tk::cli::check_one_source(spec, tag, bound_args);
-      tk::find_family(op);
       const auto rows =
           tk::cli::run_bench(op,
                              bound_args.empty() ? tk::find_arg_specs(op, spec, tag)

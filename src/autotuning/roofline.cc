@@ -64,10 +64,16 @@ double ReadProbe::bytes_per_pass() const {
   return static_cast<double>(buf_->floats_per_thread) * 4 * threads_;
 }
 
+int64_t ReadProbe::floats_per_thread() const { return buf_->floats_per_thread; }
+
+const float* ReadProbe::thread_buffer(int t) const {
+  return buf_->data.data_as<float>() + buf_->floats_per_thread * t;
+}
+
 void ReadProbe::run_pass_on(int thread) const {
   if (!available()) return;
-  const float* p = buf_->data.data_as<float>() + buf_->floats_per_thread * thread;
-  buf_->sink.store(roofline::read_f32_avx2(p, buf_->floats_per_thread), std::memory_order_relaxed);
+  buf_->sink.store(roofline::read_f32_avx2(thread_buffer(thread), buf_->floats_per_thread),
+                   std::memory_order_relaxed);
 }
 
 void ReadProbe::run_pass() const {
@@ -115,7 +121,7 @@ Roofline measure_roofline() {
   }
   const ReadProbe probe(r.threads);
   if (probe.available()) {
-    const double per_thread_bytes = probe.bytes_per_pass() / r.threads;
+    const double per_thread_bytes = 4.0 * static_cast<double>(probe.floats_per_thread());
     r.read_gbps_1core = rate(1, per_thread_bytes,
                              [&](int) {
                                probe.run_pass_on(0);
@@ -128,15 +134,14 @@ Roofline measure_roofline() {
                              return 0.f;
                            }) /
                       1e9;
-    const int64_t per_thread = static_cast<int64_t>(per_thread_bytes) / 4;  // floats
-    Tensor src = Tensor::full({per_thread * r.threads}, DType::kF32, 1.0);
+    // The copy reads the probe's buffers; only the destination is allocated.
+    const int64_t per_thread = probe.floats_per_thread();
     Tensor dst = Tensor::zeros({per_thread * r.threads}, DType::kF32);
-    const float* s = src.data_as<float>();
     float* d = dst.data_as<float>();
     r.copy_gbps_all =
         rate(r.threads, 2 * per_thread_bytes,
              [&](int t) {
-               roofline::copy_f32_avx2(s + per_thread * t, d + per_thread * t, per_thread);
+               roofline::copy_f32_avx2(probe.thread_buffer(t), d + per_thread * t, per_thread);
                return 0.f;
              }) /
         1e9;

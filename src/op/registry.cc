@@ -72,6 +72,7 @@ std::vector<std::string> OpFamily::implementation_names() const {
 
 std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string& name,
                                     const std::string& tag) {
+  if (!family.empty()) find_family(family);  // an unknown op is named as such
   std::vector<ArgSpec> out;
   for (const auto& f : families()) {
     if (!family.empty() && f->name() != family) continue;

@@ -38,7 +38,10 @@ class ReadProbe {
   bool available() const;
   int threads() const { return threads_; }
   double bytes_per_pass() const;  // all threads together
-  void run_pass() const;          // one read of every thread's buffer, threads in parallel
+  // Thread t's buffer (floats_per_thread() floats of 1.0), e.g. the source of a copy loop.
+  const float* thread_buffer(int t) const;
+  int64_t floats_per_thread() const;
+  void run_pass() const;  // one read of every thread's buffer, threads in parallel
   // One thread's pass over its own buffer (for a one-core measurement).
   void run_pass_on(int thread) const;
 
