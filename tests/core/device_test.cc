@@ -52,8 +52,11 @@ TEST(Device, RooflinePositiveFinite) {
     EXPECT_TRUE(std::isfinite(v));
     EXPECT_GT(v, 0);
   }
+  // The bf16 dot's ceiling is measured wherever the CPU has it, but is not always above the f32
+  // FMA's: Zen 4 runs vdpbf16ps at twice the f32 FMA's flops, Sapphire/Emerald Rapids at half.
   if (device_info().isa.has_avx512_bf16()) {
-    EXPECT_GT(r.bf16_gflops_1core, r.f32_gflops_1core);
+    EXPECT_TRUE(std::isfinite(r.bf16_gflops_1core));
+    EXPECT_GT(r.bf16_gflops_1core, 0.25 * r.f32_gflops_1core);
   }
 }
 
