@@ -1,5 +1,5 @@
 // `tokamax bench`: measures implementations side by side on named specs, with the ratio to the
-// baseline (`blas`) measured in the same run and the percentage of the roofline ceilings.
+// fastest other implementation measured in the same rounds and the percentage of the ceilings.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <set>
 
 #include "ops/ragged_dot/base.h"
+#include "ops/ragged_dot/native_kernels.h"
 #include "tools/commands.h"
 
 namespace tokamax::cli {
@@ -90,12 +91,39 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
   return out;
 }
 
+namespace {
+
+// A bench row name: IMPL[:packed][:heuristics]. ":packed" measures the call with weights packed
+// ahead (pack_rhs; its own key), ":heuristics" pins the implementation's heuristics config.
+struct RowVariant {
+  std::string implementation;
+  bool packed = false, heuristics = false;
+  static RowVariant parse(const std::string& name) {
+    RowVariant v;
+    size_t pos = name.find(':');
+    v.implementation = name.substr(0, pos);
+    while (pos != std::string::npos) {
+      const size_t next = name.find(':', pos + 1);
+      const std::string tok = name.substr(pos + 1, next == std::string::npos ? next : next - pos - 1);
+      if (tok == "packed")
+        v.packed = true;
+      else if (tok == "heuristics")
+        v.heuristics = true;
+      else
+        throw InvalidArgument("bench --impl " + name +
+                              ": expected IMPL, IMPL:packed, IMPL:heuristics or IMPL:packed:heuristics");
+      pos = next;
+    }
+    return v;
+  }
+};
+
+}  // namespace
+
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls_in, double min_time_s) {
   const OpFamily& fam = find_family(op);
   if (op != rdot::kFamily) throw InvalidArgument("bench supports ragged_dot");
-  std::vector<std::string> impls = impls_in;
-  if (impls.empty()) impls = {"native", "blas"};
   const Roofline& roof = cached_roofline();
   // The read ceiling for memory-bound specs is timed in the same rounds as their rows (below);
   // the process-wide roofline figure can be minutes old, and this machine's bandwidth is not
@@ -106,13 +134,24 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
     const BoundArguments b = fam.bind_json(s.arguments, "");
     auto call_base = fam.make_call(b, 0);
     auto& call = static_cast<rdot::RaggedDotCall&>(*call_base);
+    // The same call with the weights packed ahead (same seed: same values), made on demand.
+    std::unique_ptr<CallBase> packed_call;
     const double flops = rdot::call_flops(call), bytes = rdot::weight_bytes(call);
     const bool mem = fam.memory_bound(call);
-    const bool bf16_dot = call.lhs_as_bf16() && roof.bf16_gflops_all > 0;
+    const bool bf16_dot = call.lhs_as_bf16() && rdot::kernels::bf16_dot_pays();
+    // Default rows: the call as users make it, the pre-packed call, and the alternatives a user
+    // has: blas, and on memory-bound specs the reference loops (there they can beat blas; on
+    // compute-bound ones they are 5-10x slower than blas and would only lengthen the run).
+    std::vector<std::string> impls = impls_in;
+    if (impls.empty()) {
+      impls = {"native", "native:packed", "blas"};
+      if (mem) impls.push_back("reference");
+    }
     // Prepare every implementation first, then measure them interleaved in rounds, so that
     // drift in the machine's state (a noisy VM) hits all of them alike.
     struct Runner {
       std::shared_ptr<const Implementation> impl;
+      CallBase* call = nullptr;
       Config config;
       std::shared_ptr<const Prepared> prepared;
       std::vector<double> samples;
@@ -125,24 +164,24 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       r.implementation = name;
       Runner run;
       try {
-        // "impl:heuristics" pins the implementation's heuristics config (to compare it with
-        // the tuned one side by side); plain "impl" resolves through the ladder.
-        const size_t colon = name.find(':');
-        const std::string base_name = name.substr(0, colon);
-        if (colon != std::string::npos && name.substr(colon + 1) != "heuristics") {
-          throw InvalidArgument("bench --impl " + name + ": expected IMPL or IMPL:heuristics");
+        const RowVariant v = RowVariant::parse(name);
+        run.impl = fam.implementation(v.implementation);
+        if (v.packed && !packed_call) {
+          Json args = s.arguments;
+          args["packed_rhs"] = true;
+          packed_call = fam.make_call(fam.bind_json(args, ""), 0);
         }
-        run.impl = fam.implementation(base_name);
-        run.impl->validate(call);
+        run.call = v.packed ? packed_call.get() : &call;
+        run.impl->validate(*run.call);
         const Resolution res =
-            colon == std::string::npos
-                ? resolve_config(fam, *run.impl, call, std::nullopt)
-                : Resolution{run.impl->heuristics_config(call), Rung::kHeuristics, "pinned"};
+            v.heuristics
+                ? Resolution{run.impl->heuristics_config(*run.call), Rung::kHeuristics, "pinned"}
+                : resolve_config(fam, *run.impl, *run.call, std::nullopt);
         run.config = res.config;
         r.config = res.config.str();
         r.rung = std::string(rung_name(res.rung));
-        // Preparation (weight packing) is done once, as with pre-packed weights in a model.
-        run.prepared = run.impl->prepare(call, res.config);
+        // Preparation is what a program does once; an unpacked call packs inside its own time.
+        run.prepared = run.impl->prepare(*run.call, res.config);
       } catch (const std::exception& e) {
         r.rung = std::string("error: ") + e.what();
         run.impl = nullptr;
@@ -175,8 +214,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         TimingOptions t = round_timing(round);
         t.cold_cache = mem;
         try {
-          const SampleStats st =
-              time_callable([&] { run.impl->run(call, run.config, run.prepared.get()); }, t);
+          const SampleStats st = time_callable(
+              [&] { run.impl->run(*run.call, run.config, run.prepared.get()); }, t);
           run.samples.insert(run.samples.end(), st.samples_ms.begin(), st.samples_ms.end());
         } catch (const std::exception& e) {
           these[i].rung = std::string("error: ") + e.what();
@@ -205,15 +244,20 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       const double achieved = mem ? r.gbps : r.gflops;
       r.pct_of_peak = r.peak_value > 0 ? 100 * achieved / r.peak_value : 0;
     }
-    const BenchRow* base = nullptr;
-    for (const auto& r : these) {
-      if (r.implementation == "blas" && r.median_ms > 0) base = &r;
-    }
+    // Each row against the fastest row of another implementation in the same rounds (for
+    // native rows: the better of blas and the reference loops), named in the row.
     for (auto& r : these) {
-      r.baseline = base ? "blas" : "";
+      const std::string impl = r.implementation.substr(0, r.implementation.find(':'));
+      const BenchRow* base = nullptr;
+      for (const auto& o : these) {
+        if (o.median_ms <= 0 || o.implementation.substr(0, o.implementation.find(':')) == impl)
+          continue;
+        if (!base || o.median_ms < base->median_ms) base = &o;
+      }
+      r.baseline = base ? base->implementation : "";
       r.speedup_vs_baseline = base && r.median_ms > 0 ? base->median_ms / r.median_ms : 0;
-      rows.push_back(r);
     }
+    rows.insert(rows.end(), these.begin(), these.end());
   }
   return rows;
 }

@@ -89,7 +89,13 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   r = run("bench --spec smoke_f32 --min-time 0.01 --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const Json rows = Json::parse(r.out);
-  ASSERT_EQ(rows.size(), 2u);
+  // The call as users make it, the pre-packed call, blas.
+  ASSERT_EQ(rows.size(), 3u) << r.out;
+  EXPECT_EQ(rows[0]["implementation"], "native");
+  EXPECT_EQ(rows[1]["implementation"], "native:packed");
+  EXPECT_NE(rows[1]["config"], "") << rows[1].dump();
+  EXPECT_EQ(rows[0]["baseline"], "blas");  // native:packed is the same implementation
+  EXPECT_EQ(rows[2]["implementation"], "blas");
   for (const char* key : {"spec", "implementation", "median_ms", "gflops", "gbps", "pct_of_peak",
                           "baseline", "speedup_vs_baseline"}) {
     EXPECT_TRUE(rows[0].contains(key)) << key;
@@ -100,7 +106,18 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   // and each row carries that ceiling.
   r = run("bench --spec smoke_decode --min-time 0.01 --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  for (const Json& row : Json::parse(r.out)) {
+  // Memory-bound: the reference loops join the default rows, and native's ratio is against the
+  // faster of the two other implementations, named.
+  const Json mem_rows = Json::parse(r.out);
+  ASSERT_EQ(mem_rows.size(), 4u) << r.out;
+  EXPECT_EQ(mem_rows[3]["implementation"], "reference");
+  const double fastest_other =
+      std::min(mem_rows[2]["median_ms"].get<double>(), mem_rows[3]["median_ms"].get<double>());
+  EXPECT_EQ(mem_rows[0]["baseline"],
+            mem_rows[2]["median_ms"].get<double>() == fastest_other ? "blas" : "reference");
+  EXPECT_NEAR(mem_rows[0]["speedup_vs_baseline"].get<double>(),
+              fastest_other / mem_rows[0]["median_ms"].get<double>(), 1e-9);
+  for (const Json& row : mem_rows) {
     EXPECT_EQ(row["peak"], "mem_read") << row.dump();
     const double ceiling = row["peak_value"].get<double>();
     ASSERT_GT(ceiling, 0) << row.dump();
@@ -126,9 +143,10 @@ TEST_F(Cli, BenchesEveryDistinctKeyOfABoundArgsFile) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("unknown op 'flash_mla'"), std::string::npos) << r.err;
   const Json rows = Json::parse(r.out);
-  ASSERT_EQ(rows.size(), 4u) << r.out;  // 2 keys x (native, blas)
+  // The memory-bound key: native, native:packed, blas, reference; the other: the first three.
+  ASSERT_EQ(rows.size(), 7u) << r.out;
   EXPECT_EQ(rows[0]["spec"], "#0 f32[8,64] x f32[8,64,64]");
-  EXPECT_EQ(rows[2]["spec"], "#1 f32[30,24] x bf16[3,24,40]");
+  EXPECT_EQ(rows[4]["spec"], "#1 f32[30,24] x bf16[3,24,40]");
   for (const Json& row : rows) EXPECT_GT(row["median_ms"].get<double>(), 0) << row.dump();
   r = run("bench --bound-args " + path("ba.json") + " --spec smoke_f32");
   EXPECT_EQ(r.code, 2);

@@ -17,9 +17,12 @@ if grep -q production_box bound_args.json; then exit 1; fi
 # --check ran the reference implementation too: 4 keys x {native, reference}.
 test "$(grep -c '"implementation": "native"' bound_args.json)" = 4
 "$cli" autotune --bound-args bound_args.json -o result.json --budget-s 120 >/dev/null
-# The traced keys benchmarked side by side: one set of rows per key (4) x {native, blas}.
-"$cli" bench --bound-args bound_args.json --min-time 0.02 --json > bench.json
-test "$(grep -c '"spec"' bench.json)" = 8
+# The traced keys benchmarked side by side: one set of rows per distinct key x {native,
+# native:packed}: the example's 4 pre-packed keys (weights packed at load time) and the 4
+# unpacked keys of its --check reference calls.
+"$cli" bench --bound-args bound_args.json --impl native,native:packed --min-time 0.02 --json > bench.json
+test "$(grep -c '"spec"' bench.json)" = 16
+grep -q '"packed_rhs":true' bound_args.json || grep -q '"packed_rhs": true' bound_args.json
 here=$("$cli" device --json | grep -o '"device_kind": *"[^"]*"' | head -1 | sed 's/.*: *//')
 grep -q "\"device_kind\": *$here" result.json
 TOKAMAX_TRACE=run2.json "$moe" --steps 2 --tuned result.json

@@ -53,7 +53,7 @@ Tensor ragged_dot(const TensorView& lhs, const PackedRhs& rhs, std::span<const i
                   const RaggedDotOptions& o) {
   if (rhs.empty()) throw InvalidArgument("ragged_dot: rhs is an empty PackedRhs");
   RaggedDotCall c;
-  rdot::bind_call(c, lhs, rhs.logical(), group_sizes, rhs.dim_nums(), o);
+  rdot::bind_call(c, lhs, rhs.logical(), group_sizes, rhs.dim_nums(), o, 0, /*packed_rhs=*/true);
   c.packed = rhs;
   return run_call(c, o);
 }

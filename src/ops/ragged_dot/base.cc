@@ -107,7 +107,7 @@ BoundArguments intern_key(const std::vector<int64_t>& sig, const std::function<J
 
 void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
                std::span<const int32_t> group_sizes, RaggedDimNums dims, const RaggedDotOptions& o,
-               int threads) {
+               int threads, bool packed_rhs) {
   auto bad = [](const std::string& s) { return InvalidArgument("ragged_dot: " + s); };
   if (lhs.rank() != 2) throw bad("lhs has shape " + lhs.spec().str() + "; expected rank 2 [M,K]");
   const DType ld = lhs.dtype(), rd = rhs.dtype;
@@ -126,6 +126,8 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
   c.lhs = lhs;
   c.k = K;
   if (dims == RaggedDimNums::kRaggedContracting) {
+    if (packed_rhs)
+      throw bad("packed_rhs: a ragged_contracting rhs " + rhs.str() + " is never pre-packed");
     if (rhs.rank() != 2)
       throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects rank 2 [M,N]");
     if (rhs.shape[0] != M) {
@@ -198,6 +200,7 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
                               static_cast<int64_t>(o.activation),
                               static_cast<int64_t>(o.precision),
                               c.num_threads,
+                              packed_rhs,
                               G};
   sig.insert(sig.end(), rhs.shape.begin(), rhs.shape.end());
   if (o.representative_group_sizes) {
@@ -218,7 +221,8 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
                 {"preferred_element_type", dtype_name(out)},
                 {"activation", activation_name(o.activation)},
                 {"precision", precision_name(o.precision)},
-                {"num_threads", c.num_threads}};
+                {"num_threads", c.num_threads},
+                {"packed_rhs", packed_rhs}};
   });
 }
 
@@ -380,7 +384,13 @@ BoundArguments Family::bind_json(const Json& a, const std::string& implementatio
       throw bad("num_threads must be an integer > 0");
     threads = a["num_threads"].get<int>();
   }
-  bind_call(c, TensorView(nullptr, lhs.dtype, lhs.shape), rhs, sizes, dims, o, threads);
+  bool packed_rhs = false;
+  if (a.contains("packed_rhs")) {
+    if (!a["packed_rhs"].is_boolean()) throw bad("packed_rhs must be true or false");
+    packed_rhs = a["packed_rhs"].get<bool>();
+  }
+  bind_call(c, TensorView(nullptr, lhs.dtype, lhs.shape), rhs, sizes, dims, o, threads,
+            packed_rhs);
   Json args = c.bound.arguments();
   if (gs.is_object())
     args["group_sizes"] = {{"num_groups", gs["num_groups"]}, {"total_size", gs["total_size"]}};
@@ -406,9 +416,13 @@ std::unique_ptr<CallBase> Family::make_call(const BoundArguments& b, uint64_t se
   o.precision =
       a["precision"].get<std::string>() == "default" ? Precision::kDefault : Precision::kHighest;
   o.preferred_element_type = parse_dtype(a["preferred_element_type"].get<std::string>());
-  bind_call(*c, c->owned[0].view(), rhs, sizes,
-            parse_dim_nums(a["dimension_numbers"].get<std::string>()), o, b.num_threads());
+  const RaggedDimNums dims = parse_dim_nums(a["dimension_numbers"].get<std::string>());
+  const bool packed_rhs = a.value("packed_rhs", false);
+  bind_call(*c, c->owned[0].view(), rhs, sizes, dims, o, b.num_threads(), packed_rhs);
   c->rhs = c->owned[1].view();
+  // Packed once here, outside any timing, as a program packs its weights at load time. The
+  // unpacked rhs stays too: the reference and the other implementations read it.
+  if (packed_rhs) c->packed = pack_rhs(c->rhs, dims, o.precision);
   c->bound = b;
   c->num_threads = b.num_threads();
   const ShapeDtype out = output_spec(*c);

@@ -40,9 +40,11 @@ struct RaggedDotCall : CallBase {
 // Validates everything and fills the call (not outputs). rhs_spec is the logical rhs (from
 // `rhs` or `packed`). Throws InvalidArgument naming the argument, its shape and what was expected.
 // threads: the thread count the call runs with (0 = num_threads()); it is part of the key.
+// packed_rhs: the weights arrive pre-packed (pack_rhs), also part of the key: the two forms
+// are different calls (an unpacked call packs, or streams, inside its own time) and tune apart.
 void bind_call(RaggedDotCall& call, const TensorView& lhs, const ShapeDtype& rhs_spec,
                std::span<const int32_t> group_sizes, RaggedDimNums dims,
-               const RaggedDotOptions& options, int threads = 0);
+               const RaggedDotOptions& options, int threads = 0, bool packed_rhs = false);
 
 ShapeDtype output_spec(const RaggedDotCall& call);
 

@@ -17,8 +17,7 @@ class Blas : public Implementation {
   std::string name() const override { return "blas"; }
   void validate(const CallBase& base) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
-    if (!c.packed.empty() && !c.rhs.data())
-      throw Unsupported("blas cannot use native pre-packed weights");
+    if (!c.packed.empty()) throw Unsupported("blas cannot use native pre-packed weights");
     if (!c.lhs.is_contiguous() || (c.rhs.data() && !c.rhs.is_contiguous())) {
       throw Unsupported("blas needs contiguous operands");
     }

@@ -55,6 +55,19 @@ RaggedDotNativeConfig RaggedDotNativeConfig::from_json(const Json& j) {
 namespace rdot {
 namespace {
 
+// Panels [p0, p1) of one group's weights into dst: bf16 pairs (for the bf16 dot) or f32.
+void pack_panels(const k::KernelSet& ks, bool pairs, const void* src, bool src_bf16, bool trans,
+                 int64_t K, int64_t N, void* dst, int64_t p0, int64_t p1) {
+  if (!pairs) {
+    k::pack_panels_f32(src, src_bf16, trans, K, N, ks.nr, static_cast<float*>(dst), p0, p1);
+  } else if (src_bf16 && !trans && ks.pack_b_bf16) {
+    ks.pack_b_bf16(static_cast<const uint16_t*>(src), K, N, ks.nr, static_cast<uint32_t*>(dst), p0,
+                   p1);
+  } else {
+    k::pack_panels_bf16(src, src_bf16, trans, K, N, ks.nr, static_cast<uint32_t*>(dst), p0, p1);
+  }
+}
+
 // Builds packed weights (parallel over panels).
 std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums dims,
                                            Precision precision, int threads) {
@@ -89,54 +102,11 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
     const int64_t gi = item / r->panels, p = item % r->panels;
     const void* src =
         static_cast<const uint8_t*>(rhs.data()) + gi * per_group * static_cast<int64_t>(es);
-    void* dst = const_cast<void*>(r->group(gi));
-    if (r->bf16_pairs) {
-      k::pack_panels_bf16(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<uint32_t*>(dst), p,
-                          p + 1);
-    } else {
-      k::pack_panels_f32(src, src_bf16, trans, r->kdim, r->n, nr, static_cast<float*>(dst), p,
-                         p + 1);
-    }
+    void* dst = const_cast<uint8_t*>(static_cast<const uint8_t*>(r->group(gi))) +
+                p * r->panel_elems * 4;
+    pack_panels(*r->ks, r->bf16_pairs, src, src_bf16, trans, r->kdim, r->n, dst, p, p + 1);
   });
   return r;
-}
-
-struct PreparedPack : Prepared {
-  PackedRhs packed;
-};
-
-// Packing does not depend on the config, so the candidates of one call that the autotuner
-// prepares in parallel share one pack. Keyed by the call object and its weights (weak, so it
-// dies with its last user): a live entry implies that same call is still alive, so weights
-// rewritten in place between calls are never served from a stale pack.
-PackedRhs shared_pack(const RaggedDotCall& c) {
-  using Key = std::tuple<const void*, const void*, std::string, int, int>;
-  struct Slot {
-    std::weak_ptr<const PackedRhs::Rep> rep;
-    std::shared_ptr<std::mutex> building = std::make_shared<std::mutex>();
-  };
-  static std::mutex mu;
-  static std::map<Key, Slot> slots;
-  const Key key{&c, c.rhs.data(), c.rhs.spec().str(), static_cast<int>(c.dims),
-                static_cast<int>(c.precision)};
-  std::shared_ptr<std::mutex> building;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (slots.size() > 64)
-      std::erase_if(slots, [](const auto& kv) { return kv.second.rep.expired(); });
-    Slot& slot = slots[key];
-    if (auto sp = slot.rep.lock()) return PackedRhs(sp);
-    building = slot.building;
-  }
-  std::lock_guard<std::mutex> build_lock(*building);  // one packer per key; the others wait
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto sp = slots[key].rep.lock()) return PackedRhs(sp);
-  }
-  auto rep = pack(c.rhs, c.dims, c.precision, c.num_threads);
-  std::lock_guard<std::mutex> lock(mu);
-  slots[key].rep = rep;
-  return PackedRhs(rep);
 }
 
 struct Item {
@@ -146,13 +116,20 @@ struct Item {
 constexpr int64_t kDecodeRows = 4;  // groups this small are weight-streaming
 constexpr int64_t kMaxKc = 8192;    // scratch stays bounded (mc * kc floats per thread)
 
-// Per-thread scratch (C tile, packed A), kept between calls: pool threads are persistent, so
-// steady-state calls allocate nothing. Grows to the largest request seen on the thread.
-float* thread_scratch(int64_t floats) {
-  thread_local Tensor buffer;
+// Per-thread scratch, kept between calls: pool threads are persistent, so steady-state calls
+// allocate nothing. Each slot grows to the largest request seen on the thread.
+enum ScratchSlot { kTileSlot = 0, kStripSlot = 1 };  // C tile + packed A; packed weight strip
+float* thread_scratch(ScratchSlot slot, int64_t floats) {
+  thread_local Tensor buffers[2];
+  Tensor& buffer = buffers[slot];
   if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
   return buffer.data_as<float>();
 }
+
+// Unpacked weights are packed one item's columns at a time into a per-thread strip of K rows
+// (BLIS's packed B block, reused by every row block of the item). Items are narrowed so that
+// the strip stays within this size, whatever K is.
+constexpr int64_t kMaxStripBytes = int64_t{8} << 20;
 
 // Panels the multi-panel (weight-streaming) kernel takes at once for an item of `rows` rows
 // with `left` panels to go; 1 = use the regular kernel. The whole item must be one packed A
@@ -166,7 +143,7 @@ int multi_panels(const k::KernelSet& ks, int64_t rows, int mr, int64_t left) {
 class Native : public Implementation {
  public:
   std::string name() const override { return "native"; }
-  int version() const override { return 1; }
+  int version() const override { return 2; }  // 2: unpacked weights packed or streamed per call
   bool has_config() const override { return true; }
   std::vector<std::string> config_fields() const override { return {"mr", "mc", "kc", "nc"}; }
 
@@ -315,20 +292,14 @@ class Native : public Implementation {
   int64_t scratch_bytes(const CallBase& base, const Config& config) const override {
     const auto& c = static_cast<const RaggedDotCall&>(base);
     const auto& cfg = config.get<RaggedDotNativeConfig>();
-    const int64_t per_thread =
-        (static_cast<int64_t>(cfg.mc) * cfg.nc + static_cast<int64_t>(cfg.mc) * cfg.kc) * 4;
-    return per_thread * c.num_threads;
+    const auto& ks = k::best_kernels();
+    int64_t per_thread = tile_floats(cfg, ks) * 4;
+    if (c.packed.empty() && c.dims != RaggedDimNums::kRaggedContracting)
+      per_thread += strip_floats(c, ks, strip_cols(c, cfg, ks)) * 4;
+    return per_thread * std::min<int>(c.num_threads, ThreadPool::global().size());
   }
 
-  std::shared_ptr<const Prepared> prepare(const CallBase& base, const Config&) const override {
-    const auto& c = static_cast<const RaggedDotCall&>(base);
-    if (c.dims == RaggedDimNums::kRaggedContracting || !c.packed.empty()) return nullptr;
-    auto p = std::make_shared<PreparedPack>();
-    p->packed = shared_pack(c);
-    return p;
-  }
-
-  void run(CallBase& base, const Config& config, const Prepared* prepared) const override {
+  void run(CallBase& base, const Config& config, const Prepared*) const override {
     auto& c = static_cast<RaggedDotCall&>(base);
     const auto& cfg = config.get<RaggedDotNativeConfig>();
     const auto& ks = k::best_kernels();
@@ -337,101 +308,235 @@ class Native : public Implementation {
       run_contracting(c, cfg, ks);
       return;
     }
-    PackedRhs packed = c.packed;
-    if (packed.empty()) {
-      const auto* pp = dynamic_cast<const PreparedPack*>(prepared);
-      packed = pp ? pp->packed : PackedRhs(pack(c.rhs, c.dims, c.precision, c.num_threads));
-    }
-    const PackedRhs::Rep& r = *packed.rep();
-    const int64_t N = c.n, K = c.k;
-    char* out = static_cast<char*>(c.out().data());
-    const size_t es = dtype_size(c.out_dtype);
     // Rows past the groups are zero.
     const int64_t used = c.offsets.back();
-    if (used < c.m) std::memset(out + used * N * es, 0, static_cast<size_t>((c.m - used) * N) * es);
+    const size_t es = dtype_size(c.out_dtype);
+    char* out = static_cast<char*>(c.out().data());
+    if (used < c.m)
+      std::memset(out + used * c.n * es, 0, static_cast<size_t>((c.m - used) * c.n) * es);
+    if (c.packed.empty()) {
+      run_unpacked(c, cfg, ks);
+    } else {
+      run_packed(c, cfg, ks);
+    }
+  }
+
+ private:
+  // Per thread: the C tile (mc x nc, or up to kStreamMaxMr rows for the streaming kernels) and
+  // the packed A block (mc x kc floats or bf16 pairs).
+  static int64_t tile_floats(const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) {
+    const int64_t tile_rows = std::max<int64_t>(cfg.mc, k::kStreamMaxMr);
+    return tile_rows * round_up(cfg.nc, ks.nr) + static_cast<int64_t>(cfg.mc) * cfg.kc;
+  }
+
+  // Columns per item of an unpacked call: the config's, narrowed so that the packed strip of K
+  // rows stays under kMaxStripBytes.
+  static int64_t strip_cols(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
+                            const k::KernelSet& ks) {
+    const int64_t row_bytes = std::max<int64_t>(c.k, 2) * 4;
+    const int64_t fit = std::max<int64_t>(ks.nr, kMaxStripBytes / row_bytes / ks.nr * ks.nr);
+    return std::min<int64_t>(cfg.nc, fit);
+  }
+  static int64_t strip_floats(const RaggedDotCall& c, const k::KernelSet& ks, int64_t cols) {
+    const int64_t panels = (cols + ks.nr - 1) / ks.nr;
+    const int64_t depth = use_pairs(c, ks) ? (c.k + 1) / 2 : c.k;
+    return panels * depth * ks.nr;
+  }
+  static bool use_pairs(const RaggedDotCall& c, const k::KernelSet& ks) {
+    const DType rd = c.packed.empty() ? c.rhs.dtype() : c.packed.logical().dtype;
+    if (rd != DType::kBF16 || c.precision != Precision::kDefault || ks.bf16 == nullptr) return false;
+    // Pre-packed weights keep the packing's choice; unpacked ones are widened to f32 panels
+    // where the f32 FMA outruns the bf16 dot (Intel: 1.5x on compute-bound calls).
+    return c.packed.empty() ? k::bf16_dot_pays() : c.packed.rep()->bf16_pairs;
+  }
+
+  // Output rows [m0, m0+rows) x columns [0, cols) of an item, relative to its first column, into
+  // the f32 tile C (row stride ldc), from weights in panels: `b` is the item's first panel,
+  // panels are panel_elems apart (floats, or bf16 pairs when `pairs`). A is the f32 lhs (unused
+  // with pairs, which pack the lhs themselves).
+  static void compute_block(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
+                            const k::KernelSet& ks, bool pairs, const float* A, const void* b,
+                            int64_t panel_elems, int64_t m0, int64_t item_rows, int64_t cols,
+                            float* C, int64_t ldc, uint32_t* apack) {
+    const int64_t K = c.k;
+    const int64_t np = (cols + ks.nr - 1) / ks.nr;
+    const bool lhs_bf16 = c.lhs.dtype() == DType::kBF16;
+    for (int64_t kb = 0; kb < K; kb += cfg.kc) {
+      const int64_t kcur = std::min<int64_t>(cfg.kc, K - kb);
+      const bool acc = kb > 0;
+      if (pairs) {
+        const int64_t kp = (kcur + 1) / 2;
+        const int64_t tiles = (item_rows + cfg.mr - 1) / cfg.mr;
+        for (int64_t tt = 0; tt < tiles; ++tt) {
+          const int64_t rows = std::min<int64_t>(cfg.mr, item_rows - tt * cfg.mr);
+          const int64_t esz = lhs_bf16 ? 2 : 4;
+          ks.pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (m0 + tt * cfg.mr) * K * esz,
+                         lhs_bf16, K, rows, kb, kcur, cfg.mr, apack + tt * cfg.mr * kp);
+        }
+        for (int64_t p = 0; p < np;) {
+          const uint32_t* bp =
+              static_cast<const uint32_t*>(b) + p * panel_elems + (kb / 2) * ks.nr;
+          if (const int step = multi_panels(ks, item_rows, cfg.mr, np - p); step > 1) {
+            ks.bf16_multi(static_cast<int>(item_rows), kp, apack, cfg.mr, bp, panel_elems,
+                          C + p * ks.nr, ldc, acc);
+            p += step;
+            continue;
+          }
+          for (int64_t tt = 0; tt < tiles; ++tt) {
+            const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, item_rows - tt * cfg.mr));
+            ks.bf16(rows, kp, apack + tt * cfg.mr * kp, cfg.mr, bp,
+                    C + tt * cfg.mr * ldc + p * ks.nr, ldc, acc);
+          }
+          ++p;
+        }
+      } else {
+        float* af = reinterpret_cast<float*>(apack);
+        k::pack_a_f32(A + m0 * K, K, item_rows, kb, kcur, cfg.mr, af);
+        for (int64_t p = 0; p < np;) {
+          const float* bp = static_cast<const float*>(b) + p * panel_elems + kb * ks.nr;
+          if (const int step = multi_panels(ks, item_rows, cfg.mr, np - p); step > 1) {
+            ks.f32_multi(static_cast<int>(item_rows), kcur, af, 1, cfg.mr, bp, panel_elems,
+                         C + p * ks.nr, ldc, acc);
+            p += step;
+            continue;
+          }
+          for (int64_t i = 0; i < item_rows; i += cfg.mr) {
+            const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, item_rows - i));
+            ks.f32(rows, kcur, af + i * kcur, 1, cfg.mr, bp, C + i * ldc + p * ks.nr, ldc, acc);
+          }
+          ++p;
+        }
+      }
+    }
+    if (K == 0) {
+      for (int64_t i = 0; i < item_rows; ++i) std::fill(C + i * ldc, C + i * ldc + cols, 0.0f);
+    }
+  }
+
+  static int pool_threads(const RaggedDotCall& c) {
+    return std::min<int>(c.num_threads, ThreadPool::global().size());
+  }
+
+  // Weights pre-packed by pack_rhs: items of (group, mc rows, nc columns) over the packed panels.
+  static void run_packed(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
+                         const k::KernelSet& ks) {
+    const PackedRhs::Rep& r = *c.packed.rep();
     std::vector<Item> items;
     for (int64_t g = 0; g < c.g; ++g) {
       for (int64_t m0 = c.offsets[g]; m0 < c.offsets[g + 1]; m0 += cfg.mc) {
-        for (int64_t n0 = 0; n0 < N; n0 += cfg.nc) {
+        for (int64_t n0 = 0; n0 < c.n; n0 += cfg.nc) {
           items.push_back({g, m0, std::min<int64_t>(cfg.mc, c.offsets[g + 1] - m0), n0,
-                           std::min<int64_t>(cfg.nc, N - n0)});
+                           std::min<int64_t>(cfg.nc, c.n - n0)});
         }
       }
     }
     // Biggest items first: dynamic scheduling then balances the tail.
     std::stable_sort(items.begin(), items.end(),
                      [](const Item& a, const Item& b) { return a.rows > b.rows; });
-    const bool pairs = r.bf16_pairs;
-    const bool lhs_bf16 = c.lhs.dtype() == DType::kBF16;
-    const int threads = std::min<int>(c.num_threads, ThreadPool::global().size());
-    const int64_t tile_elems = static_cast<int64_t>(cfg.mc) * cfg.nc;
-    const int64_t apack_elems = static_cast<int64_t>(cfg.mc) * cfg.kc;  // f32 tiles or bf16 pairs
     // The f32 kernels read the lhs as f32: a bf16 lhs widened, or an f32 one rounded when the
     // bf16 path would have rounded it (bf16 weights on an ISA without a bf16 dot). Per call.
     Tensor lhs_storage;
-    const float* A = pairs ? nullptr : c.lhs_f32(&lhs_storage);
-    parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
+    const float* A = r.bf16_pairs ? nullptr : c.lhs_f32(&lhs_storage);
+    char* out = static_cast<char*>(c.out().data());
+    const int64_t tile = tile_floats(cfg, ks);
+    parallel_for(static_cast<int64_t>(items.size()), pool_threads(c), [&](int64_t idx, int) {
       const Item& it = items[idx];
-      float* C = thread_scratch(tile_elems + apack_elems);
-      uint32_t* apack = reinterpret_cast<uint32_t*>(C + tile_elems);
-      const int64_t ldc = cfg.nc;
-      const int64_t p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
-      for (int64_t kb = 0; kb < K; kb += cfg.kc) {
-        const int64_t kcur = std::min<int64_t>(cfg.kc, K - kb);
-        const bool acc = kb > 0;
-        if (pairs) {
-          const int64_t kp = (kcur + 1) / 2;
-          const int64_t tiles = (it.rows + cfg.mr - 1) / cfg.mr;
-          for (int64_t tt = 0; tt < tiles; ++tt) {
-            const int64_t rows = std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr);
-            const int64_t esz = lhs_bf16 ? 2 : 4;
-            ks.pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (it.m0 + tt * cfg.mr) * K * esz,
-                           lhs_bf16, K, rows, kb, kcur, cfg.mr, apack + tt * cfg.mr * kp);
-          }
-          for (int64_t p = 0; p < np;) {
-            const uint32_t* b = static_cast<const uint32_t*>(r.group(it.g)) +
-                                (p0 + p) * r.panel_elems + (kb / 2) * ks.nr;
-            if (const int step = multi_panels(ks, it.rows, cfg.mr, np - p); step > 1) {
-              ks.bf16_multi(static_cast<int>(it.rows), kp, apack, cfg.mr, b, r.panel_elems,
-                            C + p * ks.nr, ldc, acc);
-              p += step;
-              continue;
-            }
-            for (int64_t tt = 0; tt < tiles; ++tt) {
-              const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - tt * cfg.mr));
-              ks.bf16(rows, kp, apack + tt * cfg.mr * kp, cfg.mr, b,
-                      C + tt * cfg.mr * ldc + p * ks.nr, ldc, acc);
-            }
-            ++p;
-          }
-        } else {
-          float* af = reinterpret_cast<float*>(apack);
-          k::pack_a_f32(A + it.m0 * K, K, it.rows, kb, kcur, cfg.mr, af);
-          for (int64_t p = 0; p < np;) {
-            const float* b =
-                static_cast<const float*>(r.group(it.g)) + (p0 + p) * r.panel_elems + kb * ks.nr;
-            if (const int step = multi_panels(ks, it.rows, cfg.mr, np - p); step > 1) {
-              ks.f32_multi(static_cast<int>(it.rows), kcur, af, 1, cfg.mr, b, r.panel_elems,
-                           C + p * ks.nr, ldc, acc);
-              p += step;
-              continue;
-            }
-            for (int64_t i = 0; i < it.rows; i += cfg.mr) {
-              const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
-              ks.f32(rows, kcur, af + i * kcur, 1, cfg.mr, b, C + i * ldc + p * ks.nr, ldc, acc);
-            }
-            ++p;
-          }
-        }
-      }
-      if (K == 0) {
-        for (int64_t i = 0; i < it.rows; ++i) std::fill(C + i * ldc, C + i * ldc + it.cols, 0.0f);
-      }
-      epilogue(c, C, ldc, it.m0, it.rows, it.n0, it.cols, N, out);
+      float* C = thread_scratch(kTileSlot, tile);
+      uint32_t* apack = reinterpret_cast<uint32_t*>(C + std::max<int64_t>(cfg.mc, k::kStreamMaxMr) *
+                                                            round_up(cfg.nc, ks.nr));
+      const void* b =
+          static_cast<const uint8_t*>(r.group(it.g)) + (it.n0 / ks.nr) * r.panel_elems * 4;
+      compute_block(c, cfg, ks, r.bf16_pairs, A, b, r.panel_elems, it.m0, it.rows, it.cols, C,
+                    cfg.nc, apack);
+      epilogue(c, C, cfg.nc, it.m0, it.rows, it.n0, it.cols, c.n, out);
     });
   }
 
- private:
+  // Weights as the caller holds them ([G,K,N] or [G,N,K], f32 or bf16), nothing packed ahead:
+  //  - groups of at most kStreamMaxMr rows stream the weights straight from their layout
+  //    (each weight is used by so few rows that a packed copy would cost as much as the call);
+  //  - larger groups pack one item's columns at a time into a per-thread strip (BLIS's packed B
+  //    block), reused by every row block of the item, so packing is amortized over its rows.
+  //    Items span as many rows as still leaves a few items per thread.
+  // Empty groups cost nothing: no item touches their weights.
+  static void run_unpacked(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
+                           const k::KernelSet& ks) {
+    const bool trans = c.dims == RaggedDimNums::kTransposedRhs;
+    const bool src_bf16 = c.rhs.dtype() == DType::kBF16;
+    const bool pairs = use_pairs(c, ks);
+    const k::StreamKernel stream = trans ? ks.stream_t : ks.stream;
+    const int64_t K = c.k, N = c.n;
+    const int64_t ncols = strip_cols(c, cfg, ks);
+    const int threads = pool_threads(c);
+    auto streams = [&](int64_t rows) { return stream && rows <= k::kStreamMaxMr; };
+    // Rows per item for the packed-strip groups: as many as still gives 4 items per thread.
+    int64_t max_rows = 0;
+    bool any_stream = false;
+    for (int32_t s : c.group_sizes) {
+      if (s == 0) continue;
+      if (streams(s))
+        any_stream = true;
+      else
+        max_rows = std::max<int64_t>(max_rows, s);
+    }
+    const int64_t col_blocks = (N + ncols - 1) / ncols;
+    auto count_items = [&](int64_t span) {
+      int64_t n = 0;
+      for (int32_t s : c.group_sizes) {
+        if (s > 0) n += (streams(s) ? 1 : (s + span - 1) / span) * col_blocks;
+      }
+      return n;
+    };
+    int64_t span = std::max<int64_t>(round_up(max_rows, cfg.mc), cfg.mc);
+    while (span > cfg.mc && count_items(span) < 4 * threads)
+      span = std::max<int64_t>(cfg.mc, round_up(span / 2, cfg.mc));
+    std::vector<Item> items;
+    for (int64_t g = 0; g < c.g; ++g) {
+      const int64_t rows_g = c.offsets[g + 1] - c.offsets[g];
+      const int64_t step = streams(rows_g) ? rows_g : span;
+      for (int64_t m0 = c.offsets[g]; m0 < c.offsets[g + 1]; m0 += step) {
+        for (int64_t n0 = 0; n0 < N; n0 += ncols) {
+          items.push_back({g, m0, std::min<int64_t>(step, c.offsets[g + 1] - m0), n0,
+                           std::min<int64_t>(ncols, N - n0)});
+        }
+      }
+    }
+    std::stable_sort(items.begin(), items.end(),
+                     [](const Item& a, const Item& b) { return a.rows > b.rows; });
+    Tensor lhs_storage;
+    const float* A = !pairs || any_stream ? c.lhs_f32(&lhs_storage) : nullptr;
+    char* out = static_cast<char*>(c.out().data());
+    const size_t src_es = dtype_size(c.rhs.dtype());
+    const int64_t tile = tile_floats(cfg, ks);
+    const int64_t strip = strip_floats(c, ks, ncols);
+    const int64_t panel_elems = (pairs ? (K + 1) / 2 : K) * ks.nr;
+    const int64_t ldc = round_up(ncols, ks.nr);
+    parallel_for(static_cast<int64_t>(items.size()), pool_threads(c), [&](int64_t idx, int) {
+      const Item& it = items[idx];
+      float* C = thread_scratch(kTileSlot, tile);
+      uint32_t* apack =
+          reinterpret_cast<uint32_t*>(C + std::max<int64_t>(cfg.mc, k::kStreamMaxMr) * ldc);
+      const char* wg = static_cast<const char*>(c.rhs.data()) +
+                       it.g * K * N * static_cast<int64_t>(src_es);
+      if (streams(it.rows)) {
+        const char* b = wg + (trans ? it.n0 * K : it.n0) * static_cast<int64_t>(src_es);
+        stream(static_cast<int>(it.rows), K, A + it.m0 * K, K, b, src_bf16, trans ? K : N, it.cols,
+               C, ldc);
+        epilogue(c, C, ldc, it.m0, it.rows, it.n0, it.cols, N, out);
+        return;
+      }
+      float* b = thread_scratch(kStripSlot, strip);
+      const int64_t p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
+      pack_panels(ks, pairs, wg, src_bf16, trans, K, N, b, p0, p0 + np);
+      for (int64_t r = 0; r < it.rows; r += cfg.mc) {
+        const int64_t rows = std::min<int64_t>(cfg.mc, it.rows - r);
+        compute_block(c, cfg, ks, pairs, A, b, panel_elems, it.m0 + r, rows, it.cols, C, ldc,
+                      apack);
+        epilogue(c, C, ldc, it.m0 + r, rows, it.n0, it.cols, N, out);
+      }
+    });
+  }
+
   static void epilogue(const RaggedDotCall& c, const float* C, int64_t ldc, int64_t r0,
                        int64_t rows, int64_t n0, int64_t cols, int64_t ld_out, char* out) {
     for (int64_t i = 0; i < rows; ++i) {
@@ -491,7 +596,7 @@ class Native : public Implementation {
       }
       parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
         const Item& it = items[idx];
-        float* C = thread_scratch(static_cast<int64_t>(cfg.mc) * cfg.nc);
+        float* C = thread_scratch(kTileSlot, static_cast<int64_t>(cfg.mc) * cfg.nc);
         const int64_t ldc = cfg.nc, p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
         for (int64_t kb = 0; kb < mg; kb += cfg.kc) {
           const int64_t kcur = std::min<int64_t>(cfg.kc, mg - kb);

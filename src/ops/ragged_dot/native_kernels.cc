@@ -1,10 +1,13 @@
 // Portable microkernel, packing, and run-time ISA selection.
 #include "ops/ragged_dot/native_kernels.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "autotuning/roofline_kernels.h"
+#include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/dtype.h"
 #include "tokamax/core/error.h"
@@ -37,18 +40,6 @@ inline float src_at(const void* src, bool is_bf16, int64_t idx) {
 
 const KernelSet& portable_kernels() { return kPortable; }
 
-const KernelSet& kernels_for(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return *avx512_kernels();
-    case Isa::kAvx2:
-      return *avx2_kernels();
-    case Isa::kPortable:
-      return kPortable;
-  }
-  return kPortable;
-}
-
 const KernelSet& best_kernels() {
   static const KernelSet* best = [] {
     const IsaFeatures& f = device_info().isa;
@@ -71,19 +62,61 @@ const KernelSet& best_kernels() {
   return *best;
 }
 
+bool bf16_dot_pays() {
+  static const bool pays = [] {
+    if (const char* env = std::getenv("TOKAMAX_BF16_DOT"); env && *env) {
+      const std::string s = env;
+      if (s != "0" && s != "1")
+        throw InvalidArgument("TOKAMAX_BF16_DOT='" + s + "': expected 0 or 1");
+      return s == "1" && best_kernels().bf16 != nullptr;
+    }
+    if (best_kernels().bf16 == nullptr) return false;
+    // Measured by `tokamax device --roofline`: Zen 4 runs vdpbf16ps at twice the f32 FMA's
+    // flops, Sapphire and Emerald Rapids at half of them (84 vs 165 GFLOP/s a core).
+    const std::string& arch = device_info().microarch;
+    if (arch.rfind("zen", 0) == 0) return true;
+    if (arch == "sapphirerapids" || arch == "emeraldrapids") return false;
+    // Any other CPU: both peak loops briefly (a few milliseconds, once per process).
+    TimingOptions t;
+    t.warmup = 1;
+    t.min_samples = 3;
+    t.min_time_s = 0;
+    t.calls_per_sample = 1;
+    constexpr int64_t kIters = 100000;
+    volatile float sink = 0;
+    const double fma_ms =
+        time_callable([&] { sink = sink + roofline::fma_f32_avx512(kIters); }, t).min_ms;
+    const double dot_ms =
+        time_callable([&] { sink = sink + roofline::dot_bf16_avx512(kIters); }, t).min_ms;
+    // Per iteration the dot does twice the FMA loop's flops.
+    return 2 * fma_ms > 1.1 * dot_ms;
+  }();
+  return pays;
+}
+
 void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64_t N, int nr,
                      float* dst, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
-    float* d = dst + p * K * nr;
+    float* d = dst + (p - p0) * K * nr;
     const int64_t j0 = p * nr;
     const int64_t w = std::min<int64_t>(nr, N - j0);
+    if (trans) {
+      // Column j of the panel is row j0 + j of the [N,K] source: read it along the row.
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t row = (j0 + j) * K;
+        for (int64_t k = 0; k < K; ++k) d[k * nr + j] = src_at(src, is_bf16, row + k);
+      }
+      for (int64_t k = 0; k < K; ++k)
+        std::fill(d + k * nr + w, d + (k + 1) * nr, 0.0f);
+      continue;
+    }
     for (int64_t k = 0; k < K; ++k) {
       float* dk = d + k * nr;
-      if (!trans && !is_bf16) {
+      if (!is_bf16) {
         std::memcpy(dk, static_cast<const float*>(src) + k * N + j0, static_cast<size_t>(w) * 4);
       } else {
-        for (int64_t j = 0; j < w; ++j)
-          dk[j] = src_at(src, is_bf16, trans ? (j0 + j) * K + k : k * N + j0 + j);
+        const uint16_t* sk = static_cast<const uint16_t*>(src) + k * N + j0;
+        for (int64_t j = 0; j < w; ++j) dk[j] = bf16_to_f32(sk[j]);
       }
       for (int64_t j = w; j < nr; ++j) dk[j] = 0.0f;
     }
@@ -100,7 +133,7 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool trans, int64_t K, int6
                    : f32_to_bf16(static_cast<const float*>(src)[idx]);
   };
   for (int64_t p = p0; p < p1; ++p) {
-    uint32_t* d = dst + p * KP * nr;
+    uint32_t* d = dst + (p - p0) * KP * nr;
     const int64_t j0 = p * nr;
     const int64_t w = std::min<int64_t>(nr, N - j0);
     for (int64_t kp = 0; kp < KP; ++kp) {

@@ -44,6 +44,21 @@ using Bf16MultiKernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t 
                                  const uint32_t* b, int64_t panel_stride, float* c, int64_t ldc,
                                  bool accumulate);
 
+// Weight streaming from the caller's own layout, nothing packed: for i < mr (<= kStreamMaxMr),
+// j < cols, c[i*ldc + j] = sum_{k<K} a[i*lda + k] * B(k, j), where B(k, j) = b[k*ldb + j]
+// (forward: b is the group's [K,N] row-major weights) or b[j*ldb + k] (transposed: [N,K]).
+// b holds f32 or bf16 (b_bf16; widened exactly, multiplied with f32 FMAs: an lhs rounded to
+// bf16 by the caller makes every product exact, as the bf16 dot's are). The forward kernel reads
+// the rows of b in order, a few at a time, so the weights are one forward stream that the
+// hardware prefetchers follow; c is overwritten.
+inline constexpr int kStreamMaxMr = 8;
+using StreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const void* b,
+                              bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc);
+// Packs B panels [panel_begin, panel_end) of a [K,N] bf16 matrix into bf16 pair panels (as
+// pack_panels_bf16 with is_bf16 and not transposed); ISAs with a bf16 dot have a vector one.
+using PackBBf16 = void (*)(const uint16_t* src, int64_t K, int64_t N, int nr, uint32_t* dst,
+                           int64_t panel_begin, int64_t panel_end);
+
 // Packs A into bf16 pairs (see pack_a_bf16 below); ISAs with a bf16 dot have a vector one.
 using PackABf16 = void (*)(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0,
                            int64_t kc, int64_t a_stride, uint32_t* dst);
@@ -59,6 +74,9 @@ struct KernelSet {
   Bf16MultiKernel bf16_multi = nullptr;
   PackABf16 pack_a_bf16 = nullptr;     // set whenever bf16 is
   int multi_np[kMultiMaxMr + 1] = {};  // panels per multi call, by tile rows
+  StreamKernel stream = nullptr;       // forward [K,N] weights, unpacked
+  StreamKernel stream_t = nullptr;     // transposed [N,K] weights, unpacked
+  PackBBf16 pack_b_bf16 = nullptr;     // vector pair packing of bf16 [K,N] weights
 };
 
 const KernelSet& portable_kernels();
@@ -66,9 +84,12 @@ const KernelSet* avx2_kernels();    // defined in native_kernels_avx2.cc
 const KernelSet* avx512_kernels();  // defined in native_kernels_avx512.cc
 // The best set this CPU runs; TOKAMAX_ISA=portable|avx2|avx512 caps it (tests, comparisons).
 const KernelSet& best_kernels();
-const KernelSet& kernels_for(Isa isa);
+// Whether bf16 weights should go through the bf16 dot (pairs) rather than be widened to f32 for
+// the f32 FMA: only where the dot does more flops per cycle. TOKAMAX_BF16_DOT=0|1 overrides.
+bool bf16_dot_pays();
 
-// Packs rows [0,K) x columns [0,N) of one group's weights into panels of nr columns.
+// Packs rows [0,K) x columns [0,N) of one group's weights into panels of nr columns; panels
+// [panel_begin, panel_end) go to dst one after the other (dst holds panel_begin's).
 // src_trans: src is [N,K] (transposed rhs) instead of [K,N]. src is f32 or bf16 (is_bf16).
 // f32 panels: dst[p][k][nr] floats, k < K.
 void pack_panels_f32(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr,

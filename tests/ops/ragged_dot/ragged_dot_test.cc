@@ -281,11 +281,15 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
 // count they take (1-4), a whole number of their panel groups and a tail, the regular kernel
 // beyond, in f32 and with bf16 weights, packed and not.
 TEST(RaggedDotNative, DecodeShapesStreamManyPanels) {
-  for (DType rhs : {DType::kF32, DType::kBF16}) {
-    for (int64_t N : {int64_t{128}, int64_t{7 * 32 + 5}}) {
-      const Case c{DType::kF32, rhs, {}, RaggedDimNums::kForward, 133, N, {1, 2, 0, 3, 4, 5, 1}, 1};
-      check_case("native", c, false);
-      check_case("native", c, true);
+  // Unpacked, groups of up to kStreamMaxMr rows stream the weights from their own layout (both
+  // forms), larger ones pack a strip per item: every path against the reference.
+  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs}) {
+    for (DType rhs : {DType::kF32, DType::kBF16}) {
+      for (int64_t N : {int64_t{128}, int64_t{7 * 32 + 5}}) {
+        const Case c{DType::kF32, rhs, {}, d, 133, N, {1, 2, 0, 3, 4, 5, 1, 8, 9, 17}, 1};
+        check_case("native", c, false);
+        check_case("native", c, true);
+      }
     }
   }
 }
