@@ -104,14 +104,16 @@ struct RowVariant {
     v.implementation = name.substr(0, pos);
     while (pos != std::string::npos) {
       const size_t next = name.find(':', pos + 1);
-      const std::string tok = name.substr(pos + 1, next == std::string::npos ? next : next - pos - 1);
+      const std::string tok =
+          name.substr(pos + 1, next == std::string::npos ? next : next - pos - 1);
       if (tok == "packed")
         v.packed = true;
       else if (tok == "heuristics")
         v.heuristics = true;
       else
-        throw InvalidArgument("bench --impl " + name +
-                              ": expected IMPL, IMPL:packed, IMPL:heuristics or IMPL:packed:heuristics");
+        throw InvalidArgument(
+            "bench --impl " + name +
+            ": expected IMPL, IMPL:packed, IMPL:heuristics or IMPL:packed:heuristics");
       pos = next;
     }
     return v;
@@ -138,7 +140,6 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
     std::unique_ptr<CallBase> packed_call;
     const double flops = rdot::call_flops(call), bytes = rdot::weight_bytes(call);
     const bool mem = fam.memory_bound(call);
-    const bool bf16_dot = call.lhs_as_bf16() && rdot::kernels::bf16_dot_pays();
     // Default rows: the call as users make it, the pre-packed call, and the alternatives a user
     // has: blas, and on memory-bound specs the reference loops (there they can beat blas; on
     // compute-bound ones they are 5-10x slower than blas and would only lengthen the run).
@@ -153,6 +154,7 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       std::shared_ptr<const Implementation> impl;
       CallBase* call = nullptr;
       Config config;
+      bool bf16_dot = false;  // its ceiling is the bf16 dot's (else the f32 FMA's)
       std::shared_ptr<const Prepared> prepared;
       std::vector<double> samples;
     };
@@ -172,6 +174,11 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
           packed_call = fam.make_call(fam.bind_json(args, ""), 0);
         }
         run.call = v.packed ? packed_call.get() : &call;
+        // Rounded bf16 operands run on the bf16 dot where it pays (unpacked calls), or where
+        // the packing chose it (pre-packed ones); otherwise on the f32 FMA.
+        const auto& rc = static_cast<const rdot::RaggedDotCall&>(*run.call);
+        run.bf16_dot = rc.lhs_as_bf16() && roof.bf16_gflops_all > 0 &&
+                       (rc.packed.empty() ? rdot::kernels::bf16_dot_pays() : rc.packed.bf16_dot());
         run.impl->validate(*run.call);
         const Resolution res =
             v.heuristics
@@ -214,8 +221,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         TimingOptions t = round_timing(round);
         t.cold_cache = mem;
         try {
-          const SampleStats st = time_callable(
-              [&] { run.impl->run(*run.call, run.config, run.prepared.get()); }, t);
+          const SampleStats st =
+              time_callable([&] { run.impl->run(*run.call, run.config, run.prepared.get()); }, t);
           run.samples.insert(run.samples.end(), st.samples_ms.begin(), st.samples_ms.end());
         } catch (const std::exception& e) {
           these[i].rung = std::string("error: ") + e.what();
@@ -238,6 +245,7 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         r.peak_kind = "mem_read";
         r.peak_value = read_gbps;
       } else {
+        const bool bf16_dot = runners[i].bf16_dot;
         r.peak_kind = bf16_dot ? "bf16_dot" : "f32_fma";
         r.peak_value = bf16_dot ? roof.bf16_gflops_all : roof.f32_gflops_all;
       }

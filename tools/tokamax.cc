@@ -454,14 +454,13 @@ int main(int argc, char** argv) {
         // of a streaming read timed in the same rounds as the row.
         // "vs other": the ratio to the fastest row of another implementation, which it names.
         fmt::print("{:<37} {:<18} {:>10} {:>9} {:>8} {:>7} {:>14} {:>19}  {}\n", "spec", "impl",
-                   "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs other",
-                   "config (source)");
+                   "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs other", "config (source)");
         for (const auto& r : rows) {
-          fmt::print(
-              "{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19}  {} ({})\n",
-              r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
-              fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
-              fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline), r.config, r.rung);
+          fmt::print("{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19}  {} ({})\n",
+                     r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
+                     fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
+                     fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline), r.config,
+                     r.rung);
         }
       }
     }

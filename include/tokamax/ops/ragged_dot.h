@@ -42,6 +42,8 @@ class PackedRhs {
   // The logical rhs this was packed from ([G,K,N] for kForward, [G,N,K] for kTransposedRhs).
   ShapeDtype logical() const;
   RaggedDimNums dim_nums() const;
+  // Whether the weights were packed as bf16 pairs for the CPU's bf16 dot (else as f32 panels).
+  bool bf16_dot() const;
   const Rep* rep() const { return rep_.get(); }
 
  private:

@@ -389,8 +389,7 @@ BoundArguments Family::bind_json(const Json& a, const std::string& implementatio
     if (!a["packed_rhs"].is_boolean()) throw bad("packed_rhs must be true or false");
     packed_rhs = a["packed_rhs"].get<bool>();
   }
-  bind_call(c, TensorView(nullptr, lhs.dtype, lhs.shape), rhs, sizes, dims, o, threads,
-            packed_rhs);
+  bind_call(c, TensorView(nullptr, lhs.dtype, lhs.shape), rhs, sizes, dims, o, threads, packed_rhs);
   Json args = c.bound.arguments();
   if (gs.is_object())
     args["group_sizes"] = {{"num_groups", gs["num_groups"]}, {"total_size", gs["total_size"]}};

@@ -33,6 +33,7 @@ struct PackedRhs::Rep {
 
 ShapeDtype PackedRhs::logical() const { return rep_->logical; }
 RaggedDimNums PackedRhs::dim_nums() const { return rep_->dims; }
+bool PackedRhs::bf16_dot() const { return rep_->bf16_pairs; }
 
 Json RaggedDotNativeConfig::to_json() const {
   return {{"mr", mr}, {"mc", mc}, {"kc", kc}, {"nc", nc}};
@@ -54,6 +55,9 @@ RaggedDotNativeConfig RaggedDotNativeConfig::from_json(const Json& j) {
 
 namespace rdot {
 namespace {
+
+// Elements (floats, or bf16 pairs) of one packed panel of K rows and nr columns.
+int64_t panel_elems(int64_t K, bool pairs, int nr) { return (pairs ? (K + 1) / 2 : K) * nr; }
 
 // Panels [p0, p1) of one group's weights into dst: bf16 pairs (for the bf16 dot) or f32.
 void pack_panels(const k::KernelSet& ks, bool pairs, const void* src, bool src_bf16, bool trans,
@@ -93,7 +97,7 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
   r->panels = (r->n + nr - 1) / nr;
   r->bf16_pairs =
       rhs.dtype() == DType::kBF16 && precision == Precision::kDefault && r->ks->bf16 != nullptr;
-  r->panel_elems = (r->bf16_pairs ? (r->kdim + 1) / 2 : r->kdim) * nr;
+  r->panel_elems = panel_elems(r->kdim, r->bf16_pairs, nr);
   r->data = Tensor({r->g * r->panels * r->panel_elems}, DType::kF32);
   const bool src_bf16 = rhs.dtype() == DType::kBF16;
   const int64_t per_group = r->kdim * r->n;
@@ -102,8 +106,8 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
     const int64_t gi = item / r->panels, p = item % r->panels;
     const void* src =
         static_cast<const uint8_t*>(rhs.data()) + gi * per_group * static_cast<int64_t>(es);
-    void* dst = const_cast<uint8_t*>(static_cast<const uint8_t*>(r->group(gi))) +
-                p * r->panel_elems * 4;
+    void* dst =
+        const_cast<uint8_t*>(static_cast<const uint8_t*>(r->group(gi))) + p * r->panel_elems * 4;
     pack_panels(*r->ks, r->bf16_pairs, src, src_bf16, trans, r->kdim, r->n, dst, p, p + 1);
   });
   return r;
@@ -323,10 +327,20 @@ class Native : public Implementation {
 
  private:
   // Per thread: the C tile (mc x nc, or up to kStreamMaxMr rows for the streaming kernels) and
-  // the packed A block (mc x kc floats or bf16 pairs).
+  // after it the packed A block (mc x kc floats or bf16 pairs).
+  static int64_t c_tile_floats(const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) {
+    return std::max<int64_t>(cfg.mc, k::kStreamMaxMr) * round_up(cfg.nc, ks.nr);
+  }
   static int64_t tile_floats(const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) {
-    const int64_t tile_rows = std::max<int64_t>(cfg.mc, k::kStreamMaxMr);
-    return tile_rows * round_up(cfg.nc, ks.nr) + static_cast<int64_t>(cfg.mc) * cfg.kc;
+    return c_tile_floats(cfg, ks) + static_cast<int64_t>(cfg.mc) * cfg.kc;
+  }
+  struct Tile {
+    float* c;
+    uint32_t* apack;
+  };
+  static Tile thread_tile(const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) {
+    float* c = thread_scratch(kTileSlot, tile_floats(cfg, ks));
+    return {c, reinterpret_cast<uint32_t*>(c + c_tile_floats(cfg, ks))};
   }
 
   // Columns per item of an unpacked call: the config's, narrowed so that the packed strip of K
@@ -338,25 +352,24 @@ class Native : public Implementation {
     return std::min<int64_t>(cfg.nc, fit);
   }
   static int64_t strip_floats(const RaggedDotCall& c, const k::KernelSet& ks, int64_t cols) {
-    const int64_t panels = (cols + ks.nr - 1) / ks.nr;
-    const int64_t depth = use_pairs(c, ks) ? (c.k + 1) / 2 : c.k;
-    return panels * depth * ks.nr;
+    return (cols + ks.nr - 1) / ks.nr * panel_elems(c.k, use_pairs(c, ks), ks.nr);
   }
   static bool use_pairs(const RaggedDotCall& c, const k::KernelSet& ks) {
     const DType rd = c.packed.empty() ? c.rhs.dtype() : c.packed.logical().dtype;
-    if (rd != DType::kBF16 || c.precision != Precision::kDefault || ks.bf16 == nullptr) return false;
+    if (rd != DType::kBF16 || c.precision != Precision::kDefault || ks.bf16 == nullptr)
+      return false;
     // Pre-packed weights keep the packing's choice; unpacked ones are widened to f32 panels
     // where the f32 FMA outruns the bf16 dot (Intel: 1.5x on compute-bound calls).
-    return c.packed.empty() ? k::bf16_dot_pays() : c.packed.rep()->bf16_pairs;
+    return c.packed.empty() ? k::bf16_dot_pays() : c.packed.bf16_dot();
   }
 
   // Output rows [m0, m0+rows) x columns [0, cols) of an item, relative to its first column, into
   // the f32 tile C (row stride ldc), from weights in panels: `b` is the item's first panel,
-  // panels are panel_elems apart (floats, or bf16 pairs when `pairs`). A is the f32 lhs (unused
-  // with pairs, which pack the lhs themselves).
+  // panels are panel_stride elements apart (floats, or bf16 pairs when `pairs`). A is the f32 lhs
+  // (unused with pairs, which pack the lhs themselves).
   static void compute_block(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
                             const k::KernelSet& ks, bool pairs, const float* A, const void* b,
-                            int64_t panel_elems, int64_t m0, int64_t item_rows, int64_t cols,
+                            int64_t panel_stride, int64_t m0, int64_t item_rows, int64_t cols,
                             float* C, int64_t ldc, uint32_t* apack) {
     const int64_t K = c.k;
     const int64_t np = (cols + ks.nr - 1) / ks.nr;
@@ -375,9 +388,9 @@ class Native : public Implementation {
         }
         for (int64_t p = 0; p < np;) {
           const uint32_t* bp =
-              static_cast<const uint32_t*>(b) + p * panel_elems + (kb / 2) * ks.nr;
+              static_cast<const uint32_t*>(b) + p * panel_stride + (kb / 2) * ks.nr;
           if (const int step = multi_panels(ks, item_rows, cfg.mr, np - p); step > 1) {
-            ks.bf16_multi(static_cast<int>(item_rows), kp, apack, cfg.mr, bp, panel_elems,
+            ks.bf16_multi(static_cast<int>(item_rows), kp, apack, cfg.mr, bp, panel_stride,
                           C + p * ks.nr, ldc, acc);
             p += step;
             continue;
@@ -393,9 +406,9 @@ class Native : public Implementation {
         float* af = reinterpret_cast<float*>(apack);
         k::pack_a_f32(A + m0 * K, K, item_rows, kb, kcur, cfg.mr, af);
         for (int64_t p = 0; p < np;) {
-          const float* bp = static_cast<const float*>(b) + p * panel_elems + kb * ks.nr;
+          const float* bp = static_cast<const float*>(b) + p * panel_stride + kb * ks.nr;
           if (const int step = multi_panels(ks, item_rows, cfg.mr, np - p); step > 1) {
-            ks.f32_multi(static_cast<int>(item_rows), kcur, af, 1, cfg.mr, bp, panel_elems,
+            ks.f32_multi(static_cast<int>(item_rows), kcur, af, 1, cfg.mr, bp, panel_stride,
                          C + p * ks.nr, ldc, acc);
             p += step;
             continue;
@@ -438,17 +451,14 @@ class Native : public Implementation {
     Tensor lhs_storage;
     const float* A = r.bf16_pairs ? nullptr : c.lhs_f32(&lhs_storage);
     char* out = static_cast<char*>(c.out().data());
-    const int64_t tile = tile_floats(cfg, ks);
     parallel_for(static_cast<int64_t>(items.size()), pool_threads(c), [&](int64_t idx, int) {
       const Item& it = items[idx];
-      float* C = thread_scratch(kTileSlot, tile);
-      uint32_t* apack = reinterpret_cast<uint32_t*>(C + std::max<int64_t>(cfg.mc, k::kStreamMaxMr) *
-                                                            round_up(cfg.nc, ks.nr));
+      const Tile t = thread_tile(cfg, ks);
       const void* b =
           static_cast<const uint8_t*>(r.group(it.g)) + (it.n0 / ks.nr) * r.panel_elems * 4;
-      compute_block(c, cfg, ks, r.bf16_pairs, A, b, r.panel_elems, it.m0, it.rows, it.cols, C,
-                    cfg.nc, apack);
-      epilogue(c, C, cfg.nc, it.m0, it.rows, it.n0, it.cols, c.n, out);
+      compute_block(c, cfg, ks, r.bf16_pairs, A, b, r.panel_elems, it.m0, it.rows, it.cols, t.c,
+                    cfg.nc, t.apack);
+      epilogue(c, t.c, cfg.nc, it.m0, it.rows, it.n0, it.cols, c.n, out);
     });
   }
 
@@ -507,17 +517,14 @@ class Native : public Implementation {
     const float* A = !pairs || any_stream ? c.lhs_f32(&lhs_storage) : nullptr;
     char* out = static_cast<char*>(c.out().data());
     const size_t src_es = dtype_size(c.rhs.dtype());
-    const int64_t tile = tile_floats(cfg, ks);
     const int64_t strip = strip_floats(c, ks, ncols);
-    const int64_t panel_elems = (pairs ? (K + 1) / 2 : K) * ks.nr;
+    const int64_t pe = panel_elems(K, pairs, ks.nr);
     const int64_t ldc = round_up(ncols, ks.nr);
     parallel_for(static_cast<int64_t>(items.size()), pool_threads(c), [&](int64_t idx, int) {
       const Item& it = items[idx];
-      float* C = thread_scratch(kTileSlot, tile);
-      uint32_t* apack =
-          reinterpret_cast<uint32_t*>(C + std::max<int64_t>(cfg.mc, k::kStreamMaxMr) * ldc);
-      const char* wg = static_cast<const char*>(c.rhs.data()) +
-                       it.g * K * N * static_cast<int64_t>(src_es);
+      const auto [C, apack] = thread_tile(cfg, ks);
+      const char* wg =
+          static_cast<const char*>(c.rhs.data()) + it.g * K * N * static_cast<int64_t>(src_es);
       if (streams(it.rows)) {
         const char* b = wg + (trans ? it.n0 * K : it.n0) * static_cast<int64_t>(src_es);
         stream(static_cast<int>(it.rows), K, A + it.m0 * K, K, b, src_bf16, trans ? K : N, it.cols,
@@ -530,8 +537,7 @@ class Native : public Implementation {
       pack_panels(ks, pairs, wg, src_bf16, trans, K, N, b, p0, p0 + np);
       for (int64_t r = 0; r < it.rows; r += cfg.mc) {
         const int64_t rows = std::min<int64_t>(cfg.mc, it.rows - r);
-        compute_block(c, cfg, ks, pairs, A, b, panel_elems, it.m0 + r, rows, it.cols, C, ldc,
-                      apack);
+        compute_block(c, cfg, ks, pairs, A, b, pe, it.m0 + r, rows, it.cols, C, ldc, apack);
         epilogue(c, C, ldc, it.m0 + r, rows, it.n0, it.cols, N, out);
       }
     });

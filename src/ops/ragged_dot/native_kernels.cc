@@ -106,8 +106,7 @@ void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64
         const int64_t row = (j0 + j) * K;
         for (int64_t k = 0; k < K; ++k) d[k * nr + j] = src_at(src, is_bf16, row + k);
       }
-      for (int64_t k = 0; k < K; ++k)
-        std::fill(d + k * nr + w, d + (k + 1) * nr, 0.0f);
+      for (int64_t k = 0; k < K; ++k) std::fill(d + k * nr + w, d + (k + 1) * nr, 0.0f);
       continue;
     }
     for (int64_t k = 0; k < K; ++k) {

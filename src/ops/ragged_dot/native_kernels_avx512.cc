@@ -282,8 +282,8 @@ void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t 
 
 // Sum of the 16 lanes (not _mm512_reduce_add_ps: GCC 12's header trips -Wuninitialized).
 inline float hsum(__m512 v) {
-  const __m256 h =
-      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0), _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
+  const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0),
+                                 _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
   __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
   q = _mm_add_ps(q, _mm_movehl_ps(q, q));
   q = _mm_add_ss(q, _mm_movehdup_ps(q));
@@ -323,36 +323,42 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
 }
 
 template <int MR, bool BF16>
-void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
-                   int64_t cols, float* c, int64_t ldc) {
+void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t cols,
+                   float* c, int64_t ldc) {
   constexpr int JB = MR <= 4 ? 4 : 2;  // MR * JB accumulators + JB weights + 1 lhs register
   int64_t j = 0;
   for (; j + JB <= cols; j += JB) stream_t_cols<MR, JB, BF16>(K, a, lda, b, ldb, j, c, ldc);
   for (; j < cols; ++j) stream_t_cols<MR, 1, BF16>(K, a, lda, b, ldb, j, c, ldc);
 }
 
-void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
-            int64_t ldb, int64_t cols, float* c, int64_t ldc) {
+// Runs body.template operator()<MR, BF16>() for the tile height and weight dtype of a call.
+template <class Body>
+inline void with_rows_and_dtype(int mr, bool b_bf16, Body&& body) {
   with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
     if (b_bf16)
-      stream_tile<MR, true>(K, a, lda, b, ldb, cols, c, ldc);
+      body.template operator()<MR, true>();
     else
-      stream_tile<MR, false>(K, a, lda, b, ldb, cols, c, ldc);
+      body.template operator()<MR, false>();
+  });
+}
+
+void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16, int64_t ldb,
+            int64_t cols, float* c, int64_t ldc) {
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    stream_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
   });
 }
 
 void stream_t(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
               int64_t ldb, int64_t cols, float* c, int64_t ldc) {
-  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
-    if (b_bf16)
-      stream_t_tile<MR, true>(K, a, lda, b, ldb, cols, c, ldc);
-    else
-      stream_t_tile<MR, false>(K, a, lda, b, ldb, cols, c, ldc);
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    stream_t_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
   });
 }
 
 // bf16 [K,N] weights into pair panels: 16 columns of rows 2kp and 2kp+1 are widened to 32 bits
-// and merged (row 2kp in the low half, row 2kp+1 in the high half), two vector loads per 16 pairs instead of 32 scalar ones.
+// and merged (row 2kp in the low half, row 2kp+1 in the high half), two vector loads per 16 pairs
+// instead of 32 scalar ones.
 void pack_b_bf16(const uint16_t* src, int64_t K, int64_t N, int nr, uint32_t* dst, int64_t p0,
                  int64_t p1) {
   const int64_t KP = (K + 1) / 2;
@@ -364,8 +370,7 @@ void pack_b_bf16(const uint16_t* src, int64_t K, int64_t N, int nr, uint32_t* ds
       const bool odd_tail = 2 * kp + 1 >= K;
       for (int64_t h = 0; h < nr; h += 16) {
         const int64_t w = N - j0 - h;
-        const __mmask16 m =
-            w >= 16 ? 0xFFFF : w <= 0 ? 0 : static_cast<__mmask16>((1u << w) - 1);
+        const __mmask16 m = w >= 16 ? 0xFFFF : w <= 0 ? 0 : static_cast<__mmask16>((1u << w) - 1);
         const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, r0 + h));
         const __m512i hi = odd_tail ? _mm512_setzero_si512()
                                     : widen_bf16_bits(_mm256_maskz_loadu_epi16(m, r0 + N + h));
