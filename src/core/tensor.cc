@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,9 @@
 
 namespace tokamax {
 namespace {
+
+std::atomic<int64_t> g_alloc_count{0};
+std::atomic<int64_t> g_alloc_bytes{0};
 
 // SplitMix64 of (seed, index): a counter-based generator, so element i has the same value
 // regardless of thread count, machine or fill order.
@@ -142,6 +146,13 @@ Tensor::Tensor(Shape shape, DType dtype) : dtype_(dtype), shape_(std::move(shape
   if (!p) throw std::bad_alloc();
   if (align == kHuge) madvise(p, alloc, MADV_HUGEPAGE);  // advisory; failure is harmless
   data_.reset(p);
+  g_alloc_count.fetch_add(1, std::memory_order_relaxed);
+  g_alloc_bytes.fetch_add(static_cast<int64_t>(nbytes_), std::memory_order_relaxed);
+}
+
+TensorAllocations tensor_allocations() {
+  return {g_alloc_count.load(std::memory_order_relaxed),
+          g_alloc_bytes.load(std::memory_order_relaxed)};
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype) {

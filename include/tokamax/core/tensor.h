@@ -97,6 +97,15 @@ class Tensor {
   size_t nbytes_ = 0;
 };
 
+// Tensor storage allocated so far by this process, every thread together (the library's own
+// buffers included: outputs, packed weights, per-thread scratch). Monotonic; take the
+// difference around a call to see what it allocated.
+struct TensorAllocations {
+  int64_t count = 0;
+  int64_t bytes = 0;  // as requested (nbytes), before alignment padding
+};
+TensorAllocations tensor_allocations();
+
 // Fills `view` (contiguous) with the seeded values the factories use.
 void fill_randn(const TensorView& view, uint64_t seed);
 void fill_uniform(const TensorView& view, uint64_t seed, double low, double high);

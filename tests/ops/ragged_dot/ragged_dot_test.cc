@@ -294,6 +294,41 @@ TEST(RaggedDotNative, DecodeShapesStreamManyPanels) {
   }
 }
 
+// The plain call on unpacked weights packs nothing of the size of the weights: once the
+// per-thread buffers have grown (first call), a call allocates its output and, where the lhs is
+// rounded or widened, one copy of the lhs; nothing else. pack_rhs is the contrast: it
+// allocates the whole packed rhs, so the counter is seen to count.
+TEST(RaggedDotNative, UnpackedCallAllocatesOnlyOutputAndLhsCopy) {
+  const int64_t K = 384, N = 512;
+  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs}) {
+    const bool trans = d == RaggedDimNums::kTransposedRhs;
+    for (DType rd : {DType::kF32, DType::kBF16}) {
+      for (int32_t rows : {1, 3, 64}) {  // streamed (decode) and strip-packed (prefill) groups
+        const std::vector<int32_t> sizes(8, rows);
+        const int64_t M = 8 * rows;
+        Tensor lhs = Tensor::randn({M, K}, DType::kF32, fresh_seed());
+        Tensor rhs = Tensor::randn(trans ? Shape{8, N, K} : Shape{8, K, N}, rd, fresh_seed());
+        const RaggedDotOptions o{.implementation = "native"};
+        const Tensor first = ragged_dot_general(lhs, rhs, sizes, d, o);
+        const TensorAllocations before = tensor_allocations();
+        const Tensor out = ragged_dot_general(lhs, rhs, sizes, d, o);
+        const TensorAllocations after = tensor_allocations();
+        const std::string what = std::string(trans ? "transposed " : "forward ") +
+                                 std::string(dtype_name(rd)) + " rows=" + std::to_string(rows);
+        EXPECT_LE(after.count - before.count, 2) << what;
+        EXPECT_LE(after.bytes - before.bytes, static_cast<int64_t>(out.nbytes()) + M * K * 4)
+            << what;
+        for (int64_t i = 0; i < out.size(); ++i) ASSERT_EQ(out.get(i), first.get(i)) << what;
+        const TensorAllocations pack_before = tensor_allocations();
+        const PackedRhs packed = pack_rhs(rhs, d);
+        EXPECT_GE(tensor_allocations().bytes - pack_before.bytes,
+                  static_cast<int64_t>(8 * K * N * (rd == DType::kF32 ? 4 : 2)))
+            << what;
+      }
+    }
+  }
+}
+
 TEST(RaggedDotNative, VectorBf16PackingMatchesScalar) {
   namespace k = rdot::kernels;
   if (!device_info().isa.has_avx512_bf16()) GTEST_SKIP() << "needs AVX-512 BF16";
