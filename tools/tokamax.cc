@@ -459,8 +459,10 @@ int main(int argc, char** argv) {
           fmt::print("{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19}  {} ({})\n",
                      r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
                      fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
-                     fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline), r.config,
-                     r.rung);
+                     r.baseline.empty()
+                         ? std::string("-")
+                         : fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline),
+                     r.config, r.rung);
         }
       }
     }

@@ -68,10 +68,24 @@ float RaggedDotCall::lhs_value(int64_t i) const {
 }
 
 const float* RaggedDotCall::lhs_f32(Tensor* storage) const {
-  if (lhs.dtype() == DType::kF32 && !lhs_as_bf16()) return lhs.data_as<float>();
+  const bool round = lhs_as_bf16();
+  if (lhs.dtype() == DType::kF32 && !round) return lhs.data_as<float>();
   *storage = Tensor(lhs.shape(), DType::kF32);
   float* d = storage->data_as<float>();
-  for (int64_t i = 0; i < lhs.size(); ++i) d[i] = lhs_value(i);
+  // Once per call over the whole lhs (a prefill's is megabytes): chunks in parallel, each a
+  // loop the compiler vectorizes.
+  constexpr int64_t kChunk = int64_t{1} << 15;
+  const int64_t n = lhs.size();
+  parallel_for((n + kChunk - 1) / kChunk, num_threads, [&](int64_t chunk, int) {
+    const int64_t b = chunk * kChunk, e = std::min(n, b + kChunk);
+    if (lhs.dtype() == DType::kBF16) {
+      const uint16_t* s = lhs.data_as<uint16_t>();
+      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(s[i]);
+    } else {
+      const float* s = lhs.data_as<float>();
+      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+    }
+  });
   return d;
 }
 
