@@ -249,11 +249,14 @@ inline void stream_chunk(const float* a, int64_t lda, int64_t k0, const void* b,
     __m512 w[V];
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, (k0 + s) * ldb + j + 16 * v, m);
-      // The lines of the next pass's rows (S rows on), one per 64 bytes.
+      // The lines of the next pass's rows (S rows on), one per 64 bytes, into L2: a pass of
+      // f32 rows 1024 wide is 32 KB, which would evict this pass from L1 (T1 vs T0, two runs:
+      // memory_bound 1.08-1.09 vs 1.07-1.15 the packed call's time, Qwen3 f32 0.94-0.98 vs
+      // 1.03-1.11, bf16 the same).
 #pragma GCC unroll 2
     for (int v = 0; v < V; v += BF16 ? 2 : 1)
       _mm_prefetch(static_cast<const char*>(b) + ((k0 + S + s) * ldb + j + 16 * v) * (BF16 ? 2 : 4),
-                   _MM_HINT_T0);
+                   _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 x = _mm512_set1_ps(a[i * lda + k0 + s]);
