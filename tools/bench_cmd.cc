@@ -3,11 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 
-#include "ops/ragged_dot/base.h"
-#include "ops/ragged_dot/native_kernels.h"
 #include "tools/commands.h"
 
 namespace tokamax::cli {
@@ -26,6 +25,19 @@ std::vector<BoundArguments> load_bound_args_file(const std::string& file) {
 }
 
 }  // namespace
+
+std::string default_op(const std::string& spec) {
+  std::vector<std::string> names, with_spec;
+  for (const auto& f : families()) {
+    names.push_back(f->name());
+    for (const ArgSpec& s : f->arg_specs()) {
+      if (s.name == spec) with_spec.push_back(f->name());
+    }
+  }
+  if (with_spec.size() == 1) return with_spec[0];
+  if (names.size() == 1) return names[0];
+  throw InvalidArgument("give --op: one of " + join(names, ", "));
+}
 
 void check_one_source(const std::string& spec, const std::string& tag, const std::string& file) {
   if (!spec.empty() + !tag.empty() + !file.empty() != 1)
@@ -93,12 +105,16 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
 
 namespace {
 
-// A bench row name: IMPL[:packed][:heuristics]. ":packed" measures the call with weights packed
-// ahead (pack_rhs; its own key), ":heuristics" pins the implementation's heuristics config.
+// A bench row name: IMPL[:VARIANT][:heuristics]. A variant is one of the family's argument
+// variants (ragged_dot's ":packed" measures the call with weights packed ahead: pack_rhs, its
+// own key); ":heuristics" pins the implementation's heuristics config.
 struct RowVariant {
   std::string implementation;
-  bool packed = false, heuristics = false;
-  static RowVariant parse(const std::string& name) {
+  std::string variant;  // "" = the spec as given
+  Json overlay;         // the variant's arguments
+  bool heuristics = false;
+  static RowVariant parse(const OpFamily& fam, const std::string& name) {
+    const auto variants = fam.argument_variants();
     RowVariant v;
     size_t pos = name.find(':');
     v.implementation = name.substr(0, pos);
@@ -106,14 +122,21 @@ struct RowVariant {
       const size_t next = name.find(':', pos + 1);
       const std::string tok =
           name.substr(pos + 1, next == std::string::npos ? next : next - pos - 1);
-      if (tok == "packed")
-        v.packed = true;
-      else if (tok == "heuristics")
-        v.heuristics = true;
-      else
-        throw InvalidArgument(
-            "bench --impl " + name +
-            ": expected IMPL, IMPL:packed, IMPL:heuristics or IMPL:packed:heuristics");
+      bool known = tok == "heuristics";
+      v.heuristics = v.heuristics || known;
+      for (const auto& [vname, args] : variants) {
+        if (tok == vname && v.variant.empty()) {
+          v.variant = vname;
+          v.overlay = args;
+          known = true;
+        }
+      }
+      if (!known) {
+        std::string forms = "IMPL, IMPL:heuristics";
+        for (const auto& [vname, args] : variants)
+          forms += ", IMPL:" + vname + ", IMPL:" + vname + ":heuristics";
+        throw InvalidArgument("bench --impl " + name + ": expected " + forms);
+      }
       pos = next;
     }
     return v;
@@ -125,7 +148,6 @@ struct RowVariant {
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls_in, double min_time_s) {
   const OpFamily& fam = find_family(op);
-  if (op != rdot::kFamily) throw InvalidArgument("bench supports ragged_dot");
   const Roofline& roof = cached_roofline();
   // The read ceiling for memory-bound specs is timed in the same rounds as their rows (below);
   // the process-wide roofline figure can be minutes old, and this machine's bandwidth is not
@@ -134,20 +156,12 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
   std::vector<BenchRow> rows;
   for (const ArgSpec& s : specs) {
     const BoundArguments b = fam.bind_json(s.arguments, "");
-    auto call_base = fam.make_call(b, 0);
-    auto& call = static_cast<rdot::RaggedDotCall&>(*call_base);
-    // The same call with the weights packed ahead (same seed: same values), made on demand.
-    std::unique_ptr<CallBase> packed_call;
-    const double flops = rdot::call_flops(call), bytes = rdot::weight_bytes(call);
-    const bool mem = fam.memory_bound(call);
-    // Default rows: the call as users make it, the pre-packed call, and the alternatives a user
-    // has: blas, and on memory-bound specs the reference loops (there they can beat blas; on
-    // compute-bound ones they are 5-10x slower than blas and would only lengthen the run).
-    std::vector<std::string> impls = impls_in;
-    if (impls.empty()) {
-      impls = {"native", "native:packed", "blas"};
-      if (mem) impls.push_back("reference");
-    }
+    auto call = fam.make_call(b, 0);
+    // The same call as each argument variant (same seed: same values), made on demand.
+    std::map<std::string, std::unique_ptr<CallBase>> variant_calls;
+    const CallCost cost = fam.cost(*call);
+    const bool mem = fam.memory_bound(*call);
+    const std::vector<std::string> impls = impls_in.empty() ? fam.bench_rows(*call) : impls_in;
     // Prepare every implementation first, then measure them interleaved in rounds, so that
     // drift in the machine's state (a noisy VM) hits all of them alike.
     struct Runner {
@@ -166,19 +180,19 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       r.implementation = name;
       Runner run;
       try {
-        const RowVariant v = RowVariant::parse(name);
+        const RowVariant v = RowVariant::parse(fam, name);
         run.impl = fam.implementation(v.implementation);
-        if (v.packed && !packed_call) {
-          Json args = s.arguments;
-          args["packed_rhs"] = true;
-          packed_call = fam.make_call(fam.bind_json(args, ""), 0);
+        run.call = call.get();
+        if (!v.variant.empty()) {
+          auto& vc = variant_calls[v.variant];
+          if (!vc) {
+            Json args = s.arguments;
+            args.update(v.overlay);
+            vc = fam.make_call(fam.bind_json(args, ""), 0);
+          }
+          run.call = vc.get();
         }
-        run.call = v.packed ? packed_call.get() : &call;
-        // Rounded bf16 operands run on the bf16 dot where it pays (unpacked calls), or where
-        // the packing chose it (pre-packed ones); otherwise on the f32 FMA.
-        const auto& rc = static_cast<const rdot::RaggedDotCall&>(*run.call);
-        run.bf16_dot = rc.lhs_as_bf16() && roof.bf16_gflops_all > 0 &&
-                       (rc.packed.empty() ? rdot::kernels::bf16_dot_pays() : rc.packed.bf16_dot());
+        run.bf16_dot = fam.cost(*run.call).bf16_dot && roof.bf16_gflops_all > 0;
         run.impl->validate(*run.call);
         const Resolution res =
             v.heuristics
@@ -239,8 +253,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       const SampleStats st = SampleStats::of(runners[i].samples);
       r.median_ms = st.median_ms;
       r.iqr_ms = st.iqr_ms();
-      r.gflops = flops / (st.median_ms * 1e-3) / 1e9;
-      r.gbps = bytes / (st.median_ms * 1e-3) / 1e9;
+      r.gflops = cost.flops / (st.median_ms * 1e-3) / 1e9;
+      r.gbps = cost.bytes / (st.median_ms * 1e-3) / 1e9;
       if (mem) {
         r.peak_kind = "mem_read";
         r.peak_value = read_gbps;

@@ -16,6 +16,9 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
                                               const std::vector<std::string>& impls);
 
 // InvalidArgument unless exactly one of --spec, --tag, --bound-args was given.
+// The op a command works on when --op is not given: the family that has the spec named by
+// --spec, else the only family; InvalidArgument naming the families when that is ambiguous.
+std::string default_op(const std::string& spec);
 void check_one_source(const std::string& spec, const std::string& tag,
                       const std::string& bound_args_file);
 // The distinct keys of op `op` in a bound-args file as specs to benchmark (other ops and

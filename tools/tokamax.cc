@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
   auto* ops = app.add_subcommand("ops", "list op families, implementations and config fields");
   ops->add_flag("--json", json, "JSON output");
 
-  std::string op = "ragged_dot", tag, spec, bound_args, impl_csv, out_path, into_cache_dir;
+  std::string op, tag, spec, bound_args, impl_csv, out_path, into_cache_dir;
   auto* specs = app.add_subcommand("specs", "list named workloads");
   specs->add_option("--op", op, "op family");
   specs->add_option("--tag", tag, "only specs with this tag");
@@ -302,6 +302,7 @@ int main(int argc, char** argv) {
     } else if (specs->parsed()) {
       print_specs(op, tag, json);  // find_arg_specs names an unknown op
     } else if (autotune->parsed()) {
+      if (op.empty()) op = tk::cli::default_op(spec);
       tk::AutotuneOptions o;
       if (have_budget) o.budget_s = budget_s;
       o.all_implementations = all_impls;
@@ -316,6 +317,7 @@ int main(int argc, char** argv) {
       else
         print_result_table(r);
     } else if (explain->parsed()) {
+      if (op.empty()) op = tk::cli::default_op(spec);
       const tk::OpFamily& fam = tk::find_family(op);
       const auto specs_found = tk::find_arg_specs(op, spec);
       auto call = fam.make_call(fam.bind_json(specs_found.at(0).arguments, ""), 0);
@@ -348,6 +350,7 @@ int main(int argc, char** argv) {
                    e.resolution.detail);
       }
     } else if (cache_show->parsed()) {
+      if (op.empty()) op = tk::cli::default_op("");
       tk::find_family(op);
       Json out = Json::array();
       for (const auto& [name, path] : existing_cache_files(op)) {
@@ -426,6 +429,7 @@ int main(int argc, char** argv) {
       return tk::cli::trace_summary(trace_file, json);
     } else if (bench->parsed()) {
       tk::cli::check_one_source(spec, tag, bound_args);
+      if (op.empty()) op = tk::cli::default_op(spec);
       const auto rows =
           tk::cli::run_bench(op,
                              bound_args.empty() ? tk::find_arg_specs(op, spec, tag)

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "autotuning/scope_stack.h"
+#include "op/builtins.h"
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/core/log.h"
 #include "tokamax/op/dispatch.h"
@@ -610,10 +611,8 @@ bool already_tuned(const Implementation& impl, const BoundArguments& bound) {
   return !impl.has_config() || g_backend.scope_lookup(impl, bound, nullptr) ||
          g_backend.cache_lookup(impl, bound, nullptr);
 }
-const struct Install {
-  Install() { set_tuning_backend(&g_backend); }
-} g_install;
-
 }  // namespace
+
+void install_autotuning_backend() { set_builtin_tuning_backend(&g_backend); }
 
 }  // namespace tokamax

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "op/builtins.h"
 #include "tokamax/core/log.h"
 #include "tokamax/core/version.h"
 
@@ -152,7 +153,12 @@ std::string_view rung_name(Rung r) {
   return "?";
 }
 
-void set_tuning_backend(const TuningBackend* backend) { g_backend.store(backend); }
+void set_builtin_tuning_backend(const TuningBackend* backend) { g_backend.store(backend); }
+
+void set_tuning_backend(const TuningBackend* backend) {
+  ensure_builtins();  // so that the built-in backend, installed on first use, does not replace it
+  g_backend.store(backend);
+}
 
 void set_call_observer(const CallObserver* observer) {
   std::lock_guard<std::mutex> lock(g_slow_path_mu);
@@ -204,6 +210,7 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
     r.detail = "implementation has nothing to tune";
     return r;
   }
+  ensure_builtins();  // installs the autotuning layer's rungs on the first call
   const TuningBackend* backend = g_backend.load(std::memory_order_acquire);
   const BoundArguments bound = call.bound.with_implementation(impl.name());
   if (backend) {

@@ -1,14 +1,13 @@
-// The registry of op families. Built-in families register on first use (no static-init order
-// dependence); tests and extensions add theirs with register_family.
+// The registry of op families. Built-in families register on first use (src/ops/registry.cc
+// lists them; no static initializers); tests and extensions add theirs with register_family.
 #include <algorithm>
 #include <mutex>
 
+#include "op/builtins.h"
 #include "tokamax/core/strings.h"
 #include "tokamax/op/op.h"
 
 namespace tokamax {
-
-void register_builtin_families();  // src/ops/*/api.cc
 
 namespace {
 std::mutex& mu() {
@@ -19,11 +18,12 @@ std::vector<std::shared_ptr<const OpFamily>>& storage() {
   static std::vector<std::shared_ptr<const OpFamily>> v;
   return v;
 }
+}  // namespace
+
 void ensure_builtins() {
   static std::once_flag once;
   std::call_once(once, [] { register_builtin_families(); });
 }
-}  // namespace
 
 void register_family(std::shared_ptr<const OpFamily> family) {
   std::lock_guard<std::mutex> lock(mu());
@@ -68,6 +68,13 @@ std::vector<std::string> OpFamily::implementation_names() const {
   for (const auto& i : implementations()) names.push_back(i->name());
   names.push_back("reference");
   return names;
+}
+
+std::vector<std::string> OpFamily::bench_rows(const CallBase& call) const {
+  std::vector<std::string> rows;
+  for (const auto& i : implementations()) rows.push_back(i->name());
+  if (memory_bound(call)) rows.push_back("reference");
+  return rows;
 }
 
 std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string& name,

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tokamax/core/device.h"
@@ -106,6 +107,13 @@ struct Tolerance {
   double atol = 0, rtol = 0, normwise = 0;
 };
 
+// What a call must do at least, for benchmarks and roofline percentages.
+struct CallCost {
+  double flops = 0;       // useful arithmetic (a multiply-add is 2)
+  double bytes = 0;       // the bytes it must move at least (ragged_dot: the weights it reads)
+  bool bf16_dot = false;  // its arithmetic runs on the bf16 dot product (else the f32 FMA)
+};
+
 struct ArgSpec {
   std::string family;
   std::string name;
@@ -131,6 +139,13 @@ class OpFamily {
   virtual std::vector<ArgSpec> arg_specs() const { return {}; }
   // True when the call moves more bytes than it computes: the autotuner measures cold-cache.
   virtual bool memory_bound(const CallBase&) const { return false; }
+  virtual CallCost cost(const CallBase&) const { return {}; }
+  // Variants of a call that `tokamax bench` can measure as their own rows (IMPL:VARIANT): a
+  // name and the arguments it sets over a spec's (ragged_dot: "packed", {"packed_rhs": true}).
+  virtual std::vector<std::pair<std::string, Json>> argument_variants() const { return {}; }
+  // The rows `tokamax bench` measures when none are named. Default: every implementation,
+  // and the reference on memory-bound calls (there plain loops can rival a library).
+  virtual std::vector<std::string> bench_rows(const CallBase& call) const;
 
   // Any implementation by name, including "reference". InvalidArgument listing the names.
   std::shared_ptr<const Implementation> implementation(const std::string& name) const;

@@ -4,10 +4,6 @@
 
 namespace tokamax {
 
-void register_builtin_families() {
-  register_family(std::shared_ptr<const OpFamily>(&rdot::family(), [](const OpFamily*) {}));
-}
-
 namespace {
 
 using rdot::RaggedDotCall;

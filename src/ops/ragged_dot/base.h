@@ -101,6 +101,11 @@ class Family : public OpFamily {
   Tolerance tolerance(const CallBase& call) const override;
   std::vector<ArgSpec> arg_specs() const override { return rdot::arg_specs(); }
   bool memory_bound(const CallBase& call) const override;
+  CallCost cost(const CallBase& call) const override;
+  std::vector<std::pair<std::string, Json>> argument_variants() const override {
+    return {{"packed", Json{{"packed_rhs", true}}}};
+  }
+  std::vector<std::string> bench_rows(const CallBase& call) const override;
 
  private:
   std::vector<std::shared_ptr<const Implementation>> impls_;

@@ -296,8 +296,8 @@ TEST(RaggedDotNative, DecodeShapesStreamManyPanels) {
 
 // The plain call on unpacked weights packs nothing of the size of the weights: once the
 // per-thread buffers have grown (first call), a call allocates its output and, where the lhs is
-// rounded or widened, one copy of the lhs; nothing else. pack_rhs is the contrast: it
-// allocates the whole packed rhs, so the counter is seen to count.
+// rounded or widened, one copy of the lhs; nothing else (scratch_bytes' buffers excepted). pack_rhs
+// is the contrast: it allocates the whole packed rhs, so the counter is seen to count.
 TEST(RaggedDotNative, UnpackedCallAllocatesOnlyOutputAndLhsCopy) {
   const int64_t K = 384, N = 512;
   for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs}) {
@@ -310,14 +310,21 @@ TEST(RaggedDotNative, UnpackedCallAllocatesOnlyOutputAndLhsCopy) {
         Tensor rhs = Tensor::randn(trans ? Shape{8, N, K} : Shape{8, K, N}, rd, fresh_seed());
         const RaggedDotOptions o{.implementation = "native"};
         const Tensor first = ragged_dot_general(lhs, rhs, sizes, d, o);
-        const TensorAllocations before = tensor_allocations();
-        const Tensor out = ragged_dot_general(lhs, rhs, sizes, d, o);
-        const TensorAllocations after = tensor_allocations();
+        // A pool thread that got no item in earlier calls grows its two buffers in a later one:
+        // of 2 * threads + 1 calls at least one allocates nothing but the call's own tensors.
+        int64_t least_count = INT64_MAX, least_bytes = INT64_MAX;
+        Tensor out;
+        for (int call = 0; call < 2 * num_threads() + 1; ++call) {
+          const TensorAllocations before = tensor_allocations();
+          out = ragged_dot_general(lhs, rhs, sizes, d, o);
+          const TensorAllocations after = tensor_allocations();
+          least_count = std::min(least_count, after.count - before.count);
+          least_bytes = std::min(least_bytes, after.bytes - before.bytes);
+        }
         const std::string what = std::string(trans ? "transposed " : "forward ") +
                                  std::string(dtype_name(rd)) + " rows=" + std::to_string(rows);
-        EXPECT_LE(after.count - before.count, 2) << what;
-        EXPECT_LE(after.bytes - before.bytes, static_cast<int64_t>(out.nbytes()) + M * K * 4)
-            << what;
+        EXPECT_LE(least_count, 2) << what;
+        EXPECT_LE(least_bytes, static_cast<int64_t>(out.nbytes()) + M * K * 4) << what;
         for (int64_t i = 0; i < out.size(); ++i) ASSERT_EQ(out.get(i), first.get(i)) << what;
         const TensorAllocations pack_before = tensor_allocations();
         const PackedRhs packed = pack_rhs(rhs, d);

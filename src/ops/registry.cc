@@ -1,0 +1,22 @@
+// Every op family the library ships, registered on first use of the registry or of dispatch
+// (op/builtins.h says why explicitly). A new family adds one line here.
+#include "op/builtins.h"
+#include "ops/ragged_dot/base.h"
+#include "tokamax/op/op.h"
+
+namespace tokamax {
+
+namespace {
+// Families are process-lifetime singletons: the registry holds them without owning them.
+template <class F>
+std::shared_ptr<const OpFamily> unowned(const F& family) {
+  return std::shared_ptr<const OpFamily>(&family, [](const OpFamily*) {});
+}
+}  // namespace
+
+void register_builtin_families() {
+  install_autotuning_backend();
+  register_family(unowned(rdot::family()));
+}
+
+}  // namespace tokamax
