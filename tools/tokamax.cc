@@ -163,14 +163,202 @@ void print_result_table(const tk::AutotuningResult& r) {
   }
 }
 
+// Every command-line value, bound by main and read by the command functions.
+struct Args {
+  bool json = false, roofline = false;
+  std::string op, tag, spec, bound_args, impl_csv, out_path, into_cache_dir;
+  double budget_s = 1e30;
+  bool into_cache = false, have_budget = false, all_impls = false;
+  std::vector<std::string> files;
+  double min_time = 0.3;
+  std::string trace_file;
+  std::vector<std::string> trace_files;
+  bool op_given = false;  // trace extract's --op (absent: every op)
+};
+
+int cmd_autotune(Args& a) {
+  if (a.op.empty()) a.op = tk::cli::default_op(a.spec);
+  tk::AutotuneOptions o;
+  if (a.have_budget) o.budget_s = a.budget_s;
+  o.all_implementations = a.all_impls;
+  if (isatty(STDERR_FILENO) && !a.json) o.progress = progress_bar;
+  tk::Autotuner tuner(o);
+  const auto list =
+      tk::cli::select_bound_args(a.op, a.spec, a.tag, a.bound_args, split_csv(a.impl_csv));
+  const tk::AutotuningResult r = tuner.tune_all(list);
+  if (!a.out_path.empty()) r.dump(a.out_path);
+  if (a.into_cache) r.dump_cache(a.into_cache_dir);
+  if (a.json)
+    std::cout << r.dumps() << "\n";
+  else
+    print_result_table(r);
+  return 0;
+}
+
+int cmd_explain(Args& a) {
+  if (a.op.empty()) a.op = tk::cli::default_op(a.spec);
+  const tk::OpFamily& fam = tk::find_family(a.op);
+  const auto specs_found = tk::find_arg_specs(a.op, a.spec);
+  auto call = fam.make_call(fam.bind_json(specs_found.at(0).arguments, ""), 0);
+  tk::CallOptions co;
+  co.implementation = a.impl_csv;
+  const tk::Explanation e = tk::explain(fam, *call, co);
+  Json skipped = Json::array();
+  for (const auto& [i, why] : e.skipped)
+    skipped.push_back({{"implementation", i}, {"reason", why}});
+  Json j = {{"op", a.op},
+            {"spec", a.spec},
+            {"key", call->bound.key()},
+            {"device_kind", tk::device_kind()},
+            {"implementation", e.implementation},
+            {"config", e.resolution.config.json()},
+            {"rung", tk::rung_name(e.resolution.rung)},
+            {"detail", e.resolution.detail},
+            {"policy", tk::cache_miss_policy_name(tk::cache_miss_policy())},
+            {"skipped", skipped}};
+  if (a.json) {
+    std::cout << j.dump(2) << "\n";
+  } else {
+    fmt::print("op {} spec {} on {}\nkey {}\n", a.op, a.spec, tk::device_kind(), call->bound.key());
+    for (const auto& s : skipped) {
+      fmt::print("skipped {}: {}\n", s["implementation"].get<std::string>(),
+                 s["reason"].get<std::string>());
+    }
+    fmt::print("implementation {}\nconfig {}\nchosen by {} ({})\n", e.implementation,
+               e.resolution.config.str(), tk::rung_name(e.resolution.rung), e.resolution.detail);
+  }
+  return 0;
+}
+
+int cmd_cache_show(Args& a) {
+  if (a.op.empty()) a.op = tk::cli::default_op("");
+  tk::find_family(a.op);
+  Json out = Json::array();
+  for (const auto& [name, path] : existing_cache_files(a.op)) {
+    try {
+      const tk::CacheFile f = tk::CacheFile::from_json(tk::read_json_file(path), path);
+      for (const auto& [key, configs] : f.entries) {
+        out.push_back(
+            {{"file", path}, {"implementation", name}, {"key", key}, {"configs", configs}});
+      }
+    } catch (const std::exception& e) {
+      out.push_back({{"file", path}, {"error", e.what()}});
+    }
+  }
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    for (const auto& e : out) {
+      if (e.contains("error")) {
+        fmt::print("{}: ERROR {}\n", e["file"].get<std::string>(), e["error"].get<std::string>());
+        continue;
+      }
+      fmt::print("{} [{}]\n  key {}\n", e["file"].get<std::string>(),
+                 e["implementation"].get<std::string>(), e["key"].get<std::string>());
+      for (const auto& [cfg, bd] : e["configs"].items()) {
+        if (bd.contains("failure")) {
+          fmt::print("    {} failed: {}\n", cfg, bd["failure"].value("kind", "?"));
+        } else {
+          fmt::print("    {} {:.4f} ms{}\n", cfg, bd.value("median_ms", 0.0),
+                     bd.value("finalist", false) ? "  finalist" : "");
+        }
+      }
+    }
+    if (out.empty()) fmt::print("no cache entries for {} on {}\n", a.op, tk::device_kind());
+  }
+  return 0;
+}
+
+int cmd_cache_merge(Args& a) {
+  tk::AutotuningResult r = tk::AutotuningResult::load(a.files.at(0));
+  for (size_t i = 1; i < a.files.size(); ++i) r = r | tk::AutotuningResult::load(a.files[i]);
+  r.dump(a.out_path);
+  fmt::print("merged {} files into {} ({} keys)\n", a.files.size(), a.out_path, r.data().size());
+  return 0;
+}
+
+int cmd_cache_verify(Args& a) {
+  if (a.files.empty()) {
+    for (const auto& f : existing_cache_files("")) a.files.push_back(f.second);
+  }
+  int bad = 0;
+  for (const auto& path : a.files) {
+    try {
+      const Json j = tk::read_json_file(path);
+      if (j.contains("entries")) {
+        const tk::CacheFile f = tk::CacheFile::from_json(j, path);
+        const auto impl = tk::find_family(f.family).implementation(f.implementation);
+        f.check_versions(*impl);
+        for (const auto& [key, configs] : f.entries) {
+          tk::find_family(f.family).bind_json(tk::parse_json(key, "key"), f.implementation);
+          tk::AutotuningData::from_json(configs, *impl);
+        }
+        fmt::print("ok   {} ({} entries)\n", path, f.entries.size());
+      } else {
+        const auto r = tk::AutotuningResult::load(path);
+        fmt::print("ok   {} (result, {} keys)\n", path, r.data().size());
+      }
+    } catch (const std::exception& e) {
+      ++bad;
+      fmt::print("BAD  {}: {}\n", path, e.what());
+    }
+  }
+  return bad ? 1 : 0;
+}
+
+int cmd_bench(Args& a) {
+  tk::cli::check_one_source(a.spec, a.tag, a.bound_args);
+  if (a.op.empty()) a.op = tk::cli::default_op(a.spec);
+  const auto rows =
+      tk::cli::run_bench(a.op,
+                         a.bound_args.empty() ? tk::find_arg_specs(a.op, a.spec, a.tag)
+                                              : tk::cli::bound_args_specs(a.op, a.bound_args),
+                         split_csv(a.impl_csv), a.min_time);
+  if (a.json) {
+    Json arr = Json::array();
+    for (const auto& r : rows) {
+      arr.push_back({{"spec", r.spec},
+                     {"implementation", r.implementation},
+                     {"config", r.config},
+                     {"config_source", r.rung},
+                     {"median_ms", r.median_ms},
+                     {"iqr_ms", r.iqr_ms},
+                     {"gflops", r.gflops},
+                     {"gbps", r.gbps},
+                     {"pct_of_peak", r.pct_of_peak},
+                     {"peak", r.peak_kind},
+                     {"peak_value", r.peak_value},
+                     {"baseline", r.baseline},
+                     {"speedup_vs_baseline", r.speedup_vs_baseline}});
+    }
+    std::cout << arr.dump(2) << "\n";
+  } else {
+    // "peak" names the ceiling and its value: GFLOP/s, or for memory-bound specs the GB/s
+    // of a streaming read timed in the same rounds as the row.
+    // "vs other": the ratio to the fastest row of another implementation, which it names.
+    fmt::print("{:<37} {:<18} {:>10} {:>9} {:>8} {:>7} {:>14} {:>19}  {}\n", "spec", "impl",
+               "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs other", "config (source)");
+    for (const auto& r : rows) {
+      fmt::print("{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19}  {} ({})\n",
+                 r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
+                 fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
+                 r.baseline.empty() ? std::string("-")
+                                    : fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline),
+                 r.config, r.rung);
+    }
+  }
+
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tokamax: fast CPU ML kernels and their autotuner"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", "tokamax " + tk::library_version());
+  Args a;
 
-  bool json = false, roofline = false;
   // --threads on the commands that measure or key by the thread count (the cache key holds
   // it): the library's set_num_threads, the same as TOKAMAX_NUM_THREADS.
   int threads = 0;
@@ -182,95 +370,88 @@ int main(int argc, char** argv) {
   };
   auto* device = app.add_subcommand(
       "device", "print this CPU, its device kind and (--roofline) its measured ceilings");
-  device->add_flag("--json", json, "JSON output");
-  device->add_flag("--roofline", roofline, "measure peak FLOP/s and memory bandwidth");
+  device->add_flag("--json", a.json, "JSON output");
+  device->add_flag("--roofline", a.roofline, "measure peak FLOP/s and memory bandwidth");
   add_threads(device);
 
   auto* ops = app.add_subcommand("ops", "list op families, implementations and config fields");
-  ops->add_flag("--json", json, "JSON output");
+  ops->add_flag("--json", a.json, "JSON output");
 
-  std::string op, tag, spec, bound_args, impl_csv, out_path, into_cache_dir;
   auto* specs = app.add_subcommand("specs", "list named workloads");
-  specs->add_option("--op", op, "op family");
-  specs->add_option("--tag", tag, "only specs with this tag");
-  specs->add_flag("--json", json, "JSON output");
+  specs->add_option("--op", a.op, "op family");
+  specs->add_option("--tag", a.tag, "only specs with this tag");
+  specs->add_flag("--json", a.json, "JSON output");
 
-  double budget_s = 1e30;
-  bool into_cache = false, have_budget = false;
   auto* autotune = app.add_subcommand("autotune", "tune specs or a bound-args file");
-  autotune->add_option("--op", op, "op family");
-  autotune->add_option("--spec", spec, "a spec name");
-  autotune->add_option("--tag", tag, "every spec with this tag");
-  autotune->add_option("--bound-args", bound_args, "a bound-args JSON file");
-  autotune->add_option("--impl", impl_csv,
+  autotune->add_option("--op", a.op, "op family");
+  autotune->add_option("--spec", a.spec, "a spec name");
+  autotune->add_option("--tag", a.tag, "every spec with this tag");
+  autotune->add_option("--bound-args", a.bound_args, "a bound-args JSON file");
+  autotune->add_option("--impl", a.impl_csv,
                        "implementations, comma separated (default: all supported)");
-  autotune->add_option("-o,--output", out_path, "write the AutotuningResult here");
-  bool all_impls = false;
-  autotune->add_flag("--all-implementations", all_impls,
+  autotune->add_option("-o,--output", a.out_path, "write the AutotuningResult here");
+  autotune->add_flag("--all-implementations", a.all_impls,
                      "tune every implementation supported here, not only the one each entry names");
-  autotune->add_flag("--into-cache", into_cache, "merge the winners into the cache directory");
-  autotune->add_option("--cache-dir", into_cache_dir,
+  autotune->add_flag("--into-cache", a.into_cache, "merge the winners into the cache directory");
+  autotune->add_option("--cache-dir", a.into_cache_dir,
                        "with --into-cache: this directory (default: user cache)");
   auto* budget_opt =
-      autotune->add_option("--budget-s", budget_s, "whole-run time budget in seconds (> 0)");
-  autotune->add_flag("--json", json, "print the result as JSON");
+      autotune->add_option("--budget-s", a.budget_s, "whole-run time budget in seconds (> 0)");
+  autotune->add_flag("--json", a.json, "print the result as JSON");
   add_threads(autotune);
 
   auto* explain =
       app.add_subcommand("explain", "which implementation and config a call would use, and why");
-  explain->add_option("--op", op, "op family");
-  explain->add_option("--spec", spec, "a spec name")->required();
-  explain->add_option("--impl", impl_csv, "pin an implementation");
-  explain->add_flag("--json", json, "JSON output");
+  explain->add_option("--op", a.op, "op family");
+  explain->add_option("--spec", a.spec, "a spec name")->required();
+  explain->add_option("--impl", a.impl_csv, "pin an implementation");
+  explain->add_flag("--json", a.json, "JSON output");
   add_threads(explain);
 
   auto* cache = app.add_subcommand("cache", "inspect, merge and verify cache and result files");
   cache->require_subcommand(1);
-  std::vector<std::string> files;
   auto* cache_show =
       cache->add_subcommand("show", "entries of the cache files for this device kind");
-  cache_show->add_option("--op", op, "op family");
-  cache_show->add_flag("--json", json, "JSON output");
+  cache_show->add_option("--op", a.op, "op family");
+  cache_show->add_flag("--json", a.json, "JSON output");
   auto* cache_merge =
       cache->add_subcommand("merge", "merge AutotuningResult files (right wins per config)");
-  cache_merge->add_option("files", files, "result files")->required()->expected(2, -1);
-  cache_merge->add_option("-o,--output", out_path, "output file")->required();
+  cache_merge->add_option("files", a.files, "result files")->required()->expected(2, -1);
+  cache_merge->add_option("-o,--output", a.out_path, "output file")->required();
   auto* cache_verify =
       cache->add_subcommand("verify", "check cache or result files parse and match this library");
-  cache_verify->add_option("files", files,
+  cache_verify->add_option("files", a.files,
                            "files (default: every cache file for this device kind)");
 
-  double min_time = 0.3;
   auto* trace = app.add_subcommand("trace", "work with traces of op calls");
   trace->require_subcommand(1);
-  std::string trace_file;
   auto* trace_extract = trace->add_subcommand(
       "extract", "bound arguments of every tokamax op call in a trace (for offline tuning)");
-  std::vector<std::string> trace_files;
   trace_extract
-      ->add_option("traces", trace_files,
+      ->add_option("traces", a.trace_files,
                    "Chrome traces (TOKAMAX_TRACE, TraceSession); several are merged and deduped")
       ->required();
-  trace_extract->add_option("-o,--output", out_path, "bound-args file to write (default: stdout)");
-  trace_extract->add_option("--op", op, "keep only this op family (default: all)");
-  trace_extract->add_flag("--json", json, "print the counts and warnings as JSON on stderr");
+  trace_extract->add_option("-o,--output", a.out_path,
+                            "bound-args file to write (default: stdout)");
+  trace_extract->add_option("--op", a.op, "keep only this op family (default: all)");
+  trace_extract->add_flag("--json", a.json, "print the counts and warnings as JSON on stderr");
   auto* trace_summary =
       trace->add_subcommand("summary", "op calls in a trace by op, key, config and rung");
-  trace_summary->add_option("trace", trace_file, "a Chrome trace")->required();
-  trace_summary->add_flag("--json", json, "JSON output");
+  trace_summary->add_option("trace", a.trace_file, "a Chrome trace")->required();
+  trace_summary->add_flag("--json", a.json, "JSON output");
 
   auto* bench = app.add_subcommand("bench", "benchmark implementations side by side");
-  bench->add_option("--op", op, "op family");
-  bench->add_option("--spec", spec, "a spec name");
-  bench->add_option("--tag", tag, "every spec with this tag");
-  bench->add_option("--bound-args", bound_args,
+  bench->add_option("--op", a.op, "op family");
+  bench->add_option("--spec", a.spec, "a spec name");
+  bench->add_option("--tag", a.tag, "every spec with this tag");
+  bench->add_option("--bound-args", a.bound_args,
                     "every distinct key in a bound-args file (tokamax trace extract)");
   bench->add_option(
-      "--impl", impl_csv,
+      "--impl", a.impl_csv,
       "rows (default native,native:packed,blas, and reference on memory-bound specs); "
       "IMPL:packed measures pre-packed weights, IMPL:heuristics pins the heuristics config");
-  bench->add_option("--min-time", min_time, "seconds of measurement per row");
-  bench->add_flag("--json", json, "JSON output");
+  bench->add_option("--min-time", a.min_time, "seconds of measurement per row");
+  bench->add_flag("--json", a.json, "JSON output");
   add_threads(bench);
 
   try {
@@ -278,8 +459,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  have_budget = budget_opt->count() > 0;
-  const bool op_given = trace_extract->count("--op") > 0;
+  a.have_budget = budget_opt->count() > 0;
+  a.op_given = trace_extract->count("--op") > 0;
 
   try {
     // The library only warns about a malformed TOKAMAX_LOG (a logging setting must not stop a
@@ -296,179 +477,27 @@ int main(int argc, char** argv) {
       tk::set_num_threads(threads);
     }
     if (device->parsed() || app.get_subcommands().empty()) {
-      print_device(json, roofline);
+      print_device(a.json, a.roofline);
     } else if (ops->parsed()) {
-      print_ops(json);
+      print_ops(a.json);
     } else if (specs->parsed()) {
-      print_specs(op, tag, json);  // find_arg_specs names an unknown op
+      print_specs(a.op, a.tag, a.json);  // find_arg_specs names an unknown op
     } else if (autotune->parsed()) {
-      if (op.empty()) op = tk::cli::default_op(spec);
-      tk::AutotuneOptions o;
-      if (have_budget) o.budget_s = budget_s;
-      o.all_implementations = all_impls;
-      if (isatty(STDERR_FILENO) && !json) o.progress = progress_bar;
-      tk::Autotuner tuner(o);
-      const auto list = tk::cli::select_bound_args(op, spec, tag, bound_args, split_csv(impl_csv));
-      const tk::AutotuningResult r = tuner.tune_all(list);
-      if (!out_path.empty()) r.dump(out_path);
-      if (into_cache) r.dump_cache(into_cache_dir);
-      if (json)
-        std::cout << r.dumps() << "\n";
-      else
-        print_result_table(r);
+      return cmd_autotune(a);
     } else if (explain->parsed()) {
-      if (op.empty()) op = tk::cli::default_op(spec);
-      const tk::OpFamily& fam = tk::find_family(op);
-      const auto specs_found = tk::find_arg_specs(op, spec);
-      auto call = fam.make_call(fam.bind_json(specs_found.at(0).arguments, ""), 0);
-      tk::CallOptions co;
-      co.implementation = impl_csv;
-      const tk::Explanation e = tk::explain(fam, *call, co);
-      Json skipped = Json::array();
-      for (const auto& [i, why] : e.skipped)
-        skipped.push_back({{"implementation", i}, {"reason", why}});
-      Json j = {{"op", op},
-                {"spec", spec},
-                {"key", call->bound.key()},
-                {"device_kind", tk::device_kind()},
-                {"implementation", e.implementation},
-                {"config", e.resolution.config.json()},
-                {"rung", tk::rung_name(e.resolution.rung)},
-                {"detail", e.resolution.detail},
-                {"policy", tk::cache_miss_policy_name(tk::cache_miss_policy())},
-                {"skipped", skipped}};
-      if (json) {
-        std::cout << j.dump(2) << "\n";
-      } else {
-        fmt::print("op {} spec {} on {}\nkey {}\n", op, spec, tk::device_kind(), call->bound.key());
-        for (const auto& s : skipped) {
-          fmt::print("skipped {}: {}\n", s["implementation"].get<std::string>(),
-                     s["reason"].get<std::string>());
-        }
-        fmt::print("implementation {}\nconfig {}\nchosen by {} ({})\n", e.implementation,
-                   e.resolution.config.str(), tk::rung_name(e.resolution.rung),
-                   e.resolution.detail);
-      }
+      return cmd_explain(a);
     } else if (cache_show->parsed()) {
-      if (op.empty()) op = tk::cli::default_op("");
-      tk::find_family(op);
-      Json out = Json::array();
-      for (const auto& [name, path] : existing_cache_files(op)) {
-        try {
-          const tk::CacheFile f = tk::CacheFile::from_json(tk::read_json_file(path), path);
-          for (const auto& [key, configs] : f.entries) {
-            out.push_back(
-                {{"file", path}, {"implementation", name}, {"key", key}, {"configs", configs}});
-          }
-        } catch (const std::exception& e) {
-          out.push_back({{"file", path}, {"error", e.what()}});
-        }
-      }
-      if (json) {
-        std::cout << out.dump(2) << "\n";
-      } else {
-        for (const auto& e : out) {
-          if (e.contains("error")) {
-            fmt::print("{}: ERROR {}\n", e["file"].get<std::string>(),
-                       e["error"].get<std::string>());
-            continue;
-          }
-          fmt::print("{} [{}]\n  key {}\n", e["file"].get<std::string>(),
-                     e["implementation"].get<std::string>(), e["key"].get<std::string>());
-          for (const auto& [cfg, bd] : e["configs"].items()) {
-            if (bd.contains("failure")) {
-              fmt::print("    {} failed: {}\n", cfg, bd["failure"].value("kind", "?"));
-            } else {
-              fmt::print("    {} {:.4f} ms{}\n", cfg, bd.value("median_ms", 0.0),
-                         bd.value("finalist", false) ? "  finalist" : "");
-            }
-          }
-        }
-        if (out.empty()) fmt::print("no cache entries for {} on {}\n", op, tk::device_kind());
-      }
+      return cmd_cache_show(a);
     } else if (cache_merge->parsed()) {
-      tk::AutotuningResult r = tk::AutotuningResult::load(files.at(0));
-      for (size_t i = 1; i < files.size(); ++i) r = r | tk::AutotuningResult::load(files[i]);
-      r.dump(out_path);
-      fmt::print("merged {} files into {} ({} keys)\n", files.size(), out_path, r.data().size());
+      return cmd_cache_merge(a);
     } else if (cache_verify->parsed()) {
-      if (files.empty()) {
-        for (const auto& f : existing_cache_files("")) files.push_back(f.second);
-      }
-      int bad = 0;
-      for (const auto& path : files) {
-        try {
-          const Json j = tk::read_json_file(path);
-          if (j.contains("entries")) {
-            const tk::CacheFile f = tk::CacheFile::from_json(j, path);
-            const auto impl = tk::find_family(f.family).implementation(f.implementation);
-            if (f.implementation_version != impl->version() ||
-                f.schema_version != tk::kCacheSchemaVersion) {
-              throw tk::InvalidArgument("stale versions (schema " +
-                                        std::to_string(f.schema_version) + ", implementation " +
-                                        std::to_string(f.implementation_version) + ")");
-            }
-            for (const auto& [key, configs] : f.entries) {
-              tk::find_family(f.family).bind_json(tk::parse_json(key, "key"), f.implementation);
-              tk::AutotuningData::from_json(configs, *impl);
-            }
-            fmt::print("ok   {} ({} entries)\n", path, f.entries.size());
-          } else {
-            const auto r = tk::AutotuningResult::load(path);
-            fmt::print("ok   {} (result, {} keys)\n", path, r.data().size());
-          }
-        } catch (const std::exception& e) {
-          ++bad;
-          fmt::print("BAD  {}: {}\n", path, e.what());
-        }
-      }
-      return bad ? 1 : 0;
+      return cmd_cache_verify(a);
     } else if (trace_extract->parsed()) {
-      return tk::cli::trace_extract(trace_files, out_path, op_given ? op : "", json);
+      return tk::cli::trace_extract(a.trace_files, a.out_path, a.op_given ? a.op : "", a.json);
     } else if (trace_summary->parsed()) {
-      return tk::cli::trace_summary(trace_file, json);
+      return tk::cli::trace_summary(a.trace_file, a.json);
     } else if (bench->parsed()) {
-      tk::cli::check_one_source(spec, tag, bound_args);
-      if (op.empty()) op = tk::cli::default_op(spec);
-      const auto rows =
-          tk::cli::run_bench(op,
-                             bound_args.empty() ? tk::find_arg_specs(op, spec, tag)
-                                                : tk::cli::bound_args_specs(op, bound_args),
-                             split_csv(impl_csv), min_time);
-      if (json) {
-        Json arr = Json::array();
-        for (const auto& r : rows) {
-          arr.push_back({{"spec", r.spec},
-                         {"implementation", r.implementation},
-                         {"config", r.config},
-                         {"config_source", r.rung},
-                         {"median_ms", r.median_ms},
-                         {"iqr_ms", r.iqr_ms},
-                         {"gflops", r.gflops},
-                         {"gbps", r.gbps},
-                         {"pct_of_peak", r.pct_of_peak},
-                         {"peak", r.peak_kind},
-                         {"peak_value", r.peak_value},
-                         {"baseline", r.baseline},
-                         {"speedup_vs_baseline", r.speedup_vs_baseline}});
-        }
-        std::cout << arr.dump(2) << "\n";
-      } else {
-        // "peak" names the ceiling and its value: GFLOP/s, or for memory-bound specs the GB/s
-        // of a streaming read timed in the same rounds as the row.
-        // "vs other": the ratio to the fastest row of another implementation, which it names.
-        fmt::print("{:<37} {:<18} {:>10} {:>9} {:>8} {:>7} {:>14} {:>19}  {}\n", "spec", "impl",
-                   "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs other", "config (source)");
-        for (const auto& r : rows) {
-          fmt::print("{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19}  {} ({})\n",
-                     r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
-                     fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
-                     r.baseline.empty()
-                         ? std::string("-")
-                         : fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline),
-                     r.config, r.rung);
-        }
-      }
+      return cmd_bench(a);
     }
   } catch (const tk::Error& e) {
     std::cerr << "tokamax: " << e.what() << "\n";

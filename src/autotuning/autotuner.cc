@@ -1,5 +1,8 @@
-// The autotuner and the tuning backend of the resolution ladder (rungs 3-5).
+// The autotuner: candidates prepared in parallel, measured exclusively, outputs checked against
+// the reference (output_check.h). The ladder's backend is in backend.cc.
 #include "tokamax/autotuning/autotuner.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,118 +17,15 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autotuning/backend.h"
+#include "autotuning/output_check.h"
 #include "autotuning/scope_stack.h"
-#include "op/builtins.h"
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/core/log.h"
 #include "tokamax/op/dispatch.h"
 
 namespace tokamax {
 namespace {
-
-constexpr size_t kGuardBytes = 4096;
-constexpr uint8_t kGuardByte = 0xA5;
-
-// Output buffers with guard zones on both sides; the interior is poisoned before each checked run.
-struct GuardedOutputs {
-  std::vector<Tensor> storage;
-  std::vector<TensorView> views;
-  std::vector<size_t> sizes;
-
-  explicit GuardedOutputs(const std::vector<TensorView>& like) {
-    for (const TensorView& v : like) {
-      const size_t bytes = static_cast<size_t>(v.spec().bytes());
-      Tensor t({static_cast<int64_t>(bytes + 2 * kGuardBytes)}, DType::kU8);
-      std::memset(t.data(), kGuardByte, t.nbytes());
-      views.emplace_back(static_cast<uint8_t*>(t.data()) + kGuardBytes, v.dtype(), v.shape());
-      sizes.push_back(bytes);
-      storage.push_back(std::move(t));
-    }
-  }
-  void poison() {
-    for (const TensorView& v : views) {
-      if (is_floating(v.dtype()))
-        fill_value(v, std::nan(""));
-      else
-        std::memset(v.data(), 0xFF, static_cast<size_t>(v.spec().bytes()));
-    }
-  }
-  // Index of the first output whose guard zone was written, or -1.
-  int damaged_guard() const {
-    for (size_t i = 0; i < storage.size(); ++i) {
-      const uint8_t* p = static_cast<const uint8_t*>(storage[i].data());
-      for (size_t b = 0; b < kGuardBytes; ++b) {
-        if (p[b] != kGuardByte || p[kGuardBytes + sizes[i] + b] != kGuardByte)
-          return static_cast<int>(i);
-      }
-    }
-    return -1;
-  }
-};
-
-std::vector<double> to_f64(const TensorView& v) {
-  const int64_t n = v.size();
-  std::vector<double> out(static_cast<size_t>(n));
-  if (v.is_contiguous() && v.dtype() == DType::kF32) {
-    const float* p = v.data_as<float>();
-    for (int64_t i = 0; i < n; ++i) out[i] = p[i];
-  } else if (v.is_contiguous() && v.dtype() == DType::kBF16) {
-    const uint16_t* p = v.data_as<uint16_t>();
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = v.get(i);
-  }
-  return out;
-}
-
-// Compares outputs with the reference; returns a failure or nullopt.
-std::optional<Failure> check_outputs(const std::vector<TensorView>& outs,
-                                     const std::vector<std::vector<double>>& refs,
-                                     const Tolerance& tol) {
-  for (size_t o = 0; o < outs.size(); ++o) {
-    const std::vector<double> got = to_f64(outs[o]);
-    const std::vector<double>& ref = refs[o];
-    const bool floating = is_floating(outs[o].dtype());
-    int64_t unwritten = 0, first_unwritten = -1, bad = 0, worst_at = -1;
-    double worst = 0, err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (floating && std::isnan(got[i]) && !std::isnan(ref[i])) {
-        if (unwritten++ == 0) first_unwritten = static_cast<int64_t>(i);
-        continue;
-      }
-      const double e = std::abs(got[i] - ref[i]);
-      err2 += e * e;
-      ref2 += ref[i] * ref[i];
-      if (!(e <= tol.atol + tol.rtol * std::abs(ref[i]))) {
-        ++bad;
-        if (!(e <= worst) || worst_at < 0) {
-          worst = e;
-          worst_at = static_cast<int64_t>(i);
-        }
-      }
-    }
-    const std::string which = "output " + std::to_string(o) + " " + outs[o].spec().str();
-    if (unwritten) {
-      return Failure{FailureKind::kUnwritten,
-                     which + ": " + std::to_string(unwritten) +
-                         " elements left unwritten (poison NaN), first at flat index " +
-                         std::to_string(first_unwritten)};
-    }
-    const double normwise = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
-    if (bad || (tol.normwise > 0 && normwise > tol.normwise)) {
-      std::string msg = which + ": " + std::to_string(bad) + " elements outside atol " +
-                        std::to_string(tol.atol) + " rtol " + std::to_string(tol.rtol);
-      if (worst_at >= 0) {
-        msg += "; worst abs error " + std::to_string(worst) + " at flat index " +
-               std::to_string(worst_at) + " (got " + std::to_string(got[worst_at]) + ", expected " +
-               std::to_string(ref[worst_at]) + ")";
-      }
-      msg += "; normwise relative error " + std::to_string(normwise);
-      return Failure{FailureKind::kWrongResult, msg};
-    }
-  }
-  return std::nullopt;
-}
 
 // Runs fn on its own thread and waits at most timeout_s. Returns false if it has not finished:
 // it is then left running, detached, owning what it captured (a C++ function cannot be
@@ -186,10 +86,10 @@ void parallel_indices(int n, int threads, Fn fn) {
 
 void AutotuneOptions::validate() const {
   if (!(budget_s > 0))
-    throw InvalidArgument("autotuning budget_s is " + std::to_string(budget_s) + "; expected > 0");
+    throw InvalidArgument(fmt::format("autotuning budget_s is {:g}; expected > 0", budget_s));
   if (candidate_timeout_s <= 0) {
-    throw InvalidArgument("candidate_timeout_s is " + std::to_string(candidate_timeout_s) +
-                          "; expected > 0");
+    throw InvalidArgument(
+        fmt::format("candidate_timeout_s is {:g}; expected > 0", candidate_timeout_s));
   }
   if (max_candidates <= 0) {
     throw InvalidArgument("autotuning max_candidates is " + std::to_string(max_candidates) +
@@ -267,29 +167,53 @@ AutotuningData Autotuner::tune(const BoundArguments& bound) const {
   return future.get();
 }
 
-AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const {
-  const double start = now_seconds();
-  const OpFamily& family = find_family(bound.family());
-  const auto impl = family.implementation(bound.implementation());
-  if (!impl->supported_on(device_info())) {
-    throw Unsupported(family.name() + " implementation " + impl->name() + " is not supported on " +
-                      device_kind());
-  }
+namespace {
+
+// One key's tuning, phase by phase: the call and its reference outputs, the candidates'
+// parallel preparation, their exclusive checked measurement, and the finalists' interleaved
+// re-measurement.
+struct TuningRun {
+  struct Prep {
+    std::shared_ptr<const Prepared> prepared;
+    double ms = 0;
+    int64_t scratch = 0;
+    std::optional<Failure> failure;
+  };
+
+  const AutotuneOptions& o;
+  const OpFamily& family;
+  std::shared_ptr<const Implementation> impl;
   // Shared: a candidate that overruns its timeout is abandoned still running, and keeps the
   // call (inputs) and its output buffers alive.
-  std::shared_ptr<CallBase> call = family.make_call(bound, options_.seed);
-  impl->validate(*call);
-  const Tolerance tol = family.tolerance(*call);
-  const bool cold = options_.cold_cache.value_or(family.memory_bound(*call));
+  std::shared_ptr<CallBase> call;
+  Tolerance tol;
+  bool cold = false;
+  std::vector<std::vector<double>> refs;  // the reference's outputs
+  std::shared_ptr<GuardedOutputs> out;    // the buffers candidates write into
+  std::vector<Config> cands;
+  std::vector<Prep> preps;
+  AutotuningData data;
+  std::vector<int> ok;    // candidates measured successfully
+  std::string abandoned;  // set when a candidate overran its timeout and is still running
 
-  // Preparation (reference, packing) of any key may run alongside preparation of others, never
-  // alongside a measurement: shared here, exclusive while measuring.
-  std::shared_lock<std::shared_mutex> preparing(phase_mu());
+  TuningRun(const AutotuneOptions& options, const BoundArguments& bound)
+      : o(options),
+        family(find_family(bound.family())),
+        impl(family.implementation(bound.implementation())) {
+    if (!impl->supported_on(device_info())) {
+      throw Unsupported(family.name() + " implementation " + impl->name() +
+                        " is not supported on " + device_kind());
+    }
+    call = family.make_call(bound, o.seed);
+    impl->validate(*call);
+    tol = family.tolerance(*call);
+    cold = o.cold_cache.value_or(family.memory_bound(*call));
+  }
+
+  std::string what() const { return family.name() + "/" + impl->name(); }
 
   // Reference outputs on the same inputs; then the guarded buffers candidates write into.
-  std::vector<std::vector<double>> refs;
-  std::shared_ptr<GuardedOutputs> out;
-  {
+  void run_reference() {
     GuardedOutputs ref_out(call->outputs);
     call->outputs = ref_out.views;
     family.reference()->run(*call, Config::null(), nullptr);
@@ -298,93 +222,67 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
     call->outputs = out->views;
   }
 
-  std::vector<Config> cands = candidates_for(*impl, *call);
-  AutotuningData data;
-  if (options_.configs.empty()) data.set_heuristics(cands.front());
-  size_t keep = cands.size();
-  if (static_cast<size_t>(options_.max_candidates) < keep) {
-    keep = static_cast<size_t>(options_.max_candidates);
+  // Candidates past max_candidates are recorded as skipped and dropped.
+  void limit_candidates() {
+    const size_t keep = std::min(cands.size(), static_cast<size_t>(o.max_candidates));
     for (size_t i = keep; i < cands.size(); ++i) {
       data.set_failure(cands[i],
                        {FailureKind::kSkipped,
-                        "over the candidate budget of " + std::to_string(options_.max_candidates)});
+                        fmt::format("over the candidate budget of {}", o.max_candidates)});
     }
     cands.resize(keep);
   }
-  const int n = static_cast<int>(cands.size());
 
   // Parallel preparation (packing, scratch): nothing is measured meanwhile.
-  struct Prep {
-    std::shared_ptr<const Prepared> prepared;
-    double ms = 0;
-    int64_t scratch = 0;
-    std::optional<Failure> failure;
-  };
-  std::vector<Prep> preps(static_cast<size_t>(n));
-  const int threads = options_.prepare_threads > 0
-                          ? options_.prepare_threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  parallel_indices(n, threads, [&](int i) {
-    Prep& p = preps[i];
-    const double t0 = now_seconds();
-    try {
-      p.scratch = impl->scratch_bytes(*call, cands[i]);
-      p.prepared = impl->prepare(*call, cands[i]);
-    } catch (const Unsupported& e) {
-      p.failure = Failure{FailureKind::kUnsupported, e.what()};
-    } catch (const std::exception& e) {
-      p.failure = Failure{FailureKind::kException, std::string("prepare: ") + e.what()};
-    }
-    p.ms = (now_seconds() - t0) * 1e3;
-  });
+  void prepare_all() {
+    const int n = static_cast<int>(cands.size());
+    preps.assign(static_cast<size_t>(n), Prep{});
+    const int threads = o.prepare_threads > 0
+                            ? o.prepare_threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    parallel_indices(n, threads, [&](int i) {
+      Prep& p = preps[i];
+      const double t0 = now_seconds();
+      try {
+        p.scratch = impl->scratch_bytes(*call, cands[i]);
+        p.prepared = impl->prepare(*call, cands[i]);
+      } catch (const Unsupported& e) {
+        p.failure = Failure{FailureKind::kUnsupported, e.what()};
+      } catch (const std::exception& e) {
+        p.failure = Failure{FailureKind::kException, std::string("prepare: ") + e.what()};
+      }
+      p.ms = (now_seconds() - t0) * 1e3;
+    });
+  }
 
-  preparing.unlock();
-  std::unique_lock<std::shared_mutex> measuring(phase_mu());
-  std::string abandoned;  // set when a candidate overran its timeout and is still running
-  auto report = [&](int done, const Config& c) {
-    if (!options_.progress) return;
-    const double el = now_seconds() - start;
-    options_.progress({done, n, el, done ? el / done * (n - done) : 0,
-                       family.name() + "/" + impl->name(), c.str()});
-  };
-  std::vector<int> ok;
-  for (int i = 0; i < n; ++i) {
+  // Candidate i: one run into poisoned, guarded buffers under the timeout, checked against the
+  // reference; only then timed.
+  void measure(int i, bool over_budget) {
     const Config& cfg = cands[i];
-    Prep& p = preps[i];
-    if (now_seconds() - start > options_.budget_s) {
-      data.set_failure(cfg,
-                       {FailureKind::kSkipped,
-                        "time budget of " + std::to_string(options_.budget_s) + " s exhausted"});
-      report(i + 1, cfg);
-      continue;
+    const Prep& p = preps[i];
+    if (over_budget) {
+      data.set_failure(
+          cfg, {FailureKind::kSkipped, fmt::format("time budget of {:g} s exhausted", o.budget_s)});
+      return;
     }
-    if (p.failure) {
-      data.set_failure(cfg, *p.failure);
-      report(i + 1, cfg);
-      continue;
-    }
-    if (!abandoned.empty()) {
-      data.set_failure(cfg, {FailureKind::kSkipped, abandoned});
-      report(i + 1, cfg);
-      continue;
-    }
-    auto run = [&] { impl->run(*call, cfg, p.prepared.get()); };
+    if (p.failure) return data.set_failure(cfg, *p.failure);
+    if (!abandoned.empty()) return data.set_failure(cfg, {FailureKind::kSkipped, abandoned});
     try {
       out->poison();
       double dt = 0;
-      std::shared_ptr<const Prepared> prepared = p.prepared;
-      const bool finished = run_with_timeout(
-          [impl, call, out, prepared, cfg] { impl->run(*call, cfg, prepared.get()); },
-          options_.candidate_timeout_s, &dt);
+      const bool finished =
+          run_with_timeout([impl = impl, call = call, out = out, prepared = p.prepared,
+                            cfg] { impl->run(*call, cfg, prepared.get()); },
+                           o.candidate_timeout_s, &dt);
       if (!finished) {
-        data.set_failure(cfg,
-                         {FailureKind::kTimeout, "did not finish within the timeout of " +
-                                                     std::to_string(options_.candidate_timeout_s) +
-                                                     " s; abandoned, still running"});
+        data.set_failure(
+            cfg, {FailureKind::kTimeout, fmt::format("did not finish within the timeout of {:g} s; "
+                                                     "abandoned, still running",
+                                                     o.candidate_timeout_s)});
         abandoned = "not measured: candidate " + cfg.str() +
                     " overran its timeout and still runs on this key's buffers";
         TOKAMAX_LOG("autotune", kWarning,
-                    family.name() + "/" + impl->name() + " " + cfg.str() +
+                    what() + " " + cfg.str() +
                         " overran its timeout and was abandoned while running; later measurements "
                         "in this process may be disturbed");
       } else if (int g = out->damaged_guard(); g >= 0) {
@@ -393,15 +291,15 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
                                    call->outputs[g].spec().str() + " (guard zone damaged)"});
       } else if (auto f = check_outputs(out->views, refs, tol)) {
         data.set_failure(cfg, *f);
-      } else if (dt > options_.candidate_timeout_s) {
+      } else if (dt > o.candidate_timeout_s) {
         data.set_failure(cfg, {FailureKind::kTimeout,
-                               "one call took " + std::to_string(dt) + " s, over the timeout of " +
-                                   std::to_string(options_.candidate_timeout_s) + " s"});
+                               fmt::format("one call took {:.3g} s, over the timeout of {:g} s", dt,
+                                           o.candidate_timeout_s)});
       } else {
-        TimingOptions t = options_.timing;
+        TimingOptions t = o.timing;
         t.cold_cache = cold;
-        t.max_time_s = std::min(t.max_time_s, options_.candidate_timeout_s);
-        const SampleStats s = time_callable(run, t);
+        t.max_time_s = std::min(t.max_time_s, o.candidate_timeout_s);
+        const SampleStats s = time_callable([&] { impl->run(*call, cfg, p.prepared.get()); }, t);
         BenchmarkData b;
         b.median_ms = s.median_ms;
         b.samples_ms = s.samples_ms;
@@ -417,30 +315,29 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
     } catch (const std::exception& e) {
       data.set_failure(cfg, {FailureKind::kException, e.what()});
     }
-    report(i + 1, cfg);
   }
 
   // Re-measure the finalists interleaved, so that drift in machine state (another process,
   // clocks) hits them alike before a winner is declared.
-  if (ok.size() > 1 && options_.remeasure_rounds > 0 && abandoned.empty()) {
+  void remeasure_finalists() {
+    if (ok.size() <= 1 || o.remeasure_rounds <= 0 || !abandoned.empty()) return;
     std::sort(ok.begin(), ok.end(), [&](int a, int b) {
       return data.entries().at(cands[a].str()).benchmark->median_ms <
              data.entries().at(cands[b].str()).benchmark->median_ms;
     });
     // The heuristics config (candidate 0) is always a finalist when it ran: a winner is then
     // one that beat the untuned default side by side, not one measured in a quieter minute.
-    const bool heuristics_ok = options_.configs.empty() && std::count(ok.begin(), ok.end(), 0);
-    ok.resize(std::min<size_t>(ok.size(), static_cast<size_t>(options_.finalists)));
+    const bool heuristics_ok = o.configs.empty() && std::count(ok.begin(), ok.end(), 0);
+    ok.resize(std::min<size_t>(ok.size(), static_cast<size_t>(o.finalists)));
     if (heuristics_ok && !std::count(ok.begin(), ok.end(), 0)) ok.push_back(0);
     std::vector<std::vector<double>> samples(ok.size());
-    TimingOptions t = options_.timing;
+    TimingOptions t = o.timing;
     t.cold_cache = cold;
     t.warmup = 1;
-    t.min_samples =
-        std::max(3, options_.timing.min_samples / std::max(1, options_.remeasure_rounds));
-    t.min_time_s = options_.timing.min_time_s / std::max(1, options_.remeasure_rounds);
-    t.max_time_s = std::min(t.max_time_s, options_.candidate_timeout_s);
-    for (int r = 0; r < options_.remeasure_rounds; ++r) {
+    t.min_samples = std::max(3, o.timing.min_samples / std::max(1, o.remeasure_rounds));
+    t.min_time_s = o.timing.min_time_s / std::max(1, o.remeasure_rounds);
+    t.max_time_s = std::min(t.max_time_s, o.candidate_timeout_s);
+    for (int r = 0; r < o.remeasure_rounds; ++r) {
       for (size_t f = 0; f < ok.size(); ++f) {
         const Config& cfg = cands[ok[f]];
         const Prepared* prep = preps[ok[f]].prepared.get();
@@ -458,15 +355,40 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
       data.set(cands[ok[f]], std::move(b));
     }
   }
-  if (!data.has_success()) {
-    TOKAMAX_LOG("autotune", kWarning,
-                "all configs failed for " + family.name() + "/" + impl->name() + " " + bound.key());
+};
+
+}  // namespace
+
+AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const {
+  const double start = now_seconds();
+  TuningRun run(options_, bound);
+  // Preparation (reference, packing) of any key may run alongside preparation of others, never
+  // alongside a measurement: shared here, exclusive while measuring.
+  std::shared_lock<std::shared_mutex> preparing(phase_mu());
+  run.run_reference();
+  run.cands = candidates_for(*run.impl, *run.call);
+  if (options_.configs.empty()) run.data.set_heuristics(run.cands.front());
+  run.limit_candidates();
+  run.prepare_all();
+  preparing.unlock();
+
+  std::unique_lock<std::shared_mutex> measuring(phase_mu());
+  const int n = static_cast<int>(run.cands.size());
+  for (int i = 0; i < n; ++i) {
+    run.measure(i, now_seconds() - start > options_.budget_s);
+    if (options_.progress) {
+      const double el = now_seconds() - start;
+      options_.progress({i + 1, n, el, el / (i + 1) * (n - i - 1), run.what(), run.cands[i].str()});
+    }
+  }
+  run.remeasure_finalists();
+  if (!run.data.has_success()) {
+    TOKAMAX_LOG("autotune", kWarning, "all configs failed for " + run.what() + " " + bound.key());
   } else {
     TOKAMAX_LOG("autotune", kInfo,
-                family.name() + "/" + impl->name() + " " + bound.key() + ": best " +
-                    data.fastest().config.str());
+                run.what() + " " + bound.key() + ": best " + run.data.fastest().config.str());
   }
-  return data;
+  return std::move(run.data);
 }
 
 namespace {
@@ -521,10 +443,6 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
   return result;
 }
 
-namespace {
-bool already_tuned(const Implementation& impl, const BoundArguments& bound);
-}  // namespace
-
 AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions options) {
   std::vector<BoundArguments> calls;
   {
@@ -553,66 +471,5 @@ AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions optio
   options.all_implementations = false;
   return Autotuner(std::move(options)).tune_all(todo);
 }
-
-namespace {
-
-class Backend : public TuningBackend {
- public:
-  std::optional<Config> scope_lookup(const Implementation& impl, const BoundArguments& bound,
-                                     std::string* detail) const override {
-    const auto& scopes = active_scopes();
-    if (scopes.empty()) return std::nullopt;
-    const std::string kind = device_kind();
-    const std::string id = bound.family() + "/" + impl.name();
-    for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
-      if ((*it)->device_kind != kind) continue;
-      auto f = (*it)->winners.find(id);
-      if (f == (*it)->winners.end()) continue;
-      auto c = f->second.find(bound.key());
-      if (c == f->second.end()) continue;
-      if (detail) *detail = (*it)->name;
-      return c->second;
-    }
-    return std::nullopt;
-  }
-  std::optional<Config> cache_lookup(const Implementation& impl, const BoundArguments& bound,
-                                     std::string* detail) const override {
-    return DiskCache::global().lookup(impl, bound, detail);
-  }
-  std::optional<Config> autotune_now(const OpFamily&, const Implementation& impl,
-                                     const BoundArguments& bound,
-                                     std::string* detail) const override {
-    AutotuningData data;
-    try {
-      data = Autotuner().tune(bound);
-    } catch (const std::exception& e) {
-      TOKAMAX_LOG("autotune", kWarning,
-                  "autotune on cache miss failed for " + bound.key() + ": " + e.what());
-      return std::nullopt;
-    }
-    if (!data.has_success()) return std::nullopt;
-    const Config best = data.fastest().config;
-    DiskCache::global().put_memory(impl, bound, best);
-    try {
-      AutotuningResult r;
-      r.add(bound, data);
-      r.dump_cache();
-    } catch (const std::exception& e) {
-      TOKAMAX_LOG("cache", kWarning, std::string("could not write the user cache: ") + e.what());
-    }
-    if (detail) *detail = "tuned on cache miss";
-    return best;
-  }
-};
-
-const Backend g_backend;
-
-bool already_tuned(const Implementation& impl, const BoundArguments& bound) {
-  return !impl.has_config() || g_backend.scope_lookup(impl, bound, nullptr) ||
-         g_backend.cache_lookup(impl, bound, nullptr);
-}
-}  // namespace
-
-void install_autotuning_backend() { set_builtin_tuning_backend(&g_backend); }
 
 }  // namespace tokamax

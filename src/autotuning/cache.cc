@@ -52,6 +52,18 @@ Json CacheFile::to_json() const {
           {"entries", e}};
 }
 
+void CacheFile::check_versions(const Implementation& impl) const {
+  if (schema_version != kCacheSchemaVersion) {
+    throw InvalidArgument("schema version " + std::to_string(schema_version) +
+                          ", this library reads " + std::to_string(kCacheSchemaVersion));
+  }
+  if (implementation_version != impl.version()) {
+    throw InvalidArgument("written for implementation version " +
+                          std::to_string(implementation_version) + " of " + impl.name() +
+                          ", this is version " + std::to_string(impl.version()));
+  }
+}
+
 CacheFile CacheFile::from_json(const Json& j, const std::string& source) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument("cache file " + source + ": " + why);
@@ -103,42 +115,21 @@ class FileLock {
   int fd_ = -1;
 };
 
-void warn_once(const std::string& message) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, bool> seen;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (seen[message]) return;
-    seen[message] = true;
-  }
-  TOKAMAX_LOG("cache", kWarning, message);
-}
+void warn_once(const std::string& message) { log_once("cache", LogLevel::kWarning, message); }
 
-// Reads a cache file for impl; nullopt (with one warning) if missing, corrupt or stale.
-std::optional<CacheFile> read_cache_file(const std::string& path, const Implementation& impl,
-                                         bool warn_missing) {
+// Reads a cache file for impl; nullopt if missing (most devices have no shipped file: no
+// warning), nullopt with one warning if corrupt or stale.
+std::optional<CacheFile> read_cache_file(const std::string& path, const Implementation& impl) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    if (warn_missing) warn_once("cache file " + path + " does not exist");
     return std::nullopt;
   }
   try {
     CacheFile f = CacheFile::from_json(read_json_file(path), path);
-    if (f.schema_version != kCacheSchemaVersion) {
-      warn_once("ignoring cache file " + path + ": schema version " +
-                std::to_string(f.schema_version) + ", this library reads " +
-                std::to_string(kCacheSchemaVersion));
-      return std::nullopt;
-    }
-    if (f.implementation_version != impl.version()) {
-      warn_once("ignoring cache file " + path + ": written for implementation version " +
-                std::to_string(f.implementation_version) + " of " + impl.name() +
-                ", this is version " + std::to_string(impl.version()));
-      return std::nullopt;
-    }
+    f.check_versions(impl);
     return f;
   } catch (const std::exception& e) {
-    warn_once("ignoring corrupt cache file " + path + ": " + e.what());
+    warn_once("ignoring cache file " + path + ": " + e.what());
     return std::nullopt;
   }
 }
@@ -150,7 +141,7 @@ void merge_into_cache_file(const std::string& path, const std::string& family,
                            const std::map<std::string, AutotuningData>& entries) {
   FileLock lock(path);
   CacheFile f;
-  if (auto existing = read_cache_file(path, impl, false)) f = std::move(*existing);
+  if (auto existing = read_cache_file(path, impl)) f = std::move(*existing);
   f.schema_version = kCacheSchemaVersion;
   f.tokamax_version = library_version();
   f.family = family;
@@ -189,7 +180,7 @@ Loaded load_for(const Implementation& impl, const std::string& family) {
   const std::string kind = device_kind();
   for (const std::string& dir : {shipped_cache_dir(), user_cache_dir()}) {
     const std::string path = cache_file_path(dir, kind, family, impl.name());
-    auto f = read_cache_file(path, impl, false);
+    auto f = read_cache_file(path, impl);
     if (!f) continue;
     for (const auto& [key, configs] : f->entries) {
       try {

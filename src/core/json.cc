@@ -100,12 +100,19 @@ void append_json_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
+namespace {
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull, kFnvPrime = 0x100000001b3ull;
+}  // namespace
+
 uint64_t hash64(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
+  uint64_t h = kFnvOffset;
+  for (unsigned char c : s) h = (h ^ c) * kFnvPrime;
+  return h;
+}
+
+uint64_t hash64(std::span<const int64_t> words) {
+  uint64_t h = kFnvOffset;
+  for (int64_t w : words) h = (h ^ static_cast<uint64_t>(w)) * kFnvPrime;
   return h;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
+#include <unordered_set>
 
 #include "tokamax/core/error.h"
 
@@ -116,6 +117,17 @@ void log_message(std::string_view category, LogLevel level, const std::string& m
   std::lock_guard<std::mutex> lock(g_mu);
   std::cerr << "[tokamax:" << kNames[static_cast<int>(level)] << ":" << category << "] " << message
             << "\n";
+}
+
+void log_once(std::string_view category, LogLevel level, const std::string& message) {
+  if (!log_enabled(category, level)) return;
+  static std::mutex mu;
+  static std::unordered_set<std::string> seen;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!seen.insert(std::string(category) + "\n" + message).second) return;
+  }
+  log_message(category, level, message);
 }
 
 void set_log_settings(LogSettings s) {

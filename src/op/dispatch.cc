@@ -32,17 +32,10 @@ double steady_us() {
 
 void warn_miss_once(const OpFamily& family, const Implementation& impl,
                     const BoundArguments& bound) {
-  static std::mutex mu;
-  static std::unordered_set<std::string> seen;
-  const std::string id = family.name() + "/" + impl.name() + "/" + bound.key();
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!seen.insert(id).second) return;
-  }
-  TOKAMAX_LOG("autotune", kWarning,
-              "autotuning cache miss for op " + family.name() + " (implementation " + impl.name() +
-                  ") on device kind " + device_kind() + " with key " + bound.key() +
-                  "; using the heuristics config");
+  log_once("autotune", LogLevel::kWarning,
+           "autotuning cache miss for op " + family.name() + " (implementation " + impl.name() +
+               ") on device kind " + device_kind() + " with key " + bound.key() +
+               "; using the heuristics config");
 }
 
 }  // namespace

@@ -32,6 +32,10 @@ struct CacheFile {
   Json to_json() const;
   // Throws InvalidArgument on malformed content.
   static CacheFile from_json(const Json& j, const std::string& source);
+  // Throws InvalidArgument saying why this library ignores the file's entries for `impl`: a
+  // schema or implementation version other than its own. (The lookup logs the same reason once
+  // and skips the file; `tokamax cache verify` reports it.)
+  void check_versions(const Implementation& impl) const;
 };
 
 // Merges `entries` (key -> AutotuningData successes) into the file at `path` under a lock.

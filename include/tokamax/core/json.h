@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -24,7 +25,9 @@ void write_file_atomic(const std::string& path, std::string_view content);
 // Appends `s` as a JSON string literal (quotes, backslashes and control characters escaped;
 // UTF-8 passed through). For hot paths that write JSON text without building a Json value.
 void append_json_string(std::string& out, std::string_view s);
-// FNV-1a 64: stable across runs and machines (std::hash is not).
+// FNV-1a 64: stable across runs and machines (std::hash is not). The library's one hash: of
+// bytes, or of 64-bit words (one step per word; for hot-path keys made of integers).
 uint64_t hash64(std::string_view s);
+uint64_t hash64(std::span<const int64_t> words);
 
 }  // namespace tokamax

@@ -23,6 +23,9 @@ struct LogSettings {
 
 bool log_enabled(std::string_view category, LogLevel level);
 void log_message(std::string_view category, LogLevel level, const std::string& message);
+// log_message, the first time this exact message is logged in the process only (a cache miss
+// or a stale file is worth one line, not one per call).
+void log_once(std::string_view category, LogLevel level, const std::string& message);
 // Replaces the settings (tests; tools). Otherwise TOKAMAX_LOG is read on first use.
 void set_log_settings(LogSettings settings);
 

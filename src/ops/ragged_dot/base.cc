@@ -95,11 +95,7 @@ namespace {
 std::string precision_name(Precision p) { return p == Precision::kDefault ? "default" : "highest"; }
 
 struct SigHash {
-  size_t operator()(const std::vector<int64_t>& v) const {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;
-    return static_cast<size_t>(h);
-  }
+  size_t operator()(const std::vector<int64_t>& v) const { return static_cast<size_t>(hash64(v)); }
 };
 
 // Building the canonical key JSON costs microseconds; calls repeat a few shapes, so keys are

@@ -9,15 +9,11 @@
 
 #include "ops/ragged_dot/base.h"
 #include "ops/ragged_dot/native_kernels.h"
+#include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax {
 namespace {
-
-uint64_t fresh_seed() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng();
-}
 
 // Double-precision ragged_dot on the operands as the call sees them (lhs rounded when the
 // precision says so), activation applied.
