@@ -14,7 +14,9 @@
 
 #include "tokamax/autotuning/autotuning.h"
 #include "tokamax/autotuning/measurement.h"
+#include "tokamax/core/export.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 struct AutotuneProgress {
@@ -75,3 +77,4 @@ class Autotuner {
 AutotuningResult autotune(const std::function<void()>& fn, AutotuneOptions options = {});
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -10,11 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
 #include "tokamax/core/version.h"
 #include "tokamax/op/config.h"
 #include "tokamax/op/op.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 struct BenchmarkData {
@@ -130,3 +132,4 @@ class AutotuningScope {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "tokamax/autotuning/autotuning.h"
+#include "tokamax/core/export.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 inline constexpr int kCacheSchemaVersion = 1;
@@ -57,3 +59,4 @@ class DiskCache {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -8,6 +8,9 @@
 #include <functional>
 #include <vector>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 double now_seconds();  // monotonic
@@ -37,3 +40,4 @@ SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& 
 void flush_cache();
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -4,8 +4,10 @@
 
 #include <memory>
 
+#include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 struct Roofline {
@@ -55,3 +57,4 @@ class ReadProbe {
 const Roofline& cached_roofline();
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -7,6 +7,9 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 struct IsaFeatures {
@@ -47,3 +50,4 @@ int num_threads();
 void set_num_threads(int n);  // n <= 0 restores the default
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

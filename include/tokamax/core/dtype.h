@@ -8,6 +8,9 @@
 #include <string>
 #include <string_view>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 enum class DType : uint8_t { kF32, kBF16, kF16, kF64, kI32, kI64, kU8, kBool };
@@ -55,3 +58,4 @@ struct f16_t {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -6,6 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 class Error : public std::runtime_error {
@@ -29,3 +32,4 @@ class CacheMiss : public Error {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

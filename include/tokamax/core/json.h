@@ -8,6 +8,9 @@
 #include <string>
 #include <string_view>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 using Json = nlohmann::json;
@@ -31,3 +34,4 @@ uint64_t hash64(std::string_view s);
 uint64_t hash64(std::span<const int64_t> words);
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -9,6 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 enum class LogLevel { kError = 0, kWarning = 1, kInfo = 2, kDebug = 3 };
@@ -30,6 +33,7 @@ void log_once(std::string_view category, LogLevel level, const std::string& mess
 void set_log_settings(LogSettings settings);
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END
 
 #define TOKAMAX_LOG(category, level, message_expr)                                  \
   do {                                                                              \

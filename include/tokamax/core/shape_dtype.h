@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "tokamax/core/dtype.h"
+#include "tokamax/core/export.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 using Shape = std::vector<int64_t>;
@@ -32,3 +34,4 @@ struct ShapeDtype {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -5,6 +5,9 @@
 #include <string_view>
 #include <vector>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 inline std::string join(const std::vector<std::string>& parts, std::string_view sep) {
@@ -17,3 +20,4 @@ inline std::string join(const std::vector<std::string>& parts, std::string_view 
 }
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

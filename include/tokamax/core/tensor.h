@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "tokamax/core/dtype.h"
+#include "tokamax/core/export.h"
 #include "tokamax/core/shape_dtype.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 using Strides = std::vector<int64_t>;  // in elements
@@ -112,3 +114,4 @@ void fill_uniform(const TensorView& view, uint64_t seed, double low, double high
 void fill_value(const TensorView& view, double value);
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -4,8 +4,12 @@
 
 #include <string>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 std::string library_version();
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -10,8 +10,10 @@
 #include <typeinfo>
 
 #include "tokamax/core/error.h"
+#include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 class Config {
@@ -58,3 +60,4 @@ struct ConfigHash {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

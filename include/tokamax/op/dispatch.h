@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "tokamax/core/export.h"
 #include "tokamax/op/op.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 enum class CacheMissPolicy { kHeuristics, kAutotune, kError };
@@ -130,3 +132,4 @@ class CallRecorder {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

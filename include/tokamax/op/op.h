@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "tokamax/core/device.h"
+#include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
 #include "tokamax/core/tensor.h"
 #include "tokamax/op/config.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 // Op identity + canonical argument spec. The spec maps argument names to ShapeDtype strings
@@ -160,3 +162,4 @@ std::vector<ArgSpec> find_arg_specs(const std::string& family, const std::string
                                     const std::string& tag = "");
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -17,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "tokamax/core/export.h"
 #include "tokamax/core/tensor.h"
 #include "tokamax/op/config.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 enum class Activation { kNone, kRelu, kSilu, kGelu, kGeluTanh };
@@ -98,3 +100,4 @@ struct RaggedDotNativeConfig {
 };
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

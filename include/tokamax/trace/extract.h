@@ -11,8 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "tokamax/core/export.h"
 #include "tokamax/op/op.h"
 
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 // One "tokamax:{" occurrence in a string: [begin, end) of the JSON object, or an error.
@@ -57,3 +59,4 @@ ExtractReport extract_bound_args_files(const std::vector<std::string>& paths,
                                        const ExtractOptions& options = {});
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END

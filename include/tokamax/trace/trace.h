@@ -20,6 +20,9 @@
 #include <memory>
 #include <string>
 
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 class TraceSession {
@@ -46,3 +49,4 @@ bool tracing_enabled();
 std::string env_trace_path();
 
 }  // namespace tokamax
+TOKAMAX_PUBLIC_END
