@@ -122,9 +122,11 @@ constexpr int64_t kMaxKc = 8192;    // scratch stays bounded (mc * kc floats per
 
 // Per-thread scratch, kept between calls: pool threads are persistent, so steady-state calls
 // allocate nothing. Each slot grows to the largest request seen on the thread.
-enum ScratchSlot { kTileSlot = 0, kStripSlot = 1 };  // C tile + packed A; packed weight strip
+// Slots: C tile + packed A; an item's packed weight strip; the strip a call's threads share
+// (held by the calling thread, which may run items too, hence its own slot).
+enum ScratchSlot { kTileSlot = 0, kStripSlot = 1, kSharedStripSlot = 2 };
 float* thread_scratch(ScratchSlot slot, int64_t floats) {
-  thread_local Tensor buffers[2];
+  thread_local Tensor buffers[3];
   Tensor& buffer = buffers[slot];
   if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
   return buffer.data_as<float>();
@@ -298,9 +300,12 @@ class Native : public Implementation {
     const auto& cfg = config.get<RaggedDotNativeConfig>();
     const auto& ks = k::best_kernels();
     int64_t per_thread = tile_floats(cfg, ks) * 4;
-    if (c.packed.empty() && c.dims != RaggedDimNums::kRaggedContracting)
-      per_thread += strip_floats(c, ks, strip_cols(c, cfg, ks)) * 4;
-    return per_thread * std::min<int>(c.num_threads, ThreadPool::global().size());
+    int64_t shared = 0;  // the strip the threads share (run_unpacked)
+    if (c.packed.empty() && c.dims != RaggedDimNums::kRaggedContracting) {
+      shared = strip_floats(c, ks, strip_cols(c, cfg, ks)) * 4;
+      per_thread += shared;
+    }
+    return per_thread * std::min<int>(c.num_threads, ThreadPool::global().size()) + shared;
   }
 
   void run(CallBase& base, const Config& config, const Prepared*) const override {
@@ -477,11 +482,16 @@ class Native : public Implementation {
     const int64_t K = c.k, N = c.n;
     const int threads = pool_threads(c);
     auto streams = [&](int64_t rows) { return stream && rows <= k::kStreamMaxMr; };
-    // Rows per item for the packed-strip groups: as many as still gives 4 items per thread.
+    // Groups tall enough to keep every thread busy on their row blocks alone share one strip
+    // at a time (BLIS's shared B block): the threads pack it together, a panel each, then
+    // compute its row blocks. Each weight is then packed once and each lhs tile once per
+    // strip, as with pre-packed weights; per-item strips would pack both several times.
+    auto shared = [&](int64_t rows) { return !streams(rows) && rows >= 2 * threads * cfg.mc; };
+    // Rows per item for the other packed-strip groups: as many as still gives 4 items a thread.
     int64_t max_rows = 0;
     bool any_stream = false;
     for (int32_t s : c.group_sizes) {
-      if (s == 0) continue;
+      if (s == 0 || shared(s)) continue;
       if (streams(s))
         any_stream = true;
       else
@@ -495,12 +505,13 @@ class Native : public Implementation {
       const int64_t col_blocks = (N + cols - 1) / cols;
       int64_t n = 0;
       for (int32_t s : c.group_sizes) {
-        if (s > 0) n += (streams(s) ? 1 : (s + span - 1) / span) * col_blocks;
+        if (s > 0 && !shared(s)) n += (streams(s) ? 1 : (s + span - 1) / span) * col_blocks;
       }
       return n;
     };
     int64_t span = std::max<int64_t>(round_up(max_rows, cfg.mc), cfg.mc);
-    int64_t ncols = strip_cols(c, cfg, ks);
+    const int64_t full_cols = strip_cols(c, cfg, ks);
+    int64_t ncols = full_cols;
     const int64_t min_cols = std::min<int64_t>(ncols, round_up(256, ks.nr));
     while (count_items(span, ncols) < 4 * threads) {
       if (ncols > min_cols) {
@@ -514,6 +525,7 @@ class Native : public Implementation {
     std::vector<Item> items;
     for (int64_t g = 0; g < c.g; ++g) {
       const int64_t rows_g = c.offsets[g + 1] - c.offsets[g];
+      if (shared(rows_g)) continue;
       const int64_t step = streams(rows_g) ? rows_g : span;
       for (int64_t m0 = c.offsets[g]; m0 < c.offsets[g + 1]; m0 += step) {
         for (int64_t n0 = 0; n0 < N; n0 += ncols) {
@@ -552,6 +564,28 @@ class Native : public Implementation {
         epilogue(c, C, ldc, it.m0 + r, rows, it.n0, it.cols, N, out);
       }
     });
+    const int64_t shared_ldc = round_up(full_cols, ks.nr);
+    for (int64_t g = 0; g < c.g; ++g) {
+      const int64_t r0 = c.offsets[g], rows_g = c.offsets[g + 1] - r0;
+      if (!shared(rows_g)) continue;
+      const char* wg =
+          static_cast<const char*>(c.rhs.data()) + g * K * N * static_cast<int64_t>(src_es);
+      char* b =
+          reinterpret_cast<char*>(thread_scratch(kSharedStripSlot, strip_floats(c, ks, full_cols)));
+      for (int64_t n0 = 0; n0 < N; n0 += full_cols) {
+        const int64_t cols = std::min<int64_t>(full_cols, N - n0);
+        const int64_t p0 = n0 / ks.nr, np = (cols + ks.nr - 1) / ks.nr;
+        parallel_for(np, threads, [&](int64_t p, int) {
+          pack_panels(ks, pairs, wg, src_bf16, trans, K, N, b + p * pe * 4, p0 + p, p0 + p + 1);
+        });
+        parallel_for((rows_g + cfg.mc - 1) / cfg.mc, threads, [&](int64_t blk, int) {
+          const auto [C, apack] = thread_tile(cfg, ks);
+          const int64_t m0 = r0 + blk * cfg.mc, rows = std::min<int64_t>(cfg.mc, r0 + rows_g - m0);
+          compute_block(c, cfg, ks, pairs, A, b, pe, m0, rows, cols, C, shared_ldc, apack);
+          epilogue(c, C, shared_ldc, m0, rows, n0, cols, N, out);
+        });
+      }
+    }
   }
 
   static void epilogue(const RaggedDotCall& c, const float* C, int64_t ldc, int64_t r0,

@@ -299,7 +299,7 @@ TEST(RaggedDotNative, UnpackedCallAllocatesOnlyOutputAndLhsCopy) {
   for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs}) {
     const bool trans = d == RaggedDimNums::kTransposedRhs;
     for (DType rd : {DType::kF32, DType::kBF16}) {
-      for (int32_t rows : {1, 3, 64}) {  // streamed (decode) and strip-packed (prefill) groups
+      for (int32_t rows : {1, 3, 64, 300}) {  // streamed, strip per item, shared strip
         const std::vector<int32_t> sizes(8, rows);
         const int64_t M = 8 * rows;
         Tensor lhs = Tensor::randn({M, K}, DType::kF32, fresh_seed());
@@ -328,6 +328,18 @@ TEST(RaggedDotNative, UnpackedCallAllocatesOnlyOutputAndLhsCopy) {
                   static_cast<int64_t>(8 * K * N * (rd == DType::kF32 ? 4 : 2)))
             << what;
       }
+    }
+  }
+}
+
+TEST(RaggedDotNative, SharedStripGroupsMixedWithOthers) {
+  // Unpacked, groups tall enough for every thread (>= 2 * threads * mc rows) share one packed
+  // strip at a time; beside them empty, streamed and per-item-strip groups, both forms and
+  // weight dtypes, columns not a multiple of the panel width.
+  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs}) {
+    for (DType rhs : {DType::kF32, DType::kBF16}) {
+      const Case c{DType::kF32, rhs, {}, d, 70, 7 * 32 + 5, {300, 0, 3, 141, 40, 1}, 1};
+      check_case("native", c, false);
     }
   }
 }
