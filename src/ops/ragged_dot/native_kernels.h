@@ -2,7 +2,8 @@
 // the packing routines. No framework types here.
 //
 // A microkernel computes one tile C[mr x nr] (+)= A[mr x kc] * B[kc x nr], where B is one
-// packed panel (nr columns, zero-padded) and C is an f32 scratch tile with row stride ldc.
+// packed panel (nr columns, zero-padded; 64-byte aligned: the kernels use aligned loads) and C
+// is an f32 scratch tile with row stride ldc.
 //  - f32:  A is f32 addressed as a[i*rs_a + k*cs_a] (row-major lhs, or a transposed block).
 //  - bf16: A and B hold bf16 pairs (k even in the low half): a[kp*a_stride + i], b[kp*nr + j];
 //          each step is one vdpbf16ps (two products per lane).

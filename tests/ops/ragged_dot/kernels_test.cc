@@ -1,0 +1,246 @@
+// The microkernel tester (XNNPACK's manner): every kernel of every kernel set this CPU runs
+// (portable, AVX2, AVX-512: f32, bf16 dot, multi-panel, weight streaming) against a double-
+// precision computation of its own contract (native_kernels.h), swept over tile heights, depths
+// (1, odd, around the vector width), partial panels, accumulate on and off, and strides; the
+// C tile's columns past the panel and its rows past the tile must stay untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ops/ragged_dot/native_kernels.h"
+#include "tests/test_seed.h"
+#include "tokamax/tokamax.h"
+
+namespace tokamax {
+namespace {
+
+namespace k = rdot::kernels;
+
+std::vector<const k::KernelSet*> runnable_sets() {
+  std::vector<const k::KernelSet*> sets = {&k::portable_kernels()};
+  const IsaFeatures& f = device_info().isa;
+  if (f.has_avx2_fma() && k::avx2_kernels()) sets.push_back(k::avx2_kernels());
+  if (f.has_avx512_bf16() && k::avx512_kernels()) sets.push_back(k::avx512_kernels());
+  return sets;
+}
+
+std::vector<float> random_floats(size_t n, bool bf16_exact) {
+  Tensor t = Tensor::randn({static_cast<int64_t>(n)}, DType::kF32, fresh_seed());
+  std::vector<float> v(t.data_as<float>(), t.data_as<float>() + n);
+  if (bf16_exact) {
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  }
+  return v;
+}
+
+constexpr float kSentinel = -777.0f;
+
+// Packed B panels are 64-byte aligned (the kernels load them with aligned loads): panel strides
+// round up to 16 elements, storage comes from a Tensor (64-byte aligned).
+int64_t aligned_stride(int64_t elems) { return (elems + 15) / 16 * 16; }
+template <class T>
+Tensor aligned_copy(const std::vector<T>& v) {
+  Tensor t({static_cast<int64_t>(v.size() * sizeof(T))}, DType::kU8);
+  std::memcpy(t.data(), v.data(), v.size() * sizeof(T));
+  return t;
+}
+
+// c (rows x ldc, sentinel-filled where the kernel must not write) against want (rows x cols).
+void expect_tile(const std::vector<float>& c, const std::vector<double>& want, int rows,
+                 int64_t cols, int64_t ldc, int c_rows, const std::string& what) {
+  for (int i = 0; i < c_rows; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = c[i * ldc + j];
+      if (i < rows && j < cols) {
+        const double w = want[i * cols + j];
+        ASSERT_NEAR(got, w, 1e-4 * (1 + std::abs(w))) << what << " at " << i << "," << j;
+      } else {
+        ASSERT_EQ(got, kSentinel) << what << " wrote outside the tile at " << i << "," << j;
+      }
+    }
+  }
+}
+
+TEST(Microkernels, F32AndMultiPanel) {
+  for (const k::KernelSet* ks : runnable_sets()) {
+    const int nr = ks->nr;
+    for (int mr = 1; mr <= ks->max_mr; ++mr) {
+      for (int64_t kc : {1, 2, 7, 16, 33}) {
+        for (bool trans_a : {false, true}) {
+          for (bool acc : {false, true}) {
+            // Up to 4 panels for the multi-panel kernel, panel_stride past one panel.
+            const int np = ks->f32_multi && mr <= k::kMultiMaxMr ? ks->multi_np[mr] : 0;
+            const int panels = std::max(1, np);
+            const int64_t panel_stride = aligned_stride(kc * nr + 5);
+            const int64_t lda = trans_a ? mr + 3 : kc + 3;  // rows (or columns) of A apart
+            const int64_t rs = trans_a ? 1 : lda, cs = trans_a ? lda : 1;
+            const std::vector<float> a =
+                random_floats(static_cast<size_t>(lda * (trans_a ? kc : mr)), false);
+            const std::vector<float> b =
+                random_floats(static_cast<size_t>(panel_stride * panels), false);
+            const Tensor bt = aligned_copy(b);
+            const float* bp = bt.data_as<float>();
+            const int64_t ldc = panels * nr + 3;
+            std::vector<float> c0 = random_floats(static_cast<size_t>((mr + 1) * ldc), false);
+            for (int64_t j = 0; j < ldc; ++j) {
+              for (int i = 0; i <= mr; ++i) {
+                if (i == mr || j >= panels * nr) c0[i * ldc + j] = kSentinel;
+              }
+            }
+            std::vector<double> want(static_cast<size_t>(mr * panels * nr));
+            for (int i = 0; i < mr; ++i) {
+              for (int64_t j = 0; j < panels * nr; ++j) {
+                const int64_t p = j / nr, jj = j % nr;
+                double s = acc ? c0[i * ldc + j] : 0.0;
+                for (int64_t kk = 0; kk < kc; ++kk)
+                  s +=
+                      static_cast<double>(a[i * rs + kk * cs]) * b[p * panel_stride + kk * nr + jj];
+                want[i * panels * nr + j] = s;
+              }
+            }
+            const std::string what = std::string(ks->name) + " mr=" + std::to_string(mr) +
+                                     " kc=" + std::to_string(kc) + (trans_a ? " A^T" : "") +
+                                     (acc ? " acc" : "");
+            // The single-panel kernel, panel by panel.
+            std::vector<float> c = c0;
+            for (int p = 0; p < panels; ++p) {
+              ks->f32(mr, kc, a.data(), rs, cs, bp + p * panel_stride, c.data() + p * nr, ldc, acc);
+            }
+            expect_tile(c, want, mr, panels * nr, ldc, mr + 1, what + " f32");
+            if (np > 1) {
+              c = c0;
+              ks->f32_multi(mr, kc, a.data(), rs, cs, bp, panel_stride, c.data(), ldc, acc);
+              expect_tile(c, want, mr, panels * nr, ldc, mr + 1, what + " f32_multi");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Microkernels, Bf16DotAndMultiPanel) {
+  for (const k::KernelSet* ks : runnable_sets()) {
+    if (!ks->bf16) continue;
+    const int nr = ks->nr;
+    for (int mr = 1; mr <= ks->max_mr; ++mr) {
+      for (int64_t kp : {1, 3, 8, 17}) {
+        for (bool acc : {false, true}) {
+          const int np = ks->bf16_multi && mr <= k::kMultiMaxMr ? ks->multi_np[mr] : 0;
+          const int panels = std::max(1, np);
+          const int64_t a_stride = mr + 2, panel_stride = aligned_stride(kp * nr + 3);
+          auto pairs = [&](size_t n) {
+            std::vector<float> v = random_floats(2 * n, true);
+            std::vector<uint32_t> out(n);
+            for (size_t i = 0; i < n; ++i)
+              out[i] = f32_to_bf16(v[2 * i]) | (uint32_t{f32_to_bf16(v[2 * i + 1])} << 16);
+            return out;
+          };
+          const std::vector<uint32_t> a = pairs(static_cast<size_t>(kp * a_stride));
+          const std::vector<uint32_t> b = pairs(static_cast<size_t>(panel_stride * panels));
+          const Tensor bt = aligned_copy(b);
+          const uint32_t* bp = bt.data_as<uint32_t>();
+          auto lo = [](uint32_t x) { return static_cast<double>(bf16_to_f32(x & 0xFFFF)); };
+          auto hi = [](uint32_t x) { return static_cast<double>(bf16_to_f32(x >> 16)); };
+          const int64_t ldc = panels * nr + 2;
+          std::vector<float> c0 = random_floats(static_cast<size_t>((mr + 1) * ldc), false);
+          for (int i = 0; i <= mr; ++i) {
+            for (int64_t j = 0; j < ldc; ++j) {
+              if (i == mr || j >= panels * nr) c0[i * ldc + j] = kSentinel;
+            }
+          }
+          std::vector<double> want(static_cast<size_t>(mr * panels * nr));
+          for (int i = 0; i < mr; ++i) {
+            for (int64_t j = 0; j < panels * nr; ++j) {
+              const int64_t p = j / nr, jj = j % nr;
+              double s = acc ? c0[i * ldc + j] : 0.0;
+              for (int64_t q = 0; q < kp; ++q) {
+                const uint32_t x = a[q * a_stride + i], w = b[p * panel_stride + q * nr + jj];
+                s += lo(x) * lo(w) + hi(x) * hi(w);
+              }
+              want[i * panels * nr + j] = s;
+            }
+          }
+          const std::string what = std::string(ks->name) + " mr=" + std::to_string(mr) +
+                                   " kp=" + std::to_string(kp) + (acc ? " acc" : "");
+          std::vector<float> c = c0;
+          for (int p = 0; p < panels; ++p) {
+            ks->bf16(mr, kp, a.data(), a_stride, bp + p * panel_stride, c.data() + p * nr, ldc,
+                     acc);
+          }
+          expect_tile(c, want, mr, panels * nr, ldc, mr + 1, what + " bf16");
+          if (np > 1) {
+            c = c0;
+            ks->bf16_multi(mr, kp, a.data(), a_stride, bp, panel_stride, c.data(), ldc, acc);
+            expect_tile(c, want, mr, panels * nr, ldc, mr + 1, what + " bf16_multi");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Microkernels, WeightStreamingBothLayouts) {
+  for (const k::KernelSet* ks : runnable_sets()) {
+    for (bool trans : {false, true}) {
+      const k::StreamKernel stream = trans ? ks->stream_t : ks->stream;
+      if (!stream) continue;
+      for (int mr = 1; mr <= k::kStreamMaxMr; ++mr) {
+        for (int64_t K : {1, 7, 8, 9, 16, 17, 40}) {
+          for (int64_t cols : {1, 15, 16, 17, 33, 2 * ks->nr + 5}) {
+            for (bool bf16 : {false, true}) {
+              const int64_t lda = K + 2, ldb = (trans ? K : cols) + 3, ldc = cols + 4;
+              const std::vector<float> a = random_floats(static_cast<size_t>(mr * lda), bf16);
+              const std::vector<float> bf =
+                  random_floats(static_cast<size_t>((trans ? cols : K) * ldb), bf16);
+              std::vector<uint16_t> bh(bf.size());
+              for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
+              std::vector<float> c(static_cast<size_t>((mr + 1) * ldc), kSentinel);
+              std::vector<double> want(static_cast<size_t>(mr * cols));
+              for (int i = 0; i < mr; ++i) {
+                for (int64_t j = 0; j < cols; ++j) {
+                  double s = 0;
+                  for (int64_t kk = 0; kk < K; ++kk)
+                    s += static_cast<double>(a[i * lda + kk]) *
+                         bf[trans ? j * ldb + kk : kk * ldb + j];
+                  want[i * cols + j] = s;
+                }
+              }
+              const void* b = bf16 ? static_cast<const void*>(bh.data()) : bf.data();
+              stream(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc);
+              expect_tile(c, want, mr, cols, ldc, mr + 1,
+                          std::string(ks->name) + (trans ? " stream_t" : " stream") +
+                              " mr=" + std::to_string(mr) + " K=" + std::to_string(K) +
+                              " cols=" + std::to_string(cols) + (bf16 ? " bf16" : " f32"));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Microkernels, VectorBf16WeightPackingMatchesScalar) {
+  for (const k::KernelSet* ks : runnable_sets()) {
+    if (!ks->pack_b_bf16) continue;
+    for (int64_t K : {1, 2, 7, 16, 33}) {
+      for (int64_t N : {int64_t{1}, int64_t{ks->nr} + 3, int64_t{3 * ks->nr}}) {
+        const std::vector<float> f = random_floats(static_cast<size_t>(K * N), true);
+        std::vector<uint16_t> src(f.size());
+        for (size_t i = 0; i < f.size(); ++i) src[i] = f32_to_bf16(f[i]);
+        const int64_t panels = (N + ks->nr - 1) / ks->nr, per = (K + 1) / 2 * ks->nr;
+        std::vector<uint32_t> want(static_cast<size_t>(panels * per), 1),
+            got(static_cast<size_t>(panels * per), 2);
+        k::pack_panels_bf16(src.data(), true, false, K, N, ks->nr, want.data(), 0, panels);
+        ks->pack_b_bf16(src.data(), K, N, ks->nr, got.data(), 0, panels);
+        EXPECT_EQ(got, want) << ks->name << " K=" << K << " N=" << N;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tokamax
