@@ -7,6 +7,7 @@
 #include "tokamax/autotuning/measurement.h"
 #include "tokamax/autotuning/roofline.h"
 #include "tokamax/core/device.h"
+#include "tokamax/core/enum_names.h"
 #include "tokamax/core/dtype.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/json.h"

@@ -7,6 +7,7 @@
 #include "autotuning/scope_stack.h"
 #include "tokamax/autotuning/autotuning.h"
 #include "tokamax/autotuning/cache.h"
+#include "tokamax/core/enum_names.h"
 #include "tokamax/core/log.h"
 
 namespace tokamax {
@@ -55,34 +56,19 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
   return b;
 }
 
-std::string_view failure_kind_name(FailureKind k) {
-  switch (k) {
-    case FailureKind::kUnsupported:
-      return "unsupported";
-    case FailureKind::kWrongResult:
-      return "wrong_result";
-    case FailureKind::kUnwritten:
-      return "unwritten";
-    case FailureKind::kOutOfBounds:
-      return "out_of_bounds";
-    case FailureKind::kTimeout:
-      return "timeout";
-    case FailureKind::kException:
-      return "exception";
-    case FailureKind::kSkipped:
-      return "skipped";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumNames<FailureKind, 7> kFailureKinds{"failure kind",
+                                                  {{{FailureKind::kUnsupported, "unsupported"},
+                                                    {FailureKind::kWrongResult, "wrong_result"},
+                                                    {FailureKind::kUnwritten, "unwritten"},
+                                                    {FailureKind::kOutOfBounds, "out_of_bounds"},
+                                                    {FailureKind::kTimeout, "timeout"},
+                                                    {FailureKind::kException, "exception"},
+                                                    {FailureKind::kSkipped, "skipped"}}}};
+}  // namespace
 
-FailureKind parse_failure_kind(std::string_view s) {
-  for (FailureKind k : {FailureKind::kUnsupported, FailureKind::kWrongResult,
-                        FailureKind::kUnwritten, FailureKind::kOutOfBounds, FailureKind::kTimeout,
-                        FailureKind::kException, FailureKind::kSkipped}) {
-    if (failure_kind_name(k) == s) return k;
-  }
-  throw InvalidArgument("unknown failure kind '" + std::string(s) + "'");
-}
+std::string_view failure_kind_name(FailureKind k) { return kFailureKinds.name(k); }
+FailureKind parse_failure_kind(std::string_view s) { return kFailureKinds.parse(s); }
 
 Json Failure::to_json() const { return {{"kind", failure_kind_name(kind)}, {"message", message}}; }
 Failure Failure::from_json(const Json& j) {

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "op/builtins.h"
+#include "tokamax/core/enum_names.h"
 #include "tokamax/core/log.h"
 #include "tokamax/core/version.h"
 
@@ -92,25 +93,22 @@ std::vector<BoundArguments> CallRecorder::calls() const {
   return calls_;
 }
 
-CacheMissPolicy parse_cache_miss_policy(std::string_view s) {
-  if (s == "heuristics") return CacheMissPolicy::kHeuristics;
-  if (s == "autotune") return CacheMissPolicy::kAutotune;
-  if (s == "error") return CacheMissPolicy::kError;
-  throw InvalidArgument("cache-miss policy '" + std::string(s) +
-                        "': expected heuristics, autotune or error");
-}
+namespace {
+constexpr EnumNames<CacheMissPolicy, 3> kPolicies{"cache-miss policy",
+                                                  {{{CacheMissPolicy::kHeuristics, "heuristics"},
+                                                    {CacheMissPolicy::kAutotune, "autotune"},
+                                                    {CacheMissPolicy::kError, "error"}}}};
+constexpr EnumNames<Rung, 6> kRungs{"rung",
+                                    {{{Rung::kExplicit, "explicit"},
+                                      {Rung::kNullConfig, "null_config"},
+                                      {Rung::kScope, "scope"},
+                                      {Rung::kDiskCache, "disk_cache"},
+                                      {Rung::kHeuristics, "heuristics"},
+                                      {Rung::kAutotuned, "autotuned"}}}};
+}  // namespace
 
-std::string_view cache_miss_policy_name(CacheMissPolicy p) {
-  switch (p) {
-    case CacheMissPolicy::kHeuristics:
-      return "heuristics";
-    case CacheMissPolicy::kAutotune:
-      return "autotune";
-    case CacheMissPolicy::kError:
-      return "error";
-  }
-  return "?";
-}
+CacheMissPolicy parse_cache_miss_policy(std::string_view s) { return kPolicies.parse(s); }
+std::string_view cache_miss_policy_name(CacheMissPolicy p) { return kPolicies.name(p); }
 
 CacheMissPolicy cache_miss_policy() {
   if (t_policy) return *t_policy;
@@ -128,23 +126,7 @@ CacheMissPolicyScope::CacheMissPolicyScope(CacheMissPolicy policy) : previous_(t
 }
 CacheMissPolicyScope::~CacheMissPolicyScope() { t_policy = previous_; }
 
-std::string_view rung_name(Rung r) {
-  switch (r) {
-    case Rung::kExplicit:
-      return "explicit";
-    case Rung::kNullConfig:
-      return "null_config";
-    case Rung::kScope:
-      return "scope";
-    case Rung::kDiskCache:
-      return "disk_cache";
-    case Rung::kHeuristics:
-      return "heuristics";
-    case Rung::kAutotuned:
-      return "autotuned";
-  }
-  return "?";
-}
+std::string_view rung_name(Rung r) { return kRungs.name(r); }
 
 void set_builtin_tuning_backend(const TuningBackend* backend) { g_backend.store(backend); }
 

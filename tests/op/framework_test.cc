@@ -146,3 +146,30 @@ TEST_F(Framework, CallRecorderCapturesCalls) {
 
 }  // namespace
 }  // namespace tokamax
+
+namespace tokamax {
+namespace {
+
+enum class Fruit { kApple, kPear, kFig };
+constexpr EnumNames<Fruit, 3> kFruits{
+    "fruit", {{{Fruit::kApple, "apple"}, {Fruit::kPear, "pear"}, {Fruit::kFig, "fig"}}}};
+
+TEST(EnumNames, NameAndParseFromOneTable) {
+  for (Fruit f : {Fruit::kApple, Fruit::kPear, Fruit::kFig})
+    EXPECT_EQ(kFruits.parse(kFruits.name(f)), f);
+  static_assert(kFruits.name(Fruit::kPear) == "pear");
+  try {
+    kFruits.parse("plum");
+    FAIL() << "parsed an unknown name";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("fruit 'plum': expected apple, pear or fig"),
+              std::string::npos)
+        << e.what();
+  }
+  // The library's own tables: an unknown activation names the argument and every choice.
+  EXPECT_THROW(parse_activation("tanh"), InvalidArgument);
+  EXPECT_EQ(activation_name(parse_activation("gelu_tanh")), "gelu_tanh");
+}
+
+}  // namespace
+}  // namespace tokamax

@@ -7,54 +7,30 @@
 
 #include "core/thread_pool.h"
 #include "ops/ragged_dot/native_kernels.h"
+#include "tokamax/core/enum_names.h"
 
 namespace tokamax {
 
-std::string_view activation_name(Activation a) {
-  switch (a) {
-    case Activation::kNone:
-      return "none";
-    case Activation::kRelu:
-      return "relu";
-    case Activation::kSilu:
-      return "silu";
-    case Activation::kGelu:
-      return "gelu";
-    case Activation::kGeluTanh:
-      return "gelu_tanh";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumNames<Activation, 5> kActivations{"activation",
+                                                {{{Activation::kNone, "none"},
+                                                  {Activation::kRelu, "relu"},
+                                                  {Activation::kSilu, "silu"},
+                                                  {Activation::kGelu, "gelu"},
+                                                  {Activation::kGeluTanh, "gelu_tanh"}}}};
+constexpr EnumNames<RaggedDimNums, 3> kDimNums{
+    "dimension_numbers",
+    {{{RaggedDimNums::kForward, "forward"},
+      {RaggedDimNums::kTransposedRhs, "transposed_rhs"},
+      {RaggedDimNums::kRaggedContracting, "ragged_contracting"}}}};
+constexpr EnumNames<Precision, 2> kPrecisions{
+    "precision", {{{Precision::kDefault, "default"}, {Precision::kHighest, "highest"}}}};
+}  // namespace
 
-Activation parse_activation(std::string_view s) {
-  for (Activation a : {Activation::kNone, Activation::kRelu, Activation::kSilu, Activation::kGelu,
-                       Activation::kGeluTanh}) {
-    if (activation_name(a) == s) return a;
-  }
-  throw InvalidArgument("activation '" + std::string(s) +
-                        "': expected none, relu, silu, gelu or gelu_tanh");
-}
-
-std::string_view dim_nums_name(RaggedDimNums d) {
-  switch (d) {
-    case RaggedDimNums::kForward:
-      return "forward";
-    case RaggedDimNums::kTransposedRhs:
-      return "transposed_rhs";
-    case RaggedDimNums::kRaggedContracting:
-      return "ragged_contracting";
-  }
-  return "?";
-}
-
-RaggedDimNums parse_dim_nums(std::string_view s) {
-  for (RaggedDimNums d : {RaggedDimNums::kForward, RaggedDimNums::kTransposedRhs,
-                          RaggedDimNums::kRaggedContracting}) {
-    if (dim_nums_name(d) == s) return d;
-  }
-  throw InvalidArgument("dimension_numbers '" + std::string(s) +
-                        "': expected forward, transposed_rhs or ragged_contracting");
-}
+std::string_view activation_name(Activation a) { return kActivations.name(a); }
+Activation parse_activation(std::string_view s) { return kActivations.parse(s); }
+std::string_view dim_nums_name(RaggedDimNums d) { return kDimNums.name(d); }
+RaggedDimNums parse_dim_nums(std::string_view s) { return kDimNums.parse(s); }
 
 namespace rdot {
 
@@ -92,7 +68,7 @@ const float* RaggedDotCall::lhs_f32(Tensor* storage) const {
 
 namespace {
 
-std::string precision_name(Precision p) { return p == Precision::kDefault ? "default" : "highest"; }
+std::string_view precision_name(Precision p) { return kPrecisions.name(p); }
 
 struct SigHash {
   size_t operator()(const std::vector<int64_t>& v) const { return static_cast<size_t>(hash64(v)); }
@@ -364,12 +340,7 @@ BoundArguments Family::bind_json(const Json& a, const std::string& implementatio
   RaggedDotOptions o;
   const RaggedDimNums dims = parse_dim_nums(a.value("dimension_numbers", "forward"));
   if (a.contains("activation")) o.activation = parse_activation(a["activation"].get<std::string>());
-  if (a.contains("precision")) {
-    const std::string p = a["precision"].get<std::string>();
-    if (p != "default" && p != "highest")
-      throw bad("precision '" + p + "': expected default or highest");
-    o.precision = p == "default" ? Precision::kDefault : Precision::kHighest;
-  }
+  if (a.contains("precision")) o.precision = kPrecisions.parse(a["precision"].get<std::string>());
   if (a.contains("preferred_element_type") && !a["preferred_element_type"].is_null()) {
     o.preferred_element_type = parse_dtype(a["preferred_element_type"].get<std::string>());
   }
