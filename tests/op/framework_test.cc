@@ -173,3 +173,42 @@ TEST(EnumNames, NameAndParseFromOneTable) {
 
 }  // namespace
 }  // namespace tokamax
+
+namespace tokamax {
+namespace {
+
+struct TwoInts {
+  int a = 0, b = 0;
+};
+constexpr ConfigFields<TwoInts, 2> kTwoInts{"test config",
+                                            {{{"a", &TwoInts::a}, {"b", &TwoInts::b}}}};
+
+TEST(ConfigFields, EncodeDecodeAndNameTheFields) {
+  const TwoInts v = kTwoInts.from_json(kTwoInts.to_json(TwoInts{3, -4}));
+  EXPECT_EQ(v.a, 3);
+  EXPECT_EQ(v.b, -4);
+  EXPECT_EQ(kTwoInts.names(), (std::vector<std::string>{"a", "b"}));
+  for (const char* bad : {R"({"a":1})", R"({"a":1,"b":"x"})", R"([1,2])", R"({"a":1.5,"b":2})"}) {
+    try {
+      kTwoInts.from_json(parse_json(bad, "test"));
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("test config"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected integer fields a, b"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+struct OtherCall : CallBase {};
+
+TEST(CallAs, ChecksTheCallType) {
+  OtherCall other;
+  CallBase& base = other;
+  EXPECT_EQ(&call_as<OtherCall>(base), &other);
+  struct ThirdCall : CallBase {};
+  EXPECT_THROW(call_as<ThirdCall>(base), Error);
+}
+
+}  // namespace
+}  // namespace tokamax

@@ -5,13 +5,18 @@
 // and wraps it with Config::make(value). The null config (nothing to tune) serializes as {}.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <typeinfo>
+#include <vector>
 
 #include "tokamax/core/error.h"
 #include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
+#include "tokamax/core/strings.h"
 
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
@@ -53,6 +58,47 @@ class Config {
   };
   Config(Json json, std::shared_ptr<const void> typed, const std::type_info* type);
   std::shared_ptr<const Rep> rep_;
+};
+
+// One description of a config struct's integer fields, from which its JSON encoding, its
+// decoding (every field required, an integer; InvalidArgument naming them otherwise) and its
+// field list (`tokamax ops`) all come:
+//   constexpr ConfigFields<MyConfig, 2> kFields{"my_op native config",
+//                                               {{{"tile", &MyConfig::tile}, {"k",
+//                                               &MyConfig::k}}}};
+template <class T>
+struct IntField {
+  std::string_view name;
+  int T::*member;
+};
+
+template <class T, size_t N>
+struct ConfigFields {
+  std::string_view what;
+  std::array<IntField<T>, N> fields;
+
+  Json to_json(const T& value) const {
+    Json j = Json::object();
+    for (const auto& f : fields) j[std::string(f.name)] = value.*f.member;
+    return j;
+  }
+  T from_json(const Json& j) const {
+    T value{};
+    for (const auto& f : fields) {
+      const auto it = j.is_object() ? j.find(std::string(f.name)) : j.end();
+      if (it == j.end() || !it->is_number_integer()) {
+        throw InvalidArgument(std::string(what) + " " + canonical_dump(j) +
+                              ": expected integer fields " + join(names(), ", "));
+      }
+      value.*f.member = it->template get<int>();
+    }
+    return value;
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& f : fields) out.emplace_back(f.name);
+    return out;
+  }
 };
 
 struct ConfigHash {

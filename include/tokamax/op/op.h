@@ -8,10 +8,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include "tokamax/core/device.h"
+#include "tokamax/core/error.h"
 #include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
 #include "tokamax/core/tensor.h"
@@ -69,6 +71,19 @@ class CallBase {
   std::vector<TensorView> outputs;  // the autotuner re-points these at guarded buffers
   int num_threads = 1;
 };
+
+// A family's own call type from a CallBase: a checked downcast, so that a call of another family
+// is an Error naming both types rather than undefined behaviour.
+template <class T>
+const T& call_as(const CallBase& call) {
+  if (const T* typed = dynamic_cast<const T*>(&call)) return *typed;
+  throw Error(std::string("a call of type ") + typeid(call).name() + " where " + typeid(T).name() +
+              " was expected");
+}
+template <class T>
+T& call_as(CallBase& call) {
+  return const_cast<T&>(call_as<T>(static_cast<const CallBase&>(call)));
+}
 
 // State an implementation builds before running (packed weights, scratch). Kept out of the
 // measured call by the autotuner; reusable across calls with the same inputs.

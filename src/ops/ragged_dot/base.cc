@@ -244,7 +244,7 @@ double activation_grad(Activation a, double x) {
 // contiguous row update, so it is fast enough to check big shapes). ---
 
 void Reference::run(CallBase& base, const Config&, const Prepared*) const {
-  auto& c = static_cast<RaggedDotCall&>(base);
+  auto& c = call_as<RaggedDotCall>(base);
   if (c.rhs.data() == nullptr && c.k * c.n * c.g > 0) {
     throw Unsupported("the reference needs the unpacked rhs");
   }
@@ -413,7 +413,7 @@ std::unique_ptr<CallBase> Family::make_call(const BoundArguments& b, uint64_t se
 }
 
 Tolerance Family::tolerance(const CallBase& base) const {
-  const auto& c = static_cast<const RaggedDotCall&>(base);
+  const auto& c = call_as<RaggedDotCall>(base);
   const bool bf16 =
       c.lhs.dtype() == DType::kBF16 || c.rhs.dtype() == DType::kBF16 || c.out_dtype == DType::kBF16;
   if (bf16)
@@ -431,11 +431,11 @@ bool weight_streaming(const RaggedDotCall& c) {
 }
 
 bool Family::memory_bound(const CallBase& base) const {
-  return weight_streaming(static_cast<const RaggedDotCall&>(base));
+  return weight_streaming(call_as<RaggedDotCall>(base));
 }
 
 CallCost Family::cost(const CallBase& base) const {
-  const auto& c = static_cast<const RaggedDotCall&>(base);
+  const auto& c = call_as<RaggedDotCall>(base);
   // Rounded bf16 operands run on the bf16 dot where native uses it: where it outruns the f32
   // FMA (unpacked calls), or where the packing chose it (pre-packed ones).
   const bool dot = c.lhs_as_bf16() && kernels::best_kernels().bf16 != nullptr &&

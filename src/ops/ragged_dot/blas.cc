@@ -16,14 +16,14 @@ class Blas : public Implementation {
  public:
   std::string name() const override { return "blas"; }
   void validate(const CallBase& base) const override {
-    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& c = call_as<RaggedDotCall>(base);
     if (!c.packed.empty()) throw Unsupported("blas cannot use native pre-packed weights");
     if (!c.lhs.is_contiguous() || (c.rhs.data() && !c.rhs.is_contiguous())) {
       throw Unsupported("blas needs contiguous operands");
     }
   }
   void run(CallBase& base, const Config&, const Prepared*) const override {
-    auto& c = static_cast<RaggedDotCall&>(base);
+    auto& c = call_as<RaggedDotCall>(base);
     openblas_set_num_threads(std::max(1, c.num_threads));
     const int64_t K = c.k, N = c.n, M = c.m;
     const bool contracting = c.dims == RaggedDimNums::kRaggedContracting;

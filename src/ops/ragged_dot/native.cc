@@ -35,22 +35,18 @@ ShapeDtype PackedRhs::logical() const { return rep_->logical; }
 RaggedDimNums PackedRhs::dim_nums() const { return rep_->dims; }
 bool PackedRhs::bf16_dot() const { return rep_->bf16_pairs; }
 
-Json RaggedDotNativeConfig::to_json() const {
-  return {{"mr", mr}, {"mc", mc}, {"kc", kc}, {"nc", nc}};
-}
+namespace {
+constexpr ConfigFields<RaggedDotNativeConfig, 4> kNativeFields{
+    "ragged_dot native config",
+    {{{"mr", &RaggedDotNativeConfig::mr},
+      {"mc", &RaggedDotNativeConfig::mc},
+      {"kc", &RaggedDotNativeConfig::kc},
+      {"nc", &RaggedDotNativeConfig::nc}}}};
+}  // namespace
 
+Json RaggedDotNativeConfig::to_json() const { return kNativeFields.to_json(*this); }
 RaggedDotNativeConfig RaggedDotNativeConfig::from_json(const Json& j) {
-  RaggedDotNativeConfig c;
-  try {
-    c.mr = j.at("mr").get<int>();
-    c.mc = j.at("mc").get<int>();
-    c.kc = j.at("kc").get<int>();
-    c.nc = j.at("nc").get<int>();
-  } catch (const Json::exception& e) {
-    throw InvalidArgument("ragged_dot native config " + canonical_dump(j) +
-                          ": expected integer fields mr, mc, kc, nc (" + e.what() + ")");
-  }
-  return c;
+  return kNativeFields.from_json(j);
 }
 
 namespace rdot {
@@ -151,10 +147,10 @@ class Native : public Implementation {
   std::string name() const override { return "native"; }
   int version() const override { return 2; }  // 2: unpacked weights packed or streamed per call
   bool has_config() const override { return true; }
-  std::vector<std::string> config_fields() const override { return {"mr", "mc", "kc", "nc"}; }
+  std::vector<std::string> config_fields() const override { return kNativeFields.names(); }
 
   void validate(const CallBase& base) const override {
-    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& c = call_as<RaggedDotCall>(base);
     if (!c.lhs.is_contiguous())
       throw Unsupported("native needs a contiguous lhs, got strides of " + c.lhs.spec().str());
     if (c.packed.empty() && c.rhs.data() && !c.rhs.is_contiguous()) {
@@ -213,7 +209,7 @@ class Native : public Implementation {
   // A tile is reused across every panel of the item), ~90% of FMA peak; a few rows per group
   // (decode) stream weights through the multi-panel kernels.
   Config heuristics_config(const CallBase& base) const override {
-    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& c = call_as<RaggedDotCall>(base);
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
@@ -251,7 +247,7 @@ class Native : public Implementation {
   // Tens of configs: decode shapes vary the K block and item width around a tile of all the
   // rows; larger groups vary tile height, item height, K block and item width.
   std::vector<Config> autotuning_configs(const CallBase& base) const override {
-    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& c = call_as<RaggedDotCall>(base);
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
@@ -296,7 +292,7 @@ class Native : public Implementation {
   }
 
   int64_t scratch_bytes(const CallBase& base, const Config& config) const override {
-    const auto& c = static_cast<const RaggedDotCall&>(base);
+    const auto& c = call_as<RaggedDotCall>(base);
     const auto& cfg = config.get<RaggedDotNativeConfig>();
     const auto& ks = k::best_kernels();
     int64_t per_thread = tile_floats(cfg, ks) * 4;
@@ -309,7 +305,7 @@ class Native : public Implementation {
   }
 
   void run(CallBase& base, const Config& config, const Prepared*) const override {
-    auto& c = static_cast<RaggedDotCall&>(base);
+    auto& c = call_as<RaggedDotCall>(base);
     const auto& cfg = config.get<RaggedDotNativeConfig>();
     const auto& ks = k::best_kernels();
     check(cfg, ks);
