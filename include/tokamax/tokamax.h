@@ -19,6 +19,7 @@
 #include "tokamax/op/config.h"
 #include "tokamax/op/dispatch.h"
 #include "tokamax/op/op.h"
+#include "tokamax/op/typed.h"
 #include "tokamax/ops/ragged_dot.h"
 #include "tokamax/trace/extract.h"
 #include "tokamax/trace/trace.h"

@@ -40,48 +40,36 @@ inline void write_double(FakeCall& c) {
 }
 
 // Configs tile 1..4; tile 3 is fastest; prepare is counted.
-class OneField : public Implementation {
+class OneField : public TypedImplementation<FakeCall, TileConfig> {
  public:
   mutable std::atomic<int> prepares{0};
   std::string name() const override { return "one_field"; }
-  bool has_config() const override { return true; }
   std::vector<std::string> config_fields() const override { return {"tile"}; }
-  Config heuristics_config(const CallBase&) const override { return Config::make(TileConfig{1}); }
-  std::vector<Config> autotuning_configs(const CallBase&) const override {
-    return {Config::make(TileConfig{4}), Config::make(TileConfig{2}), Config::make(TileConfig{3}),
-            Config::make(TileConfig{1})};
-  }
-  Config config_from_json(const Json& j) const override {
-    return Config::make(TileConfig::from_json(j));
+  TileConfig heuristics(const FakeCall&) const override { return {1}; }
+  std::vector<TileConfig> search_space(const FakeCall&) const override {
+    return {{4}, {2}, {3}, {1}};
   }
   std::shared_ptr<const Prepared> prepare(const CallBase&, const Config&) const override {
     prepares++;
     return nullptr;
   }
-  void run(CallBase& base, const Config& c, const Prepared*) const override {
-    spin_us(30 + 60 * std::abs(c.get<TileConfig>().tile - 3));
-    write_double(static_cast<FakeCall&>(base));
+  void run_call(FakeCall& call, const TileConfig& c, const Prepared*) const override {
+    spin_us(30 + 60 * std::abs(c.tile - 3));
+    write_double(call);
   }
 };
 
 // A config whose behaviour is broken in a given way.
-class Broken : public Implementation {
+class Broken : public TypedImplementation<FakeCall, TileConfig> {
  public:
   enum Mode { kSleep, kOutOfBounds, kUnwritten, kWrong, kThrows };
   Broken(std::string name, Mode mode) : name_(std::move(name)), mode_(mode) {}
   std::string name() const override { return name_; }
-  bool has_config() const override { return true; }
-  Config heuristics_config(const CallBase&) const override { return Config::make(TileConfig{0}); }
-  std::vector<Config> autotuning_configs(const CallBase&) const override {
-    return {Config::make(TileConfig{1})};
-  }
-  Config config_from_json(const Json& j) const override {
-    return Config::make(TileConfig::from_json(j));
-  }
-  void run(CallBase& base, const Config& c, const Prepared*) const override {
-    auto& call = static_cast<FakeCall&>(base);
+  TileConfig heuristics(const FakeCall&) const override { return {0}; }
+  std::vector<TileConfig> search_space(const FakeCall&) const override { return {{1}}; }
+  void run_call(FakeCall& call, const TileConfig& c, const Prepared*) const override {
     write_double(call);
-    if (c.get<TileConfig>().tile == 0) return;  // the heuristics config is fine
+    if (c.tile == 0) return;  // the heuristics config is fine
     float* o = call.outputs[0].data_as<float>();
     switch (mode_) {
       case kSleep:
@@ -106,19 +94,19 @@ class Broken : public Implementation {
   Mode mode_;
 };
 
-class Nothing : public Implementation {
+class Nothing : public TypedImplementation<FakeCall, void> {
  public:
   std::string name() const override { return "nothing"; }
-  void run(CallBase& base, const Config&, const Prepared*) const override {
-    write_double(static_cast<FakeCall&>(base));
-  }
+  void run_call(FakeCall& call, const Prepared*) const override { write_double(call); }
 };
 
-class Picky : public Implementation {  // never supports anything
+class Picky : public TypedImplementation<FakeCall, void> {  // never supports anything
  public:
   std::string name() const override { return "picky"; }
-  void validate(const CallBase&) const override { throw Unsupported("picky refuses every shape"); }
-  void run(CallBase&, const Config&, const Prepared*) const override {}
+  void check_call(const FakeCall&) const override {
+    throw Unsupported("picky refuses every shape");
+  }
+  void run_call(FakeCall&, const Prepared*) const override {}
 };
 
 class FakeFamily : public OpFamily {

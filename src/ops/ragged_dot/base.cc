@@ -243,8 +243,7 @@ double activation_grad(Activation a, double x) {
 // --- reference: plain loops, f32 accumulation, in the order i, k, j (the inner loop is a
 // contiguous row update, so it is fast enough to check big shapes). ---
 
-void Reference::run(CallBase& base, const Config&, const Prepared*) const {
-  auto& c = call_as<RaggedDotCall>(base);
+void Reference::run_call(RaggedDotCall& c, const Prepared*) const {
   if (c.rhs.data() == nullptr && c.k * c.n * c.g > 0) {
     throw Unsupported("the reference needs the unpacked rhs");
   }

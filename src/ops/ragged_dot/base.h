@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tokamax/op/op.h"
+#include "tokamax/op/typed.h"
 #include "tokamax/ops/ragged_dot.h"
 
 namespace tokamax::rdot {
@@ -78,10 +79,10 @@ inline void store_out(void* p, DType dt, int64_t i, float v) {
     static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
 }
 
-class Reference : public Implementation {
+class Reference : public TypedImplementation<RaggedDotCall, void> {
  public:
   std::string name() const override { return "reference"; }
-  void run(CallBase& call, const Config& config, const Prepared* prepared) const override;
+  void run_call(RaggedDotCall& call, const Prepared* prepared) const override;
 };
 
 std::shared_ptr<const Implementation> make_native();

@@ -12,18 +12,16 @@
 namespace tokamax::rdot {
 namespace {
 
-class Blas : public Implementation {
+class Blas : public TypedImplementation<RaggedDotCall, void> {
  public:
   std::string name() const override { return "blas"; }
-  void validate(const CallBase& base) const override {
-    const auto& c = call_as<RaggedDotCall>(base);
+  void check_call(const RaggedDotCall& c) const override {
     if (!c.packed.empty()) throw Unsupported("blas cannot use native pre-packed weights");
     if (!c.lhs.is_contiguous() || (c.rhs.data() && !c.rhs.is_contiguous())) {
       throw Unsupported("blas needs contiguous operands");
     }
   }
-  void run(CallBase& base, const Config&, const Prepared*) const override {
-    auto& c = call_as<RaggedDotCall>(base);
+  void run_call(RaggedDotCall& c, const Prepared*) const override {
     openblas_set_num_threads(std::max(1, c.num_threads));
     const int64_t K = c.k, N = c.n, M = c.m;
     const bool contracting = c.dims == RaggedDimNums::kRaggedContracting;

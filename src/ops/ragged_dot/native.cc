@@ -142,15 +142,13 @@ int multi_panels(const k::KernelSet& ks, int64_t rows, int mr, int64_t left) {
   return np > 1 && left >= np ? np : 1;
 }
 
-class Native : public Implementation {
+class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> {
  public:
   std::string name() const override { return "native"; }
   int version() const override { return 2; }  // 2: unpacked weights packed or streamed per call
-  bool has_config() const override { return true; }
   std::vector<std::string> config_fields() const override { return kNativeFields.names(); }
 
-  void validate(const CallBase& base) const override {
-    const auto& c = call_as<RaggedDotCall>(base);
+  void check_call(const RaggedDotCall& c) const override {
     if (!c.lhs.is_contiguous())
       throw Unsupported("native needs a contiguous lhs, got strides of " + c.lhs.spec().str());
     if (c.packed.empty() && c.rhs.data() && !c.rhs.is_contiguous()) {
@@ -166,11 +164,7 @@ class Native : public Implementation {
     }
   }
 
-  Config config_from_json(const Json& j) const override {
-    const auto c = RaggedDotNativeConfig::from_json(j);
-    check(c, k::best_kernels());
-    return Config::make(c);
-  }
+  void check_config(const RaggedDotNativeConfig& c) const override { check(c, k::best_kernels()); }
 
   static void check(const RaggedDotNativeConfig& c, const k::KernelSet& ks) {
     if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
@@ -208,8 +202,7 @@ class Native : public Implementation {
   // 32-row items, K blocks of 512 and items as wide as possible (up to 1024 columns: the packed
   // A tile is reused across every panel of the item), ~90% of FMA peak; a few rows per group
   // (decode) stream weights through the multi-panel kernels.
-  Config heuristics_config(const CallBase& base) const override {
-    const auto& c = call_as<RaggedDotCall>(base);
+  RaggedDotNativeConfig heuristics(const RaggedDotCall& c) const override {
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
@@ -241,29 +234,24 @@ class Native : public Implementation {
     while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
     cfg.nc = static_cast<int>(
         round_up(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr));
-    return Config::make(cfg);
+    return cfg;
   }
 
   // Tens of configs: decode shapes vary the K block and item width around a tile of all the
   // rows; larger groups vary tile height, item height, K block and item width.
-  std::vector<Config> autotuning_configs(const CallBase& base) const override {
-    const auto& c = call_as<RaggedDotCall>(base);
+  std::vector<RaggedDotNativeConfig> search_space(const RaggedDotCall& c) const override {
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
     problem(c, &rows, &cols, &depth, &ng);
     const int64_t depth2 = round_up(std::max<int64_t>(depth, 2), 2);
     const int64_t rows1 = std::max<int64_t>(rows, 1);
     const int64_t cols_r = round_up(std::max<int64_t>(cols, 1), ks.nr);
-    std::vector<Config> out;
+    std::vector<RaggedDotNativeConfig> out;
     // Blocks larger than the problem behave like the problem size: clamp, then drop repeats.
     auto add = [&](int mr, int mc, int kc, int nc) {
-      const Config cfg = Config::make(
-          RaggedDotNativeConfig{mr, mc, static_cast<int>(std::min<int64_t>(kc, depth2)),
-                                static_cast<int>(std::min<int64_t>(nc, cols_r))});
-      for (const Config& o : out) {
-        if (o == cfg) return;
-      }
-      out.push_back(cfg);
+      const RaggedDotNativeConfig cfg{mr, mc, static_cast<int>(std::min<int64_t>(kc, depth2)),
+                                      static_cast<int>(std::min<int64_t>(nc, cols_r))};
+      if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
     };
     if (rows1 <= kDecodeRows) {
       const int mr = static_cast<int>(std::min<int64_t>(rows1, ks.max_mr));
@@ -291,9 +279,7 @@ class Native : public Implementation {
     return out;
   }
 
-  int64_t scratch_bytes(const CallBase& base, const Config& config) const override {
-    const auto& c = call_as<RaggedDotCall>(base);
-    const auto& cfg = config.get<RaggedDotNativeConfig>();
+  int64_t scratch(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg) const override {
     const auto& ks = k::best_kernels();
     int64_t per_thread = tile_floats(cfg, ks) * 4;
     int64_t shared = 0;  // the strip the threads share (run_unpacked)
@@ -304,9 +290,8 @@ class Native : public Implementation {
     return per_thread * std::min<int>(c.num_threads, ThreadPool::global().size()) + shared;
   }
 
-  void run(CallBase& base, const Config& config, const Prepared*) const override {
-    auto& c = call_as<RaggedDotCall>(base);
-    const auto& cfg = config.get<RaggedDotNativeConfig>();
+  void run_call(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
+                const Prepared*) const override {
     const auto& ks = k::best_kernels();
     check(cfg, ks);
     if (c.dims == RaggedDimNums::kRaggedContracting) {
