@@ -48,6 +48,30 @@ Tensor aligned_copy(const std::vector<T>& v) {
   return t;
 }
 
+// A C tile of rows + 1 rows of ldc: random inside rows x cols, the sentinel elsewhere (where the
+// kernel must not write).
+std::vector<float> tile_with_sentinels(int rows, int64_t cols, int64_t ldc) {
+  std::vector<float> c = random_floats(static_cast<size_t>((rows + 1) * ldc), false);
+  for (int i = 0; i <= rows; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      if (i == rows || j >= cols) c[i * ldc + j] = kSentinel;
+    }
+  }
+  return c;
+}
+
+// The expected rows x cols tile: dot(i, j), plus c0's element when accumulating.
+template <class Dot>
+std::vector<double> expected_tile(int rows, int64_t cols, const std::vector<float>& c0, int64_t ldc,
+                                  bool acc, Dot dot) {
+  std::vector<double> want(static_cast<size_t>(rows * cols));
+  for (int i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j)
+      want[i * cols + j] = (acc ? c0[i * ldc + j] : 0.0) + dot(i, j);
+  }
+  return want;
+}
+
 // c (rows x ldc, sentinel-filled where the kernel must not write) against want (rows x cols).
 void expect_tile(const std::vector<float>& c, const std::vector<double>& want, int rows,
                  int64_t cols, int64_t ldc, int c_rows, const std::string& what) {
@@ -84,23 +108,16 @@ TEST(Microkernels, F32AndMultiPanel) {
             const Tensor bt = aligned_copy(b);
             const float* bp = bt.data_as<float>();
             const int64_t ldc = panels * nr + 3;
-            std::vector<float> c0 = random_floats(static_cast<size_t>((mr + 1) * ldc), false);
-            for (int64_t j = 0; j < ldc; ++j) {
-              for (int i = 0; i <= mr; ++i) {
-                if (i == mr || j >= panels * nr) c0[i * ldc + j] = kSentinel;
-              }
-            }
-            std::vector<double> want(static_cast<size_t>(mr * panels * nr));
-            for (int i = 0; i < mr; ++i) {
-              for (int64_t j = 0; j < panels * nr; ++j) {
-                const int64_t p = j / nr, jj = j % nr;
-                double s = acc ? c0[i * ldc + j] : 0.0;
-                for (int64_t kk = 0; kk < kc; ++kk)
-                  s +=
-                      static_cast<double>(a[i * rs + kk * cs]) * b[p * panel_stride + kk * nr + jj];
-                want[i * panels * nr + j] = s;
-              }
-            }
+            const std::vector<float> c0 = tile_with_sentinels(mr, panels * nr, ldc);
+            const std::vector<double> want =
+                expected_tile(mr, panels * nr, c0, ldc, acc, [&](int i, int64_t j) {
+                  double s = 0;
+                  for (int64_t kk = 0; kk < kc; ++kk) {
+                    s += static_cast<double>(a[i * rs + kk * cs]) *
+                         b[j / nr * panel_stride + kk * nr + j % nr];
+                  }
+                  return s;
+                });
             const std::string what = std::string(ks->name) + " mr=" + std::to_string(mr) +
                                      " kc=" + std::to_string(kc) + (trans_a ? " A^T" : "") +
                                      (acc ? " acc" : "");
@@ -146,24 +163,17 @@ TEST(Microkernels, Bf16DotAndMultiPanel) {
           auto lo = [](uint32_t x) { return static_cast<double>(bf16_to_f32(x & 0xFFFF)); };
           auto hi = [](uint32_t x) { return static_cast<double>(bf16_to_f32(x >> 16)); };
           const int64_t ldc = panels * nr + 2;
-          std::vector<float> c0 = random_floats(static_cast<size_t>((mr + 1) * ldc), false);
-          for (int i = 0; i <= mr; ++i) {
-            for (int64_t j = 0; j < ldc; ++j) {
-              if (i == mr || j >= panels * nr) c0[i * ldc + j] = kSentinel;
-            }
-          }
-          std::vector<double> want(static_cast<size_t>(mr * panels * nr));
-          for (int i = 0; i < mr; ++i) {
-            for (int64_t j = 0; j < panels * nr; ++j) {
-              const int64_t p = j / nr, jj = j % nr;
-              double s = acc ? c0[i * ldc + j] : 0.0;
-              for (int64_t q = 0; q < kp; ++q) {
-                const uint32_t x = a[q * a_stride + i], w = b[p * panel_stride + q * nr + jj];
-                s += lo(x) * lo(w) + hi(x) * hi(w);
-              }
-              want[i * panels * nr + j] = s;
-            }
-          }
+          const std::vector<float> c0 = tile_with_sentinels(mr, panels * nr, ldc);
+          const std::vector<double> want =
+              expected_tile(mr, panels * nr, c0, ldc, acc, [&](int i, int64_t j) {
+                double s = 0;
+                for (int64_t q = 0; q < kp; ++q) {
+                  const uint32_t x = a[q * a_stride + i],
+                                 w = b[j / nr * panel_stride + q * nr + j % nr];
+                  s += lo(x) * lo(w) + hi(x) * hi(w);
+                }
+                return s;
+              });
           const std::string what = std::string(ks->name) + " mr=" + std::to_string(mr) +
                                    " kp=" + std::to_string(kp) + (acc ? " acc" : "");
           std::vector<float> c = c0;
