@@ -89,6 +89,9 @@ std::shared_ptr<const Implementation> make_native();
 std::shared_ptr<const Implementation> make_blas();
 std::vector<ArgSpec> arg_specs();
 
+// One unit in the last place of a bf16 value, relative to it (at most).
+inline constexpr double kBf16OutputUlp = 1.0 / 128;
+
 class Family : public OpFamily {
  public:
   Family();
