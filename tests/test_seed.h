@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -18,8 +20,16 @@ namespace tokamax::testing_seed {
 
 inline uint64_t base_seed() {
   static const uint64_t base = [] {
-    if (const char* env = std::getenv("TOKAMAX_TEST_SEED"); env && *env)
-      return static_cast<uint64_t>(std::strtoull(env, nullptr, 10));
+    if (const char* env = std::getenv("TOKAMAX_TEST_SEED"); env && *env) {
+      uint64_t seed = 0;
+      const char* end = env + std::strlen(env);
+      const auto [ptr, ec] = std::from_chars(env, end, seed);
+      if (ec != std::errc() || ptr != end) {
+        std::fprintf(stderr, "TOKAMAX_TEST_SEED='%s': expected a decimal 64-bit integer\n", env);
+        std::exit(2);
+      }
+      return seed;
+    }
     std::random_device rd;
     return (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }();

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
-#include <unordered_set>
 
 #include "op/builtins.h"
 #include "tokamax/core/enum_names.h"

@@ -1,12 +1,12 @@
 // ragged_dot family: bind (validation + canonical key), reference implementation, tolerances.
 #include "ops/ragged_dot/base.h"
 
+#include <algorithm>
 #include <mutex>
 #include <numeric>
 #include <unordered_map>
 
 #include "core/thread_pool.h"
-#include "ops/ragged_dot/native_kernels.h"
 #include "tokamax/core/enum_names.h"
 
 namespace tokamax {
@@ -437,19 +437,15 @@ bool Family::memory_bound(const CallBase& base) const {
 
 CallCost Family::cost(const CallBase& base) const {
   const auto& c = call_as<RaggedDotCall>(base);
-  // Rounded bf16 operands run on the bf16 dot where native uses it: where it outruns the f32
-  // FMA (unpacked calls), or where the packing chose it (pre-packed ones).
-  const bool dot = c.lhs_as_bf16() && kernels::best_kernels().bf16 != nullptr &&
-                   (c.packed.empty() ? kernels::bf16_dot_pays() : c.packed.bf16_dot());
-  return {call_flops(c), weight_bytes(c), dot};
+  return {call_flops(c), weight_bytes(c), native_uses_bf16_dot(c)};
 }
 
 // The call as users make it, the pre-packed call, and the alternatives a user has: blas, and
 // on memory-bound calls the reference loops (there they can beat blas; on compute-bound ones
 // they are 5-10x slower than blas and would only lengthen the run).
 std::vector<std::string> Family::bench_rows(const CallBase& call) const {
-  std::vector<std::string> rows = {"native", "native:packed", "blas"};
-  if (memory_bound(call)) rows.push_back("reference");
+  std::vector<std::string> rows = OpFamily::bench_rows(call);
+  rows.insert(std::find(rows.begin(), rows.end(), "native") + 1, "native:packed");
   return rows;
 }
 

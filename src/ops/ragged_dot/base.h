@@ -86,6 +86,9 @@ class Reference : public TypedImplementation<RaggedDotCall, void> {
 };
 
 std::shared_ptr<const Implementation> make_native();
+// Whether native runs the call on the bf16 dot (bf16 pair panels) rather than the f32 FMA: the
+// one decision its kernels and the benchmarks' ceilings both follow.
+bool native_uses_bf16_dot(const RaggedDotCall& call);
 std::shared_ptr<const Implementation> make_blas();
 std::vector<ArgSpec> arg_specs();
 

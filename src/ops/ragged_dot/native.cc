@@ -281,13 +281,12 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
 
   int64_t scratch(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg) const override {
     const auto& ks = k::best_kernels();
-    int64_t per_thread = tile_floats(cfg, ks) * 4;
-    int64_t shared = 0;  // the strip the threads share (run_unpacked)
-    if (c.packed.empty() && c.dims != RaggedDimNums::kRaggedContracting) {
-      shared = strip_floats(c, ks, strip_cols(c, cfg, ks)) * 4;
-      per_thread += shared;
-    }
-    return per_thread * std::min<int>(c.num_threads, ThreadPool::global().size()) + shared;
+    // A tile per thread; unpacked: also a strip per thread and the one the threads share.
+    const int64_t tile = tile_floats(cfg, ks) * 4;
+    const int64_t strip = c.packed.empty() && c.dims != RaggedDimNums::kRaggedContracting
+                              ? strip_floats(c, ks, strip_cols(c, cfg, ks)) * 4
+                              : 0;
+    return (tile + strip) * pool_threads(c) + strip;
   }
 
   void run_call(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
@@ -338,15 +337,7 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
     return std::min<int64_t>(cfg.nc, fit);
   }
   static int64_t strip_floats(const RaggedDotCall& c, const k::KernelSet& ks, int64_t cols) {
-    return (cols + ks.nr - 1) / ks.nr * panel_elems(c.k, use_pairs(c, ks), ks.nr);
-  }
-  static bool use_pairs(const RaggedDotCall& c, const k::KernelSet& ks) {
-    const DType rd = c.packed.empty() ? c.rhs.dtype() : c.packed.logical().dtype;
-    if (rd != DType::kBF16 || c.precision != Precision::kDefault || ks.bf16 == nullptr)
-      return false;
-    // Pre-packed weights keep the packing's choice; unpacked ones are widened to f32 panels
-    // where the f32 FMA outruns the bf16 dot (Intel: 1.5x on compute-bound calls).
-    return c.packed.empty() ? k::bf16_dot_pays() : c.packed.bf16_dot();
+    return (cols + ks.nr - 1) / ks.nr * panel_elems(c.k, native_uses_bf16_dot(c), ks.nr);
   }
 
   // Output rows [m0, m0+rows) x columns [0, cols) of an item, relative to its first column, into
@@ -458,7 +449,7 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
                            const k::KernelSet& ks) {
     const bool trans = c.dims == RaggedDimNums::kTransposedRhs;
     const bool src_bf16 = c.rhs.dtype() == DType::kBF16;
-    const bool pairs = use_pairs(c, ks);
+    const bool pairs = native_uses_bf16_dot(c);
     const k::StreamKernel stream = trans ? ks.stream_t : ks.stream;
     const int64_t K = c.k, N = c.n;
     const int threads = pool_threads(c);
@@ -650,6 +641,15 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
 }  // namespace
 
 std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
+
+bool native_uses_bf16_dot(const RaggedDotCall& c) {
+  const DType rd = c.packed.empty() ? c.rhs.dtype() : c.packed.logical().dtype;
+  if (rd != DType::kBF16 || c.precision != Precision::kDefault || k::best_kernels().bf16 == nullptr)
+    return false;
+  // Pre-packed weights keep the packing's choice; unpacked ones are widened to f32 panels
+  // where the f32 FMA outruns the bf16 dot (Intel: 1.5x on compute-bound calls).
+  return c.packed.empty() ? k::bf16_dot_pays() : c.packed.bf16_dot();
+}
 
 }  // namespace rdot
 
