@@ -18,6 +18,7 @@
 #include "tokamax/core/version.h"
 #include "tokamax/op/config.h"
 #include "tokamax/op/dispatch.h"
+#include "tokamax/op/family.h"
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/ragged_dot.h"

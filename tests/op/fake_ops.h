@@ -18,7 +18,7 @@
 namespace tokamax::testing {
 
 struct FakeCall : CallBase {
-  Tensor x;
+  TensorView x;  // f32[n]
 };
 
 struct TileConfig {
@@ -109,51 +109,30 @@ class Picky : public TypedImplementation<FakeCall, void> {  // never supports an
   void run_call(FakeCall&, const Prepared*) const override {}
 };
 
-class FakeFamily : public OpFamily {
+// The whole family: its call above, one argument, bind, output specs and tolerance; the
+// framework (TypedFamily) does the rest.
+class FakeFamily : public TypedFamily<FakeCall> {
  public:
-  std::shared_ptr<OneField> one = std::make_shared<OneField>();
-  FakeFamily() {
-    impls_ = {std::make_shared<Picky>(),
-              one,
-              std::make_shared<Nothing>(),
-              std::make_shared<Broken>("sleepy", Broken::kSleep),
-              std::make_shared<Broken>("oob", Broken::kOutOfBounds),
-              std::make_shared<Broken>("unwritten", Broken::kUnwritten),
-              std::make_shared<Broken>("wrong", Broken::kWrong),
-              std::make_shared<Broken>("throws", Broken::kThrows)};
+  const std::shared_ptr<OneField> one;
+  FakeFamily() : FakeFamily(std::make_shared<OneField>()) {}
+  explicit FakeFamily(std::shared_ptr<OneField> one_field)
+      : TypedFamily("fake", {Args<FakeCall>::input("x", &FakeCall::x)}, std::make_shared<Nothing>(),
+                    {std::make_shared<Picky>(), one_field, std::make_shared<Nothing>(),
+                     std::make_shared<Broken>("sleepy", Broken::kSleep),
+                     std::make_shared<Broken>("oob", Broken::kOutOfBounds),
+                     std::make_shared<Broken>("unwritten", Broken::kUnwritten),
+                     std::make_shared<Broken>("wrong", Broken::kWrong),
+                     std::make_shared<Broken>("throws", Broken::kThrows)}),
+        one(std::move(one_field)) {}
+  void bind(FakeCall& c) const override {
+    if (c.x.rank() != 1 || c.x.dtype() != DType::kF32)
+      throw InvalidArgument("fake: x has spec " + c.x.spec().str() + "; expected f32[n]");
   }
-  std::string name() const override { return "fake"; }
-  std::vector<std::shared_ptr<const Implementation>> implementations() const override {
-    return impls_;
-  }
-  std::shared_ptr<const Implementation> reference() const override {
-    return std::make_shared<Nothing>();
-  }
-  BoundArguments bind_json(const Json& a, const std::string& impl) const override {
-    const ShapeDtype x = ShapeDtype::parse(a.at("x").get<std::string>());
-    if (x.rank() != 1 || x.dtype != DType::kF32) throw InvalidArgument("fake: x must be f32[n]");
-    return BoundArguments("fake", impl,
-                          {{"x", x.str()}, {"num_threads", a.value("num_threads", 1)}});
-  }
-  std::unique_ptr<CallBase> make_call(const BoundArguments& b, uint64_t seed) const override {
-    auto c = std::make_unique<FakeCall>();
-    const ShapeDtype x = ShapeDtype::parse(b.arguments()["x"].get<std::string>());
-    c->x = Tensor::randn(x.shape, DType::kF32, seed);
-    c->bound = b;
-    std::lock_guard<std::mutex> lock(mu_);
-    out_.push_back(std::make_unique<Tensor>(x.shape, DType::kF32));
-    c->outputs = {out_.back()->view()};
-    return c;
-  }
-  Tolerance tolerance(const CallBase&) const override { return {1e-6, 1e-6, 0}; }
+  std::vector<ShapeDtype> output_specs(const FakeCall& c) const override { return {c.x.spec()}; }
+  Tolerance tolerance_of(const FakeCall&) const override { return {1e-6, 1e-6, 0}; }
   std::vector<ArgSpec> arg_specs() const override {
     return {ArgSpec{"fake", "small", {{"x", "f32[64]"}}, {"smoke"}}};
   }
-
- private:
-  std::vector<std::shared_ptr<const Implementation>> impls_;
-  mutable std::mutex mu_;
-  mutable std::vector<std::unique_ptr<Tensor>> out_;
 };
 
 inline FakeFamily& fake() {

@@ -200,6 +200,61 @@ TEST(ConfigFields, EncodeDecodeAndNameTheFields) {
   }
 }
 
+// TypedFamily: the spec's arguments from the field list, with errors that name them.
+TEST(TypedFamily, SpecsAreCheckedAgainstTheFields) {
+  auto message = [](const Json& args) {
+    try {
+      fake().bind_json(args, "");
+    } catch (const InvalidArgument& e) {
+      return e.message();
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({{"x", "f32[4]"}, {"y", 1}}),
+            "fake arguments: unknown argument 'y'; expected x, num_threads");
+  EXPECT_EQ(message(Json::object()), "fake arguments: missing 'x'");
+  EXPECT_NE(message({{"x", 3}}).find("'x' = 3: expected a ShapeDtype string"), std::string::npos);
+  EXPECT_NE(message({{"x", "f32[4]"}, {"num_threads", 0}}).find("num_threads = 0"),
+            std::string::npos);
+  EXPECT_NE(message({{"x", "f32[2,2]"}}).find("expected f32[n]"), std::string::npos);
+  EXPECT_NE(message(Json::array()).find("expected a JSON object"), std::string::npos);
+  // Absent num_threads is the library's; the key always holds it.
+  const BoundArguments b = fake().bind_json({{"x", "f32[4]"}}, "nothing");
+  EXPECT_EQ(b.arguments(), (Json{{"x", "f32[4]"}, {"num_threads", num_threads()}}));
+  EXPECT_EQ(b.implementation(), "nothing");
+}
+
+TEST(TypedFamily, MadeCallsHaveSeededInputsAndOwnOutputs) {
+  const BoundArguments b = fake().bind_json({{"x", "f32[37]"}, {"num_threads", 1}}, "");
+  auto c1 = fake().make_call(b, 7), c2 = fake().make_call(b, 7), c3 = fake().make_call(b, 8);
+  const auto& x1 = call_as<testing::FakeCall>(*c1).x;
+  const Tensor expected = Tensor::randn({37}, DType::kF32, 7);
+  for (int64_t i = 0; i < 37; ++i) {
+    EXPECT_EQ(x1.data_as<float>()[i], expected.data_as<float>()[i]);
+    EXPECT_EQ(call_as<testing::FakeCall>(*c2).x.data_as<float>()[i], x1.data_as<float>()[i]);
+  }
+  EXPECT_NE(call_as<testing::FakeCall>(*c3).x.data_as<float>()[0], x1.data_as<float>()[0]);
+  ASSERT_EQ(c1->outputs.size(), 1u);
+  EXPECT_EQ(c1->outputs[0].spec(), (ShapeDtype{{37}, DType::kF32}));
+  EXPECT_NE(c1->outputs[0].data(), c2->outputs[0].data());
+  EXPECT_EQ(c1->bound.key(), b.key());
+  EXPECT_EQ(c1->num_threads, 1);
+}
+
+TEST(TypedFamily, PublicCallPathBindsAllocatesAndDispatches) {
+  Tensor x = Tensor::randn({5}, DType::kF32, 3);
+  testing::FakeCall c;
+  c.x = x.view();
+  c.num_threads = 0;
+  std::vector<Tensor> out = fake().run(c, {.implementation = "nothing"});
+  ASSERT_EQ(out.size(), 1u);
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(out[0].data_as<float>()[i], 2 * x.data_as<float>()[i]);
+  EXPECT_EQ(c.bound.key(), fake().bind_json({{"x", "f32[5]"}}, "").key());
+  testing::FakeCall bad;
+  bad.x = Tensor::randn({2, 2}, DType::kF32, 1).view();
+  EXPECT_THROW(fake().run(bad, {}), InvalidArgument);
+}
+
 struct OtherCall : CallBase {};
 
 TEST(CallAs, ChecksTheCallType) {

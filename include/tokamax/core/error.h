@@ -13,22 +13,31 @@ namespace tokamax {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what) : std::runtime_error(what), message_(what) {}
+  // The message without the kind (what() is "Kind: message"), for wrapping it in another.
+  const std::string& message() const { return message_; }
+
+ protected:
+  Error(const char* kind, const std::string& message)
+      : std::runtime_error(kind + message), message_(message) {}
+
+ private:
+  std::string message_;
 };
 
 class InvalidArgument : public Error {
  public:
-  explicit InvalidArgument(const std::string& what) : Error("InvalidArgument: " + what) {}
+  explicit InvalidArgument(const std::string& what) : Error("InvalidArgument: ", what) {}
 };
 
 class Unsupported : public Error {
  public:
-  explicit Unsupported(const std::string& what) : Error("Unsupported: " + what) {}
+  explicit Unsupported(const std::string& what) : Error("Unsupported: ", what) {}
 };
 
 class CacheMiss : public Error {
  public:
-  explicit CacheMiss(const std::string& what) : Error("CacheMiss: " + what) {}
+  explicit CacheMiss(const std::string& what) : Error("CacheMiss: ", what) {}
 };
 
 }  // namespace tokamax

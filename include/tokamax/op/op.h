@@ -66,10 +66,15 @@ class BoundArguments {
 // implementation writes. Families derive from it and add typed fields.
 class CallBase {
  public:
+  CallBase() = default;
+  CallBase(CallBase&&) = default;  // movable (families build calls by value), never copied
+  CallBase& operator=(CallBase&&) = default;
   virtual ~CallBase() = default;
   BoundArguments bound;
   std::vector<TensorView> outputs;  // the autotuner re-points these at guarded buffers
   int num_threads = 1;
+  // Storage of a call made from a spec (make_call: its inputs and outputs).
+  std::vector<Tensor> owned;
 };
 
 // A family's own call type from a CallBase: a checked downcast, so that a call of another family

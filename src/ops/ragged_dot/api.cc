@@ -17,12 +17,23 @@ Tensor to_dtype(Tensor t, DType to) {
   return out;
 }
 
+// A call with the options' statics and the given inputs.
+RaggedDotCall make(const TensorView& lhs, std::span<const int32_t> group_sizes, RaggedDimNums dims,
+                   const RaggedDotOptions& o) {
+  RaggedDotCall c;
+  c.lhs = lhs;
+  c.group_sizes.assign(group_sizes.begin(), group_sizes.end());
+  c.dims = dims;
+  c.preferred_element_type = o.preferred_element_type;
+  c.activation = o.activation;
+  c.precision = o.precision;
+  c.representative_group_sizes = o.representative_group_sizes;
+  c.num_threads = 0;
+  return c;
+}
+
 Tensor run_call(RaggedDotCall& c, const RaggedDotOptions& o) {
-  const ShapeDtype out = rdot::output_spec(c);
-  Tensor t(out.shape, out.dtype);
-  c.outputs = {t.view()};
-  dispatch(rdot::family(), c, CallOptions{o.implementation, o.config});
-  return t;
+  return std::move(rdot::family().run(c, CallOptions{o.implementation, o.config}).at(0));
 }
 
 }  // namespace
@@ -30,12 +41,7 @@ Tensor run_call(RaggedDotCall& c, const RaggedDotOptions& o) {
 Tensor ragged_dot_general(const TensorView& lhs, const TensorView& rhs,
                           std::span<const int32_t> group_sizes, RaggedDimNums dims,
                           const RaggedDotOptions& o) {
-  if (!rhs.is_contiguous()) {
-    throw InvalidArgument("ragged_dot: rhs " + rhs.spec().str() + " has strides " +
-                          shape_str(rhs.strides()) + "; expected a contiguous row-major array");
-  }
-  RaggedDotCall c;
-  rdot::bind_call(c, lhs, rhs.spec(), group_sizes, dims, o);
+  RaggedDotCall c = make(lhs, group_sizes, dims, o);
   c.rhs = rhs;
   return run_call(c, o);
 }
@@ -48,9 +54,11 @@ Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs,
 Tensor ragged_dot(const TensorView& lhs, const PackedRhs& rhs, std::span<const int32_t> group_sizes,
                   const RaggedDotOptions& o) {
   if (rhs.empty()) throw InvalidArgument("ragged_dot: rhs is an empty PackedRhs");
-  RaggedDotCall c;
-  rdot::bind_call(c, lhs, rhs.logical(), group_sizes, rhs.dim_nums(), o, 0, /*packed_rhs=*/true);
+  RaggedDotCall c = make(lhs, group_sizes, rhs.dim_nums(), o);
+  const ShapeDtype logical = rhs.logical();
+  c.rhs = TensorView(nullptr, logical.dtype, logical.shape);
   c.packed = rhs;
+  c.packed_rhs = true;
   return run_call(c, o);
 }
 
@@ -69,8 +77,9 @@ Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, const TensorView
 RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs,
                               std::span<const int32_t> group_sizes, const TensorView& dout,
                               const RaggedDotOptions& o) {
-  RaggedDotCall c;
-  rdot::bind_call(c, lhs, rhs.spec(), group_sizes, RaggedDimNums::kForward, o);
+  RaggedDotCall c = make(lhs, group_sizes, RaggedDimNums::kForward, o);
+  c.rhs = rhs;
+  rdot::family().bind(c);
   if (dout.rank() != 2 || dout.dim(0) != c.m || dout.dim(1) != c.n || !dout.is_contiguous()) {
     throw InvalidArgument("ragged_dot_vjp: dout has spec " + dout.spec().str() +
                           "; expected contiguous [" + std::to_string(c.m) + "," +

@@ -1,10 +1,11 @@
 // ragged_dot family: bind (validation + canonical key), reference implementation, tolerances.
 #include "ops/ragged_dot/base.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <mutex>
 #include <numeric>
-#include <unordered_map>
 
 #include "core/thread_pool.h"
 #include "tokamax/core/enum_names.h"
@@ -66,36 +67,10 @@ const float* RaggedDotCall::lhs_f32(Tensor* storage) const {
   return d;
 }
 
-namespace {
-
-std::string_view precision_name(Precision p) { return kPrecisions.name(p); }
-
-struct SigHash {
-  size_t operator()(const std::vector<int64_t>& v) const { return static_cast<size_t>(hash64(v)); }
-};
-
-// Building the canonical key JSON costs microseconds; calls repeat a few shapes, so keys are
-// interned by a compact signature of everything that goes into them.
-BoundArguments intern_key(const std::vector<int64_t>& sig, const std::function<Json()>& build) {
-  static std::mutex mu;
-  static std::unordered_map<std::vector<int64_t>, BoundArguments, SigHash> table;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = table.find(sig);
-    if (it != table.end()) return it->second;
-  }
-  BoundArguments b(kFamily, "", build());
-  std::lock_guard<std::mutex> lock(mu);
-  if (table.size() > 100000) table.clear();  // bound memory for programs with endless shapes
-  return table.emplace(sig, b).first->second;
-}
-
-}  // namespace
-
-void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
-               std::span<const int32_t> group_sizes, RaggedDimNums dims, const RaggedDotOptions& o,
-               int threads, bool packed_rhs) {
+void Family::bind(RaggedDotCall& c) const {
   auto bad = [](const std::string& s) { return InvalidArgument("ragged_dot: " + s); };
+  const TensorView& lhs = c.lhs;
+  const ShapeDtype rhs = c.rhs.spec();
   if (lhs.rank() != 2) throw bad("lhs has shape " + lhs.spec().str() + "; expected rank 2 [M,K]");
   const DType ld = lhs.dtype(), rd = rhs.dtype;
   if (!((ld == DType::kF32 && rd == DType::kF32) || (ld == DType::kBF16 && rd == DType::kBF16) ||
@@ -103,23 +78,25 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
     throw bad("unsupported dtype combination lhs " + lhs.spec().str() + " x rhs " + rhs.str() +
               "; expected f32 x f32, bf16 x bf16 or f32 x bf16");
   }
-  if (!lhs.is_contiguous()) {
-    throw bad("lhs " + lhs.spec().str() + " has strides " + shape_str(lhs.strides()) +
-              "; expected a contiguous row-major array");
+  for (const auto& [name, v] : {std::pair{"lhs", &c.lhs}, std::pair{"rhs", &c.rhs}}) {
+    if (!v->is_contiguous()) {
+      throw bad(fmt::format("{} {} has strides {}; expected a contiguous row-major array", name,
+                            v->spec().str(), shape_str(v->strides())));
+    }
   }
   const int64_t M = lhs.dim(0), K = lhs.dim(1);
-  const int64_t G = static_cast<int64_t>(group_sizes.size());
-  c.dims = dims;
-  c.lhs = lhs;
+  const int64_t G = static_cast<int64_t>(c.group_sizes.size());
+  const RaggedDimNums dims = c.dims;
   c.k = K;
   if (dims == RaggedDimNums::kRaggedContracting) {
-    if (packed_rhs)
+    if (c.packed_rhs)
       throw bad("packed_rhs: a ragged_contracting rhs " + rhs.str() + " is never pre-packed");
     if (rhs.rank() != 2)
       throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects rank 2 [M,N]");
     if (rhs.shape[0] != M) {
-      throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects " + std::to_string(M) +
-                " rows, the rows of lhs " + lhs.spec().str());
+      throw bad(
+          fmt::format("rhs has shape {}; ragged_contracting expects {} rows, the rows of lhs {}",
+                      rhs.str(), M, lhs.spec().str()));
     }
     c.m = M;
     c.n = rhs.shape[1];
@@ -130,13 +107,13 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
                 (dims == RaggedDimNums::kForward ? "[G,K,N]" : "[G,N,K]"));
     const int64_t rk = dims == RaggedDimNums::kForward ? rhs.shape[1] : rhs.shape[2];
     if (rk != K) {
-      throw bad("rhs has shape " + rhs.str() + " but lhs " + lhs.spec().str() +
-                " has K=" + std::to_string(K) + "; contraction sizes must match (" +
-                std::string(dim_nums_name(dims)) + ")");
+      throw bad(
+          fmt::format("rhs has shape {} but lhs {} has K={}; contraction sizes must match ({})",
+                      rhs.str(), lhs.spec().str(), K, dim_nums_name(dims)));
     }
     if (rhs.shape[0] != G) {
-      throw bad("group_sizes has length " + std::to_string(G) + " but rhs " + rhs.str() +
-                " has G=" + std::to_string(rhs.shape[0]) + " groups; expected equal");
+      throw bad(fmt::format("group_sizes has length {} but rhs {} has G={} groups; expected equal",
+                            G, rhs.str(), rhs.shape[0]));
     }
     c.m = M;
     c.n = dims == RaggedDimNums::kForward ? rhs.shape[2] : rhs.shape[1];
@@ -144,73 +121,34 @@ void bind_call(RaggedDotCall& c, const TensorView& lhs, const ShapeDtype& rhs,
   }
   c.offsets.assign(static_cast<size_t>(G) + 1, 0);
   for (int64_t g = 0; g < G; ++g) {
-    if (group_sizes[g] < 0) {
-      throw bad("group_sizes[" + std::to_string(g) + "] = " + std::to_string(group_sizes[g]) +
-                "; expected >= 0");
-    }
-    c.offsets[g + 1] = c.offsets[g] + group_sizes[g];
+    if (c.group_sizes[g] < 0)
+      throw bad(fmt::format("group_sizes[{}] = {}; expected >= 0", g, c.group_sizes[g]));
+    c.offsets[g + 1] = c.offsets[g] + c.group_sizes[g];
   }
   if (c.offsets[G] > M) {
-    throw bad("sum(group_sizes) = " + std::to_string(c.offsets[G]) + " exceeds the " +
-              std::to_string(M) + " rows of lhs " + lhs.spec().str());
+    throw bad(fmt::format("sum(group_sizes) = {} exceeds the {} rows of lhs {}", c.offsets[G], M,
+                          lhs.spec().str()));
   }
-  c.group_sizes.assign(group_sizes.begin(), group_sizes.end());
   DType out = ld == DType::kBF16 && rd == DType::kBF16 ? DType::kBF16 : DType::kF32;
-  if (o.preferred_element_type) {
-    const DType p = *o.preferred_element_type;
+  if (c.preferred_element_type) {
+    const DType p = *c.preferred_element_type;
     const bool ok =
         p == DType::kF32 || (p == DType::kBF16 && ld == DType::kBF16 && rd == DType::kBF16);
     if (!ok) {
-      throw bad("preferred_element_type " + std::string(dtype_name(p)) +
-                " is not available for lhs " + std::string(dtype_name(ld)) + " x rhs " +
-                std::string(dtype_name(rd)) + "; expected f32 (or bf16 for bf16 x bf16)");
+      throw bad(fmt::format(
+          "preferred_element_type {} is not available for lhs {} x rhs {}; expected f32 (or bf16 "
+          "for bf16 x bf16)",
+          dtype_name(p), dtype_name(ld), dtype_name(rd)));
     }
     out = p;
   }
   c.out_dtype = out;
-  c.activation = o.activation;
-  c.precision = o.precision;
-  c.num_threads = threads > 0 ? threads : num_threads();
-  if (o.representative_group_sizes &&
-      static_cast<int64_t>(o.representative_group_sizes->size()) != G) {
-    throw bad("representative_group_sizes has length " +
-              std::to_string(o.representative_group_sizes->size()) + "; expected " +
-              std::to_string(G));
+  if (c.representative_group_sizes &&
+      static_cast<int64_t>(c.representative_group_sizes->size()) != G) {
+    throw bad(fmt::format("representative_group_sizes has length {}; expected {}",
+                          c.representative_group_sizes->size(), G));
   }
-
-  std::vector<int64_t> sig = {static_cast<int64_t>(ld),
-                              M,
-                              K,
-                              static_cast<int64_t>(rd),
-                              static_cast<int64_t>(dims),
-                              static_cast<int64_t>(out),
-                              static_cast<int64_t>(o.activation),
-                              static_cast<int64_t>(o.precision),
-                              c.num_threads,
-                              packed_rhs,
-                              G};
-  sig.insert(sig.end(), rhs.shape.begin(), rhs.shape.end());
-  if (o.representative_group_sizes) {
-    sig.push_back(-1);
-    sig.insert(sig.end(), o.representative_group_sizes->begin(),
-               o.representative_group_sizes->end());
-  }
-  c.bound = intern_key(sig, [&] {
-    Json gs;
-    if (o.representative_group_sizes)
-      gs = *o.representative_group_sizes;
-    else
-      gs = {{"num_groups", G}, {"total_size", M}};
-    return Json{{"lhs", lhs.spec().str()},
-                {"rhs", rhs.str()},
-                {"group_sizes", gs},
-                {"dimension_numbers", dim_nums_name(dims)},
-                {"preferred_element_type", dtype_name(out)},
-                {"activation", activation_name(o.activation)},
-                {"precision", precision_name(o.precision)},
-                {"num_threads", c.num_threads},
-                {"packed_rhs", packed_rhs}};
-  });
+  if (c.key_total_rows < 0) c.key_total_rows = M;
 }
 
 ShapeDtype output_spec(const RaggedDotCall& c) {
@@ -319,100 +257,96 @@ double weight_bytes(const RaggedDotCall& c) {
 
 // --- family ---
 
-Family::Family() : impls_{make_native(), make_blas()}, reference_(std::make_shared<Reference>()) {}
+namespace {
+
+using Field = ArgField<RaggedDotCall>;
+using A = Args<RaggedDotCall>;
+
+// group_sizes in a spec: the sizes themselves (also the key's representative sizes), or
+// {"num_groups": G, "total_size": T}, spread uniformly at random over the groups.
+Field group_sizes_field() {
+  return A::custom(
+      "group_sizes",
+      [](const RaggedDotCall& c) {
+        if (c.representative_group_sizes) return Json(*c.representative_group_sizes);
+        return Json{{"num_groups", c.g}, {"total_size", c.key_total_rows}};
+      },
+      [](RaggedDotCall& c, const Json& j) {
+        if (j.is_array()) {
+          for (const Json& x : j) {
+            if (!x.is_number_integer()) throw InvalidArgument("a list must hold integers");
+            c.group_sizes.push_back(x.get<int32_t>());
+          }
+          c.representative_group_sizes = c.group_sizes;
+          return;
+        }
+        const auto count = [&](const char* name) {
+          const auto it = j.is_object() ? j.find(name) : j.end();
+          if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+            throw InvalidArgument(
+                "expected a list of ints or {\"num_groups\": G, \"total_size\": M} (G, M >= 0)");
+          return it->get<int64_t>();
+        };
+        const int64_t groups = count("num_groups"), total = count("total_size");
+        c.group_sizes = generate_group_sizes(total, groups, 0);
+        c.key_total_rows = total;
+      },
+      [](const RaggedDotCall& c, Signature& sig) {
+        if (c.representative_group_sizes) {
+          sig.push_back(-1);
+          sig.push_back(static_cast<int64_t>(c.representative_group_sizes->size()));
+          sig.insert(sig.end(), c.representative_group_sizes->begin(),
+                     c.representative_group_sizes->end());
+        }
+        sig.push_back(-2);
+        sig.push_back(c.g);
+        sig.push_back(c.key_total_rows);
+      });
+}
+
+// preferred_element_type: absent (or null) in a spec lets bind choose; the key holds the choice.
+Field out_dtype_field() {
+  return A::custom(
+      "preferred_element_type",
+      [](const RaggedDotCall& c) { return Json(dtype_name(c.out_dtype)); },
+      [](RaggedDotCall& c, const Json& j) {
+        if (j.is_null()) return;
+        if (!j.is_string()) throw InvalidArgument("expected a dtype name");
+        c.preferred_element_type = parse_dtype(j.get<std::string>());
+      },
+      [](const RaggedDotCall& c, Signature& sig) {
+        sig.push_back(static_cast<int64_t>(c.out_dtype));
+      });
+}
+
+}  // namespace
+
+Family::Family()
+    : TypedFamily(
+          kFamily,
+          {A::input("lhs", &RaggedDotCall::lhs), A::input("rhs", &RaggedDotCall::rhs),
+           group_sizes_field(),
+           A::enumeration("dimension_numbers", &RaggedDotCall::dims, kDimNums,
+                          RaggedDimNums::kForward),
+           out_dtype_field(),
+           A::enumeration("activation", &RaggedDotCall::activation, kActivations,
+                          Activation::kNone),
+           A::enumeration("precision", &RaggedDotCall::precision, kPrecisions, Precision::kDefault),
+           A::value("packed_rhs", &RaggedDotCall::packed_rhs, false)},
+          std::make_shared<Reference>(), {make_native(), make_blas()}) {}
 
 const Family& family() {
   static const std::shared_ptr<const Family> f = std::make_shared<Family>();
   return *f;
 }
 
-BoundArguments Family::bind_json(const Json& a, const std::string& implementation) const {
-  auto bad = [](const std::string& s) { return InvalidArgument("ragged_dot arguments: " + s); };
-  if (!a.is_object()) throw bad("expected a JSON object");
-  for (const char* req : {"lhs", "rhs", "group_sizes"}) {
-    if (!a.contains(req)) throw bad(std::string("missing '") + req + "'");
-  }
-  if (!a["lhs"].is_string() || !a["rhs"].is_string())
-    throw bad("'lhs' and 'rhs' must be ShapeDtype strings like \"f32[8,128]\"");
-  const ShapeDtype lhs = ShapeDtype::parse(a["lhs"].get<std::string>());
-  const ShapeDtype rhs = ShapeDtype::parse(a["rhs"].get<std::string>());
-  RaggedDotOptions o;
-  const RaggedDimNums dims = parse_dim_nums(a.value("dimension_numbers", "forward"));
-  if (a.contains("activation")) o.activation = parse_activation(a["activation"].get<std::string>());
-  if (a.contains("precision")) o.precision = kPrecisions.parse(a["precision"].get<std::string>());
-  if (a.contains("preferred_element_type") && !a["preferred_element_type"].is_null()) {
-    o.preferred_element_type = parse_dtype(a["preferred_element_type"].get<std::string>());
-  }
-  std::vector<int32_t> sizes;
-  const Json& gs = a["group_sizes"];
-  if (gs.is_array()) {
-    for (const Json& x : gs) {
-      if (!x.is_number_integer()) throw bad("group_sizes list must hold integers");
-      sizes.push_back(x.get<int32_t>());
-    }
-    o.representative_group_sizes = sizes;
-  } else if (gs.is_object() && gs.contains("num_groups") && gs.contains("total_size")) {
-    const int64_t G = gs["num_groups"].get<int64_t>(), T = gs["total_size"].get<int64_t>();
-    if (G < 0 || T < 0) throw bad("group_sizes num_groups and total_size must be >= 0");
-    sizes = generate_group_sizes(T, G, 0);
-  } else {
-    throw bad("group_sizes must be a list of ints or {\"num_groups\": G, \"total_size\": M}");
-  }
-  RaggedDotCall c;
-  int threads = num_threads();
-  if (a.contains("num_threads")) {
-    if (!a["num_threads"].is_number_integer() || a["num_threads"].get<int>() <= 0)
-      throw bad("num_threads must be an integer > 0");
-    threads = a["num_threads"].get<int>();
-  }
-  bool packed_rhs = false;
-  if (a.contains("packed_rhs")) {
-    if (!a["packed_rhs"].is_boolean()) throw bad("packed_rhs must be true or false");
-    packed_rhs = a["packed_rhs"].get<bool>();
-  }
-  bind_call(c, TensorView(nullptr, lhs.dtype, lhs.shape), rhs, sizes, dims, o, threads, packed_rhs);
-  Json args = c.bound.arguments();
-  if (gs.is_object())
-    args["group_sizes"] = {{"num_groups", gs["num_groups"]}, {"total_size", gs["total_size"]}};
-  return BoundArguments(kFamily, implementation, std::move(args));
+// Packed once here, outside any timing, as a program packs its weights at load time. The
+// unpacked rhs stays too: the reference and the other implementations read it.
+void Family::finish_made_call(RaggedDotCall& c) const {
+  if (c.packed_rhs) c.packed = pack_rhs(c.rhs, c.dims, c.precision);
 }
 
-std::unique_ptr<CallBase> Family::make_call(const BoundArguments& b, uint64_t seed) const {
-  const Json& a = b.arguments();
-  const ShapeDtype lhs = ShapeDtype::parse(a["lhs"].get<std::string>());
-  const ShapeDtype rhs = ShapeDtype::parse(a["rhs"].get<std::string>());
-  auto c = std::make_unique<RaggedDotCall>();
-  c->owned.push_back(Tensor::randn(lhs.shape, lhs.dtype, seed));
-  c->owned.push_back(Tensor::randn(rhs.shape, rhs.dtype, seed + 1));
-  std::vector<int32_t> sizes;
-  const Json& gs = a["group_sizes"];
-  if (gs.is_array())
-    sizes = gs.get<std::vector<int32_t>>();
-  else
-    sizes =
-        generate_group_sizes(gs["total_size"].get<int64_t>(), gs["num_groups"].get<int64_t>(), 0);
-  RaggedDotOptions o;
-  o.activation = parse_activation(a["activation"].get<std::string>());
-  o.precision =
-      a["precision"].get<std::string>() == "default" ? Precision::kDefault : Precision::kHighest;
-  o.preferred_element_type = parse_dtype(a["preferred_element_type"].get<std::string>());
-  const RaggedDimNums dims = parse_dim_nums(a["dimension_numbers"].get<std::string>());
-  const bool packed_rhs = a.value("packed_rhs", false);
-  bind_call(*c, c->owned[0].view(), rhs, sizes, dims, o, b.num_threads(), packed_rhs);
-  c->rhs = c->owned[1].view();
-  // Packed once here, outside any timing, as a program packs its weights at load time. The
-  // unpacked rhs stays too: the reference and the other implementations read it.
-  if (packed_rhs) c->packed = pack_rhs(c->rhs, dims, o.precision);
-  c->bound = b;
-  c->num_threads = b.num_threads();
-  const ShapeDtype out = output_spec(*c);
-  c->owned.emplace_back(out.shape, out.dtype);
-  c->outputs = {c->owned.back().view()};
-  return c;
-}
-
-Tolerance Family::tolerance(const CallBase& base) const {
-  const auto& c = call_as<RaggedDotCall>(base);
+Tolerance Family::tolerance_of(const RaggedDotCall& c) const {
   const bool bf16 =
       c.lhs.dtype() == DType::kBF16 || c.rhs.dtype() == DType::kBF16 || c.out_dtype == DType::kBF16;
   // tokamax's bf16 tolerance (same bf16 inputs, f32 accumulation), plus, for a bf16 output, one
@@ -431,20 +365,17 @@ bool weight_streaming(const RaggedDotCall& c) {
   return bytes > 0 && call_flops(c) / bytes < 8.0;
 }
 
-bool Family::memory_bound(const CallBase& base) const {
-  return weight_streaming(call_as<RaggedDotCall>(base));
-}
+bool Family::memory_bound_of(const RaggedDotCall& c) const { return weight_streaming(c); }
 
-CallCost Family::cost(const CallBase& base) const {
-  const auto& c = call_as<RaggedDotCall>(base);
+CallCost Family::cost_of(const RaggedDotCall& c) const {
   return {call_flops(c), weight_bytes(c), native_uses_bf16_dot(c)};
 }
 
 // The call as users make it, the pre-packed call, and the alternatives a user has: blas, and
 // on memory-bound calls the reference loops (there they can beat blas; on compute-bound ones
 // they are 5-10x slower than blas and would only lengthen the run).
-std::vector<std::string> Family::bench_rows(const CallBase& call) const {
-  std::vector<std::string> rows = OpFamily::bench_rows(call);
+std::vector<std::string> Family::bench_rows_of(const RaggedDotCall& call) const {
+  std::vector<std::string> rows = TypedFamily::bench_rows_of(call);
   rows.insert(std::find(rows.begin(), rows.end(), "native") + 1, "native:packed");
   return rows;
 }

@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "tokamax/op/family.h"
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/ragged_dot.h"
@@ -15,18 +17,27 @@ namespace tokamax::rdot {
 inline constexpr const char* kFamily = "ragged_dot";
 
 struct RaggedDotCall : CallBase {
+  // Inputs and statics (the arguments; see Family's fields).
   TensorView lhs;    // [M,K]
-  TensorView rhs;    // [G,K,N] / [G,N,K] / [M,N]; may be empty when packed is set
+  TensorView rhs;    // [G,K,N] / [G,N,K] / [M,N]; no data when the weights come packed
   PackedRhs packed;  // native's pre-packed weights (forward / transposed forms)
   std::vector<int32_t> group_sizes;
-  std::vector<int64_t> offsets;  // G+1 exclusive prefix sums
   RaggedDimNums dims = RaggedDimNums::kForward;
-  DType out_dtype = DType::kF32;
+  std::optional<DType> preferred_element_type;
   Activation activation = Activation::kNone;
   Precision precision = Precision::kDefault;
+  // The weights arrive pre-packed (pack_rhs). Part of the key: the two forms are different
+  // calls (an unpacked call packs, or streams, inside its own time) and tune apart.
+  bool packed_rhs = false;
+  // What the key says of the group sizes: the representative sizes when given, else
+  // {num_groups, total_size = key_total_rows} (the rows of lhs unless a spec says otherwise).
+  std::optional<std::vector<int32_t>> representative_group_sizes;
+  int64_t key_total_rows = -1;
+
+  // Filled by bind.
+  std::vector<int64_t> offsets;  // G+1 exclusive prefix sums
+  DType out_dtype = DType::kF32;
   int64_t m = 0, k = 0, n = 0, g = 0;  // logical sizes: out [M,N] (or [G,K,N]), contraction K
-  // Storage when the call was made from a spec (autotuner, bench).
-  std::vector<Tensor> owned;
 
   const TensorView& out() const { return outputs.at(0); }
   // Whether the lhs is rounded to bf16 (kDefault with bf16 rhs).
@@ -37,15 +48,6 @@ struct RaggedDotCall : CallBase {
   // The whole lhs that way: its own data when it already is, else a converted copy in *storage.
   const float* lhs_f32(Tensor* storage) const;
 };
-
-// Validates everything and fills the call (not outputs). rhs_spec is the logical rhs (from
-// `rhs` or `packed`). Throws InvalidArgument naming the argument, its shape and what was expected.
-// threads: the thread count the call runs with (0 = num_threads()); it is part of the key.
-// packed_rhs: the weights arrive pre-packed (pack_rhs), also part of the key: the two forms
-// are different calls (an unpacked call packs, or streams, inside its own time) and tune apart.
-void bind_call(RaggedDotCall& call, const TensorView& lhs, const ShapeDtype& rhs_spec,
-               std::span<const int32_t> group_sizes, RaggedDimNums dims,
-               const RaggedDotOptions& options, int threads = 0, bool packed_rhs = false);
 
 ShapeDtype output_spec(const RaggedDotCall& call);
 
@@ -95,28 +97,22 @@ std::vector<ArgSpec> arg_specs();
 // One unit in the last place of a bf16 value, relative to it (at most).
 inline constexpr double kBf16OutputUlp = 1.0 / 128;
 
-class Family : public OpFamily {
+class Family : public TypedFamily<RaggedDotCall> {
  public:
   Family();
-  std::string name() const override { return kFamily; }
-  std::vector<std::shared_ptr<const Implementation>> implementations() const override {
-    return impls_;
+  void bind(RaggedDotCall& call) const override;
+  std::vector<ShapeDtype> output_specs(const RaggedDotCall& call) const override {
+    return {output_spec(call)};
   }
-  std::shared_ptr<const Implementation> reference() const override { return reference_; }
-  BoundArguments bind_json(const Json& arguments, const std::string& implementation) const override;
-  std::unique_ptr<CallBase> make_call(const BoundArguments& bound, uint64_t seed) const override;
-  Tolerance tolerance(const CallBase& call) const override;
+  Tolerance tolerance_of(const RaggedDotCall& call) const override;
   std::vector<ArgSpec> arg_specs() const override { return rdot::arg_specs(); }
-  bool memory_bound(const CallBase& call) const override;
-  CallCost cost(const CallBase& call) const override;
+  bool memory_bound_of(const RaggedDotCall& call) const override;
+  CallCost cost_of(const RaggedDotCall& call) const override;
   std::vector<std::pair<std::string, Json>> argument_variants() const override {
     return {{"packed", Json{{"packed_rhs", true}}}};
   }
-  std::vector<std::string> bench_rows(const CallBase& call) const override;
-
- private:
-  std::vector<std::shared_ptr<const Implementation>> impls_;
-  std::shared_ptr<const Implementation> reference_;
+  std::vector<std::string> bench_rows_of(const RaggedDotCall& call) const override;
+  void finish_made_call(RaggedDotCall& call) const override;
 };
 
 const Family& family();

@@ -438,6 +438,35 @@ TEST(RaggedDot, ConcurrentCallersAndThreadCounts) {
   expect_close(one, want, 1e-3, 1e-4, 1e-5, "one thread");
 }
 
+// A call's key is the key of its spec: what the public functions bind, bind_json binds the same
+// way (the cache and traces depend on it).
+TEST(RaggedDot, PublicCallKeyIsItsSpecKey) {
+  Tensor lhs = Tensor::randn({6, 8}, DType::kBF16, 1),
+         rhs = Tensor::randn({3, 8, 5}, DType::kBF16, 2);
+  const std::vector<int32_t> sizes = {2, 0, 3};
+  CallRecorder rec;
+  ragged_dot(lhs, rhs, sizes, {.activation = Activation::kSilu});
+  ragged_dot(lhs, pack_rhs(rhs), sizes, {.preferred_element_type = DType::kF32});
+  ragged_dot(lhs, rhs, sizes, {.representative_group_sizes = std::vector<int32_t>{1, 1, 1}});
+  const std::vector<BoundArguments> calls = rec.calls();
+  ASSERT_EQ(calls.size(), 3u);
+  const Json common = {
+      {"lhs", "bf16[6,8]"}, {"rhs", "bf16[3,8,5]"}, {"num_threads", num_threads()}};
+  auto spec = [&](Json extra) {
+    Json j = common;
+    j.update(extra);
+    return rdot::family().bind_json(j, "").key();
+  };
+  EXPECT_EQ(calls[0].key(), spec({{"group_sizes", {{"num_groups", 3}, {"total_size", 6}}},
+                                  {"activation", "silu"}}));
+  EXPECT_EQ(calls[1].key(), spec({{"group_sizes", {{"num_groups", 3}, {"total_size", 6}}},
+                                  {"preferred_element_type", "f32"},
+                                  {"packed_rhs", true}}));
+  EXPECT_EQ(calls[2].key(), spec({{"group_sizes", {1, 1, 1}}}));
+  EXPECT_EQ(calls[0].arguments()["preferred_element_type"], "bf16");
+  EXPECT_THROW(rdot::family().bind_json(Json{{"lhs", "f32[2,2]"}}, ""), InvalidArgument);
+}
+
 TEST(RaggedDot, BadInputIsAClearError) {
   Tensor lhs = Tensor::randn({6, 8}, DType::kF32, 1),
          rhs = Tensor::randn({2, 8, 5}, DType::kF32, 2);

@@ -1,0 +1,321 @@
+// TypedFamily<CallT>: the op family base that families derive from. A family writes its call
+// struct (a CallBase with typed inputs and statics), one description of its arguments
+// (ArgFields: name, kind and JSON form of each), `bind` (validation and canonicalization, the only
+// place shapes are checked), its output specs, tolerance, reference, implementations and arg
+// specs. Everything every family would otherwise repeat is here, written once from that
+// description: the JSON argument spec (bind_json) and its validation messages, calls with seeded
+// random inputs (make_call), the key and its interning, num_threads, output allocation, the
+// checked downcasts, and the public call path (bind, allocate, dispatch).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tokamax/core/enum_names.h"
+#include "tokamax/core/error.h"
+#include "tokamax/core/export.h"
+#include "tokamax/core/json.h"
+#include "tokamax/core/strings.h"
+#include "tokamax/core/tensor.h"
+#include "tokamax/op/dispatch.h"
+#include "tokamax/op/op.h"
+
+TOKAMAX_PUBLIC_BEGIN
+namespace tokamax {
+
+// The call's signature as integers: every field appends what determines its key JSON, so equal
+// signatures mean equal keys (and the key is built once per distinct signature).
+using Signature = std::vector<int64_t>;
+
+// One argument of a family's call. An input is an array: its key JSON is its ShapeDtype string,
+// and make_call fills it with seeded values. A static is any other value in the key.
+template <class CallT>
+struct ArgField {
+  std::string name;
+  // The member an input lives in (null for statics).
+  TensorView CallT::*input = nullptr;
+  // Inputs only: fills a made call's input (default: standard normal values).
+  std::function<void(const TensorView&, uint64_t seed)> fill;
+  // Its key JSON, from a bound call.
+  std::function<Json(const CallT&)> to_json;
+  // Sets it on an unbound call from the spec's JSON (null when absent); InvalidArgument saying
+  // what was expected (the caller adds the family and the argument's name).
+  std::function<void(CallT&, const Json&)> from_json;
+  // Appends what determines to_json (after bind) to the signature.
+  std::function<void(const CallT&, Signature&)> sign;
+};
+
+// Builders for the usual kinds of argument.
+template <class CallT>
+struct Args {
+  using Field = ArgField<CallT>;
+
+  // A required array. The spec gives its ShapeDtype; a made call gets `fill`'s values.
+  static Field input(std::string name, TensorView CallT::*member,
+                     std::function<void(const TensorView&, uint64_t)> fill = nullptr) {
+    Field f;
+    f.name = std::move(name);
+    f.input = member;
+    f.fill =
+        fill ? std::move(fill) : [](const TensorView& v, uint64_t seed) { fill_randn(v, seed); };
+    f.to_json = [member](const CallT& c) { return Json((c.*member).spec().str()); };
+    f.from_json = [member](CallT& c, const Json& j) {
+      if (!j.is_string()) throw InvalidArgument("expected a ShapeDtype string like \"f32[8,128]\"");
+      const ShapeDtype s = ShapeDtype::parse(j.get<std::string>());
+      c.*member = TensorView(nullptr, s.dtype, s.shape);
+    };
+    f.sign = [member](const CallT& c, Signature& sig) {
+      const TensorView& v = c.*member;
+      sig.push_back(static_cast<int64_t>(v.dtype()));
+      sig.push_back(v.rank());
+      sig.insert(sig.end(), v.shape().begin(), v.shape().end());
+    };
+    return f;
+  }
+
+  // An int or bool static with a default for when the spec leaves it out.
+  template <class T>
+  static Field value(std::string name, T CallT::*member, T fallback) {
+    static_assert(std::is_integral_v<T>);
+    Field f;
+    f.name = std::move(name);
+    f.to_json = [member](const CallT& c) { return Json(c.*member); };
+    f.from_json = [member, fallback](CallT& c, const Json& j) {
+      if (j.is_null()) {
+        c.*member = fallback;
+      } else if constexpr (std::is_same_v<T, bool>) {
+        if (!j.is_boolean()) throw InvalidArgument("expected true or false");
+        c.*member = j.get<bool>();
+      } else {
+        if (!j.is_number_integer()) throw InvalidArgument("expected an integer");
+        c.*member = j.get<T>();
+      }
+    };
+    f.sign = [member](const CallT& c, Signature& sig) {
+      sig.push_back(static_cast<int64_t>(c.*member));
+    };
+    return f;
+  }
+
+  // An enum static named by its table, with a default.
+  template <class E, size_t N>
+  static Field enumeration(std::string name, E CallT::*member, const EnumNames<E, N>& names,
+                           E fallback) {
+    Field f;
+    f.name = std::move(name);
+    f.to_json = [member, &names](const CallT& c) { return Json(names.name(c.*member)); };
+    f.from_json = [member, &names, fallback](CallT& c, const Json& j) {
+      if (j.is_null()) {
+        c.*member = fallback;
+        return;
+      }
+      if (!j.is_string()) throw InvalidArgument("expected a name");
+      c.*member = names.parse(j.get<std::string>());
+    };
+    f.sign = [member](const CallT& c, Signature& sig) {
+      sig.push_back(static_cast<int64_t>(c.*member));
+    };
+    return f;
+  }
+
+  // Anything else: the three functions written out.
+  static Field custom(std::string name, std::function<Json(const CallT&)> to_json,
+                      std::function<void(CallT&, const Json&)> from_json,
+                      std::function<void(const CallT&, Signature&)> sign) {
+    Field f;
+    f.name = std::move(name);
+    f.to_json = std::move(to_json);
+    f.from_json = std::move(from_json);
+    f.sign = std::move(sign);
+    return f;
+  }
+};
+
+template <class CallT>
+class TypedFamily : public OpFamily {
+ public:
+  using Call = CallT;
+
+  TypedFamily(std::string name, std::vector<ArgField<CallT>> fields,
+              std::shared_ptr<const Implementation> reference,
+              std::vector<std::shared_ptr<const Implementation>> implementations)
+      : name_(std::move(name)),
+        fields_(std::move(fields)),
+        reference_(std::move(reference)),
+        impls_(std::move(implementations)) {}
+
+  // --- What a family writes. ---
+
+  // Validates the call's inputs and statics (input data may be null: specs bind too) and fills
+  // what follows from them. Throws InvalidArgument naming the argument, its shape and what was
+  // expected. The only place shapes are checked.
+  virtual void bind(CallT& call) const = 0;
+  // The outputs' shapes and dtypes of a bound call.
+  virtual std::vector<ShapeDtype> output_specs(const CallT& call) const = 0;
+  virtual Tolerance tolerance_of(const CallT& call) const = 0;
+  virtual bool memory_bound_of(const CallT&) const { return false; }
+  virtual CallCost cost_of(const CallT&) const { return {}; }
+  virtual std::vector<std::string> bench_rows_of(const CallT& call) const {
+    return OpFamily::bench_rows(call);
+  }
+  // A made call after its inputs are filled and it is bound (ragged_dot packs the weights of a
+  // packed_rhs spec here, as a program does at load time).
+  virtual void finish_made_call(CallT&) const {}
+
+  // --- Written once here. ---
+
+  std::string name() const final { return name_; }
+  std::vector<std::shared_ptr<const Implementation>> implementations() const final {
+    return impls_;
+  }
+  std::shared_ptr<const Implementation> reference() const final { return reference_; }
+  const std::vector<ArgField<CallT>>& fields() const { return fields_; }
+
+  // Binds the call (num_threads 0 = the library's num_threads()) and gives it its key.
+  void bind_and_key(CallT& call) const {
+    if (call.num_threads <= 0) call.num_threads = tokamax::num_threads();
+    bind(call);
+    call.bound = key(call);
+  }
+
+  // The public call path: bind, allocate the outputs, dispatch; returns the outputs.
+  std::vector<Tensor> run(CallT& call, const CallOptions& options) const {
+    bind_and_key(call);
+    std::vector<Tensor> out;
+    call.outputs.clear();
+    for (const ShapeDtype& s : output_specs(call)) {
+      out.emplace_back(s.shape, s.dtype);
+      call.outputs.push_back(out.back().view());
+    }
+    dispatch(*this, call, options);
+    return out;
+  }
+
+  BoundArguments bind_json(const Json& arguments, const std::string& implementation) const final {
+    CallT call = call_from_json(arguments);
+    bind_and_key(call);
+    return call.bound.with_implementation(implementation);
+  }
+
+  std::unique_ptr<CallBase> make_call(const BoundArguments& bound, uint64_t seed) const final {
+    auto call = std::make_unique<CallT>(call_from_json(bound.arguments()));
+    uint64_t input_seed = seed;
+    for (const ArgField<CallT>& f : fields_) {
+      if (!f.input) continue;
+      TensorView& v = (*call).*f.input;
+      call->owned.emplace_back(v.shape(), v.dtype());
+      v = call->owned.back().view();
+      f.fill(v, input_seed++);
+    }
+    bind_and_key(*call);
+    finish_made_call(*call);
+    call->bound = bound;
+    for (const ShapeDtype& s : output_specs(*call)) {
+      call->owned.emplace_back(s.shape, s.dtype);
+      call->outputs.push_back(call->owned.back().view());
+    }
+    return call;
+  }
+
+  Tolerance tolerance(const CallBase& call) const final {
+    return tolerance_of(call_as<CallT>(call));
+  }
+  bool memory_bound(const CallBase& call) const final {
+    return memory_bound_of(call_as<CallT>(call));
+  }
+  CallCost cost(const CallBase& call) const final { return cost_of(call_as<CallT>(call)); }
+  std::vector<std::string> bench_rows(const CallBase& call) const final {
+    return bench_rows_of(call_as<CallT>(call));
+  }
+
+ private:
+  // An unbound call from an argument spec: every field read (absent ones as null), unknown
+  // names refused.
+  CallT call_from_json(const Json& arguments) const {
+    auto bad = [&](const std::string& what) {
+      return InvalidArgument(name_ + " arguments: " + what);
+    };
+    if (!arguments.is_object())
+      throw bad("expected a JSON object, got " + canonical_dump(arguments));
+    CallT call;
+    for (const ArgField<CallT>& f : fields_) {
+      const auto it = arguments.find(f.name);
+      const Json& j = it == arguments.end() ? null_json() : *it;
+      if (f.input && j.is_null()) throw bad("missing '" + f.name + "'");
+      try {
+        f.from_json(call, j);
+      } catch (const InvalidArgument& e) {
+        throw bad("'" + f.name + "' = " + canonical_dump(j) + ": " + e.message());
+      }
+    }
+    call.num_threads = 0;
+    if (const auto it = arguments.find("num_threads"); it != arguments.end()) {
+      if (!it->is_number_integer() || it->template get<int64_t>() <= 0 ||
+          it->template get<int64_t>() > 4096) {
+        throw bad("num_threads = " + canonical_dump(*it) + "; expected an integer in [1, 4096]");
+      }
+      call.num_threads = it->template get<int>();
+    }
+    for (const auto& [k, v] : arguments.items()) {
+      if (k == "num_threads") continue;
+      bool known = false;
+      for (const ArgField<CallT>& f : fields_) known = known || f.name == k;
+      if (!known) throw bad("unknown argument '" + k + "'; expected " + join(field_names(), ", "));
+    }
+    return call;
+  }
+
+  std::vector<std::string> field_names() const {
+    std::vector<std::string> out;
+    for (const ArgField<CallT>& f : fields_) out.push_back(f.name);
+    out.push_back("num_threads");
+    return out;
+  }
+
+  static const Json& null_json() {
+    static const Json j;
+    return j;
+  }
+
+  struct SignatureHash {
+    size_t operator()(const Signature& s) const { return static_cast<size_t>(hash64(s)); }
+  };
+
+  // Building the canonical key JSON costs microseconds; calls repeat a few shapes, so keys are
+  // interned by the call's signature.
+  BoundArguments key(const CallT& call) const {
+    thread_local Signature sig;
+    sig.clear();
+    for (const ArgField<CallT>& f : fields_) f.sign(call, sig);
+    sig.push_back(call.num_threads);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = keys_.find(sig);
+      if (it != keys_.end()) return it->second;
+    }
+    Json arguments = Json::object();
+    for (const ArgField<CallT>& f : fields_) arguments[f.name] = f.to_json(call);
+    arguments["num_threads"] = call.num_threads;
+    BoundArguments b(name_, "", std::move(arguments));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (keys_.size() > 100000) keys_.clear();  // bounds memory for programs with endless shapes
+    return keys_.emplace(sig, b).first->second;
+  }
+
+  std::string name_;
+  std::vector<ArgField<CallT>> fields_;
+  std::shared_ptr<const Implementation> reference_;
+  std::vector<std::shared_ptr<const Implementation>> impls_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<Signature, BoundArguments, SignatureHash> keys_;
+};
+
+}  // namespace tokamax
+TOKAMAX_PUBLIC_END
