@@ -20,16 +20,14 @@
 #include "tokamax/core/export.h"
 #include "tokamax/core/tensor.h"
 #include "tokamax/op/config.h"
+#include "tokamax/ops/activation.h"
 
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
-enum class Activation { kNone, kRelu, kSilu, kGelu, kGeluTanh };
 enum class RaggedDimNums { kForward, kTransposedRhs, kRaggedContracting };
 enum class Precision { kDefault, kHighest };
 
-std::string_view activation_name(Activation a);
-Activation parse_activation(std::string_view s);
 std::string_view dim_nums_name(RaggedDimNums d);
 RaggedDimNums parse_dim_nums(std::string_view s);
 

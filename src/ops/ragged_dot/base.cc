@@ -8,17 +8,12 @@
 #include <numeric>
 
 #include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
 #include "tokamax/core/enum_names.h"
 
 namespace tokamax {
 
 namespace {
-constexpr EnumNames<Activation, 5> kActivations{"activation",
-                                                {{{Activation::kNone, "none"},
-                                                  {Activation::kRelu, "relu"},
-                                                  {Activation::kSilu, "silu"},
-                                                  {Activation::kGelu, "gelu"},
-                                                  {Activation::kGeluTanh, "gelu_tanh"}}}};
 constexpr EnumNames<RaggedDimNums, 3> kDimNums{
     "dimension_numbers",
     {{{RaggedDimNums::kForward, "forward"},
@@ -28,8 +23,6 @@ constexpr EnumNames<Precision, 2> kPrecisions{
     "precision", {{{Precision::kDefault, "default"}, {Precision::kHighest, "highest"}}}};
 }  // namespace
 
-std::string_view activation_name(Activation a) { return kActivations.name(a); }
-Activation parse_activation(std::string_view s) { return kActivations.parse(s); }
 std::string_view dim_nums_name(RaggedDimNums d) { return kDimNums.name(d); }
 RaggedDimNums parse_dim_nums(std::string_view s) { return kDimNums.parse(s); }
 
@@ -46,25 +39,8 @@ float RaggedDotCall::lhs_value(int64_t i) const {
 }
 
 const float* RaggedDotCall::lhs_f32(Tensor* storage) const {
-  const bool round = lhs_as_bf16();
-  if (lhs.dtype() == DType::kF32 && !round) return lhs.data_as<float>();
-  *storage = Tensor(lhs.shape(), DType::kF32);
-  float* d = storage->data_as<float>();
-  // Once per call over the whole lhs (a prefill's is megabytes): chunks in parallel, each a
-  // loop the compiler vectorizes.
-  constexpr int64_t kChunk = int64_t{1} << 15;
-  const int64_t n = lhs.size();
-  parallel_for((n + kChunk - 1) / kChunk, num_threads, [&](int64_t chunk, int) {
-    const int64_t b = chunk * kChunk, e = std::min(n, b + kChunk);
-    if (lhs.dtype() == DType::kBF16) {
-      const uint16_t* s = lhs.data_as<uint16_t>();
-      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(s[i]);
-    } else {
-      const float* s = lhs.data_as<float>();
-      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
-    }
-  });
-  return d;
+  return kernels::a_as_f32(lhs.data(), lhs.dtype() == DType::kBF16, lhs_as_bf16(), lhs.size(),
+                           num_threads, storage);
 }
 
 void Family::bind(RaggedDotCall& c) const {
@@ -154,28 +130,6 @@ void Family::bind(RaggedDotCall& c) const {
 ShapeDtype output_spec(const RaggedDotCall& c) {
   if (c.dims == RaggedDimNums::kRaggedContracting) return {{c.g, c.k, c.n}, c.out_dtype};
   return {{c.m, c.n}, c.out_dtype};
-}
-
-double activation_grad(Activation a, double x) {
-  switch (a) {
-    case Activation::kNone:
-      return 1;
-    case Activation::kRelu:
-      return x > 0 ? 1 : 0;
-    case Activation::kSilu: {
-      const double s = 1 / (1 + std::exp(-x));
-      return s * (1 + x * (1 - s));
-    }
-    case Activation::kGelu:
-      return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
-             x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
-    case Activation::kGeluTanh: {
-      const double c = 0.7978845608028654, u = c * (x + 0.044715 * x * x * x);
-      const double t = std::tanh(u);
-      return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
-    }
-  }
-  return 1;
 }
 
 // --- reference: plain loops, f32 accumulation, in the order i, k, j (the inner loop is a
@@ -329,7 +283,7 @@ Family::Family()
            A::enumeration("dimension_numbers", &RaggedDotCall::dims, kDimNums,
                           RaggedDimNums::kForward),
            out_dtype_field(),
-           A::enumeration("activation", &RaggedDotCall::activation, kActivations,
+           A::enumeration("activation", &RaggedDotCall::activation, kernels::activation_names(),
                           Activation::kNone),
            A::enumeration("precision", &RaggedDotCall::precision, kPrecisions, Precision::kDefault),
            A::value("packed_rhs", &RaggedDotCall::packed_rhs, false)},

@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/activation.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
@@ -51,23 +52,8 @@ struct RaggedDotCall : CallBase {
 
 ShapeDtype output_spec(const RaggedDotCall& call);
 
-inline float apply_activation(Activation a, float x) {
-  switch (a) {
-    case Activation::kNone:
-      return x;
-    case Activation::kRelu:
-      return x > 0 ? x : 0.0f;
-    case Activation::kSilu:
-      return x / (1.0f + std::exp(-x));
-    case Activation::kGelu:
-      return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-    case Activation::kGeluTanh:
-      return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-  }
-  return x;
-}
-// d activation / dx at x.
-double activation_grad(Activation a, double x);
+using kernels::activation_grad;
+using kernels::apply_activation;
 
 // Element i of a contiguous f32 or bf16 buffer as f32.
 inline float load_f32(const void* p, DType dt, int64_t i) {

@@ -1,23 +1,18 @@
-// The native ragged_dot: packed weights, cache-blocked loops around SIMD microkernels chosen at
-// run time, threads over (group, row block, column block) work items scheduled dynamically so
-// skewed groups still balance. Loops (BLIS order, per work item):
-//   for kb in K step kc:           (A block mc x kc stays in L2)
-//     for panel in item's columns: (B panel kc x nr stays in L1)
-//       for row tile of mr rows:   microkernel
-//   epilogue: activation on the f32 accumulator, convert, store.
+// The native ragged_dot: its config (blocking sizes), heuristics and search space, mapped onto
+// the framework-free grouped GEMM (src/kernels/grouped_gemm.h) with an epilogue that applies the
+// activation and converts; and the weights packed ahead (pack_rhs).
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <mutex>
 
 #include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/microkernels.h"
 #include "ops/ragged_dot/base.h"
-#include "ops/ragged_dot/native_kernels.h"
 
 namespace tokamax {
 
 using rdot::RaggedDotCall;
-namespace k = rdot::kernels;
+namespace k = kernels;
 
 struct PackedRhs::Rep {
   ShapeDtype logical;
@@ -26,9 +21,7 @@ struct PackedRhs::Rep {
   bool bf16_pairs = false;                                      // else f32 panels
   int64_t g = 0, kdim = 0, n = 0, panels = 0, panel_elems = 0;  // elements are floats or pairs
   Tensor data;
-  const void* group(int64_t gi) const {
-    return static_cast<const uint8_t*>(data.data()) + gi * panels * panel_elems * 4;
-  }
+  k::PackedPanels panels_view() const { return {data.data(), panels, panel_elems, bf16_pairs}; }
 };
 
 ShapeDtype PackedRhs::logical() const { return rep_->logical; }
@@ -51,22 +44,6 @@ RaggedDotNativeConfig RaggedDotNativeConfig::from_json(const Json& j) {
 
 namespace rdot {
 namespace {
-
-// Elements (floats, or bf16 pairs) of one packed panel of K rows and nr columns.
-int64_t panel_elems(int64_t K, bool pairs, int nr) { return (pairs ? (K + 1) / 2 : K) * nr; }
-
-// Panels [p0, p1) of one group's weights into dst: bf16 pairs (for the bf16 dot) or f32.
-void pack_panels(const k::KernelSet& ks, bool pairs, const void* src, bool src_bf16, bool trans,
-                 int64_t K, int64_t N, void* dst, int64_t p0, int64_t p1) {
-  if (!pairs) {
-    k::pack_panels_f32(src, src_bf16, trans, K, N, ks.nr, static_cast<float*>(dst), p0, p1);
-  } else if (src_bf16 && !trans && ks.pack_b_bf16) {
-    ks.pack_b_bf16(static_cast<const uint16_t*>(src), K, N, ks.nr, static_cast<uint32_t*>(dst), p0,
-                   p1);
-  } else {
-    k::pack_panels_bf16(src, src_bf16, trans, K, N, ks.nr, static_cast<uint32_t*>(dst), p0, p1);
-  }
-}
 
 // Builds packed weights (parallel over panels).
 std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums dims,
@@ -93,7 +70,7 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
   r->panels = (r->n + nr - 1) / nr;
   r->bf16_pairs =
       rhs.dtype() == DType::kBF16 && precision == Precision::kDefault && r->ks->bf16 != nullptr;
-  r->panel_elems = panel_elems(r->kdim, r->bf16_pairs, nr);
+  r->panel_elems = k::panel_elems(r->kdim, r->bf16_pairs, nr);
   r->data = Tensor({r->g * r->panels * r->panel_elems}, DType::kF32);
   const bool src_bf16 = rhs.dtype() == DType::kBF16;
   const int64_t per_group = r->kdim * r->n;
@@ -102,45 +79,16 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
     const int64_t gi = item / r->panels, p = item % r->panels;
     const void* src =
         static_cast<const uint8_t*>(rhs.data()) + gi * per_group * static_cast<int64_t>(es);
-    void* dst =
-        const_cast<uint8_t*>(static_cast<const uint8_t*>(r->group(gi))) + p * r->panel_elems * 4;
-    pack_panels(*r->ks, r->bf16_pairs, src, src_bf16, trans, r->kdim, r->n, dst, p, p + 1);
+    void* dst = static_cast<uint8_t*>(r->data.data()) + (gi * r->panels + p) * r->panel_elems * 4;
+    k::pack_panels(*r->ks, r->bf16_pairs, src, src_bf16, trans, r->kdim, r->n, dst, p, p + 1);
   });
   return r;
 }
 
-struct Item {
-  int64_t g, m0, rows, n0, cols;
-};
-
 constexpr int64_t kDecodeRows = 4;  // groups this small are weight-streaming
 constexpr int64_t kMaxKc = 8192;    // scratch stays bounded (mc * kc floats per thread)
 
-// Per-thread scratch, kept between calls: pool threads are persistent, so steady-state calls
-// allocate nothing. Each slot grows to the largest request seen on the thread.
-// Slots: C tile + packed A; an item's packed weight strip; the strip a call's threads share
-// (held by the calling thread, which may run items too, hence its own slot).
-enum ScratchSlot { kTileSlot = 0, kStripSlot = 1, kSharedStripSlot = 2 };
-float* thread_scratch(ScratchSlot slot, int64_t floats) {
-  thread_local Tensor buffers[3];
-  Tensor& buffer = buffers[slot];
-  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
-  return buffer.data_as<float>();
-}
-
-// Unpacked weights are packed one item's columns at a time into a per-thread strip of K rows
-// (BLIS's packed B block, reused by every row block of the item). Items are narrowed so that
-// the strip stays within this size, whatever K is.
-constexpr int64_t kMaxStripBytes = int64_t{8} << 20;
-
-// Panels the multi-panel (weight-streaming) kernel takes at once for an item of `rows` rows
-// with `left` panels to go; 1 = use the regular kernel. The whole item must be one packed A
-// tile (rows <= mr).
-int multi_panels(const k::KernelSet& ks, int64_t rows, int mr, int64_t left) {
-  if (rows < 1 || rows > mr || rows > k::kMultiMaxMr || !ks.f32_multi) return 1;
-  const int np = ks.multi_np[rows];
-  return np > 1 && left >= np ? np : 1;
-}
+k::Blocking blocking(const RaggedDotNativeConfig& c) { return {c.mr, c.mc, c.kc, c.nc}; }
 
 class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> {
  public:
@@ -280,361 +228,93 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
   }
 
   int64_t scratch(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg) const override {
-    const auto& ks = k::best_kernels();
-    // A tile per thread; unpacked: also a strip per thread and the one the threads share.
-    const int64_t tile = tile_floats(cfg, ks) * 4;
-    const int64_t strip = c.packed.empty() && c.dims != RaggedDimNums::kRaggedContracting
-                              ? strip_floats(c, ks, strip_cols(c, cfg, ks)) * 4
-                              : 0;
-    return (tile + strip) * pool_threads(c) + strip;
+    k::PackedPanels panels;
+    k::GroupedGemm p = gemm(c, nullptr, &panels);
+    // The ragged contraction keeps per-thread tiles only, as a pre-packed product does.
+    if (c.dims == RaggedDimNums::kRaggedContracting) p.packed = &panels;
+    return k::grouped_gemm_scratch_bytes(p, blocking(cfg), k::best_kernels());
   }
 
   void run_call(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
                 const Prepared*) const override {
     const auto& ks = k::best_kernels();
     check(cfg, ks);
+    char* out = static_cast<char*>(c.out().data());
     if (c.dims == RaggedDimNums::kRaggedContracting) {
-      run_contracting(c, cfg, ks);
+      k::GroupedGemmTn p;
+      p.groups = c.g;
+      p.offsets = c.offsets.data();
+      p.k = c.k;
+      p.n = c.n;
+      p.a = c.lhs.data();
+      p.a_bf16 = c.lhs.dtype() == DType::kBF16;
+      p.round_a_to_bf16 = c.lhs_as_bf16();
+      p.b = c.rhs.data();
+      p.b_bf16 = c.rhs.dtype() == DType::kBF16;
+      p.store = epilogue(c, out);
+      p.threads = c.num_threads;
+      k::grouped_gemm_tn(p, blocking(cfg), ks);
       return;
     }
     // Rows past the groups are zero.
     const int64_t used = c.offsets.back();
     const size_t es = dtype_size(c.out_dtype);
-    char* out = static_cast<char*>(c.out().data());
     if (used < c.m)
       std::memset(out + used * c.n * es, 0, static_cast<size_t>((c.m - used) * c.n) * es);
-    if (c.packed.empty()) {
-      run_unpacked(c, cfg, ks);
-    } else {
-      run_packed(c, cfg, ks);
-    }
+    k::PackedPanels panels;
+    k::GroupedGemm p = gemm(c, out, &panels);
+    k::grouped_gemm(p, blocking(cfg), ks);
   }
 
  private:
-  // Per thread: the C tile (mc x nc, or up to kStreamMaxMr rows for the streaming kernels) and
-  // after it the packed A block (mc x kc floats or bf16 pairs).
-  static int64_t c_tile_floats(const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) {
-    return std::max<int64_t>(cfg.mc, k::kStreamMaxMr) * round_up(cfg.nc, ks.nr);
-  }
-  static int64_t tile_floats(const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) {
-    return c_tile_floats(cfg, ks) + static_cast<int64_t>(cfg.mc) * cfg.kc;
-  }
-  struct Tile {
-    float* c;
-    uint32_t* apack;
-  };
-  static Tile thread_tile(const RaggedDotNativeConfig& cfg, const k::KernelSet& ks) {
-    float* c = thread_scratch(kTileSlot, tile_floats(cfg, ks));
-    return {c, reinterpret_cast<uint32_t*>(c + c_tile_floats(cfg, ks))};
+  // The grouped GEMM of a forward or transposed-rhs call; *panels holds pre-packed weights'
+  // view when there are some.
+  static k::GroupedGemm gemm(const RaggedDotCall& c, char* out, k::PackedPanels* panels) {
+    k::GroupedGemm p;
+    p.groups = c.g;
+    p.offsets = c.offsets.data();
+    p.k = c.k;
+    p.n = c.n;
+    p.a = c.lhs.data();
+    p.a_bf16 = c.lhs.dtype() == DType::kBF16;
+    p.round_a_to_bf16 = c.lhs_as_bf16();
+    if (!c.packed.empty()) {
+      *panels = c.packed.rep()->panels_view();
+      p.packed = panels;
+    }
+    p.b = c.rhs.data();
+    p.b_bf16 = c.rhs.dtype() == DType::kBF16;
+    p.b_trans = c.dims == RaggedDimNums::kTransposedRhs;
+    p.bf16_dot = native_uses_bf16_dot(c);
+    if (out) p.store = epilogue(c, out);
+    p.threads = c.num_threads;
+    return p;
   }
 
-  // Columns per item of an unpacked call: the config's, narrowed so that the packed strip of K
-  // rows stays under kMaxStripBytes.
-  static int64_t strip_cols(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
-                            const k::KernelSet& ks) {
-    const int64_t row_bytes = std::max<int64_t>(c.k, 2) * 4;
-    const int64_t fit = std::max<int64_t>(ks.nr, kMaxStripBytes / row_bytes / ks.nr * ks.nr);
-    return std::min<int64_t>(cfg.nc, fit);
-  }
-  static int64_t strip_floats(const RaggedDotCall& c, const k::KernelSet& ks, int64_t cols) {
-    return (cols + ks.nr - 1) / ks.nr * panel_elems(c.k, native_uses_bf16_dot(c), ks.nr);
-  }
-
-  // Output rows [m0, m0+rows) x columns [0, cols) of an item, relative to its first column, into
-  // the f32 tile C (row stride ldc), from weights in panels: `b` is the item's first panel,
-  // panels are panel_stride elements apart (floats, or bf16 pairs when `pairs`). A is the f32 lhs
-  // (unused with pairs, which pack the lhs themselves).
-  static void compute_block(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
-                            const k::KernelSet& ks, bool pairs, const float* A, const void* b,
-                            int64_t panel_stride, int64_t m0, int64_t item_rows, int64_t cols,
-                            float* C, int64_t ldc, uint32_t* apack) {
-    const int64_t K = c.k;
-    const int64_t np = (cols + ks.nr - 1) / ks.nr;
-    const bool lhs_bf16 = c.lhs.dtype() == DType::kBF16;
-    for (int64_t kb = 0; kb < K; kb += cfg.kc) {
-      const int64_t kcur = std::min<int64_t>(cfg.kc, K - kb);
-      const bool acc = kb > 0;
-      if (pairs) {
-        const int64_t kp = (kcur + 1) / 2;
-        const int64_t tiles = (item_rows + cfg.mr - 1) / cfg.mr;
-        for (int64_t tt = 0; tt < tiles; ++tt) {
-          const int64_t rows = std::min<int64_t>(cfg.mr, item_rows - tt * cfg.mr);
-          const int64_t esz = lhs_bf16 ? 2 : 4;
-          ks.pack_a_bf16(static_cast<const char*>(c.lhs.data()) + (m0 + tt * cfg.mr) * K * esz,
-                         lhs_bf16, K, rows, kb, kcur, cfg.mr, apack + tt * cfg.mr * kp);
-        }
-        for (int64_t p = 0; p < np;) {
-          const uint32_t* bp =
-              static_cast<const uint32_t*>(b) + p * panel_stride + (kb / 2) * ks.nr;
-          if (const int step = multi_panels(ks, item_rows, cfg.mr, np - p); step > 1) {
-            ks.bf16_multi(static_cast<int>(item_rows), kp, apack, cfg.mr, bp, panel_stride,
-                          C + p * ks.nr, ldc, acc);
-            p += step;
-            continue;
-          }
-          for (int64_t tt = 0; tt < tiles; ++tt) {
-            const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, item_rows - tt * cfg.mr));
-            ks.bf16(rows, kp, apack + tt * cfg.mr * kp, cfg.mr, bp,
-                    C + tt * cfg.mr * ldc + p * ks.nr, ldc, acc);
-          }
-          ++p;
-        }
-      } else {
-        float* af = reinterpret_cast<float*>(apack);
-        k::pack_a_f32(A + m0 * K, K, item_rows, kb, kcur, cfg.mr, af);
-        for (int64_t p = 0; p < np;) {
-          const float* bp = static_cast<const float*>(b) + p * panel_stride + kb * ks.nr;
-          if (const int step = multi_panels(ks, item_rows, cfg.mr, np - p); step > 1) {
-            ks.f32_multi(static_cast<int>(item_rows), kcur, af, 1, cfg.mr, bp, panel_stride,
-                         C + p * ks.nr, ldc, acc);
-            p += step;
-            continue;
-          }
-          for (int64_t i = 0; i < item_rows; i += cfg.mr) {
-            const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, item_rows - i));
-            ks.f32(rows, kcur, af + i * kcur, 1, cfg.mr, bp, C + i * ldc + p * ks.nr, ldc, acc);
-          }
-          ++p;
-        }
-      }
-    }
-    if (K == 0) {
-      for (int64_t i = 0; i < item_rows; ++i) std::fill(C + i * ldc, C + i * ldc + cols, 0.0f);
-    }
-  }
-
-  static int pool_threads(const RaggedDotCall& c) {
-    return std::min<int>(c.num_threads, ThreadPool::global().size());
-  }
-
-  // Weights pre-packed by pack_rhs: items of (group, mc rows, nc columns) over the packed panels.
-  static void run_packed(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
-                         const k::KernelSet& ks) {
-    const PackedRhs::Rep& r = *c.packed.rep();
-    std::vector<Item> items;
-    for (int64_t g = 0; g < c.g; ++g) {
-      for (int64_t m0 = c.offsets[g]; m0 < c.offsets[g + 1]; m0 += cfg.mc) {
-        for (int64_t n0 = 0; n0 < c.n; n0 += cfg.nc) {
-          items.push_back({g, m0, std::min<int64_t>(cfg.mc, c.offsets[g + 1] - m0), n0,
-                           std::min<int64_t>(cfg.nc, c.n - n0)});
-        }
-      }
-    }
-    // Biggest items first: dynamic scheduling then balances the tail.
-    std::stable_sort(items.begin(), items.end(),
-                     [](const Item& a, const Item& b) { return a.rows > b.rows; });
-    // The f32 kernels read the lhs as f32: a bf16 lhs widened, or an f32 one rounded when the
-    // bf16 path would have rounded it (bf16 weights on an ISA without a bf16 dot). Per call.
-    Tensor lhs_storage;
-    const float* A = r.bf16_pairs ? nullptr : c.lhs_f32(&lhs_storage);
-    char* out = static_cast<char*>(c.out().data());
-    parallel_for(static_cast<int64_t>(items.size()), pool_threads(c), [&](int64_t idx, int) {
-      const Item& it = items[idx];
-      const Tile t = thread_tile(cfg, ks);
-      const void* b =
-          static_cast<const uint8_t*>(r.group(it.g)) + (it.n0 / ks.nr) * r.panel_elems * 4;
-      compute_block(c, cfg, ks, r.bf16_pairs, A, b, r.panel_elems, it.m0, it.rows, it.cols, t.c,
-                    cfg.nc, t.apack);
-      epilogue(c, t.c, cfg.nc, it.m0, it.rows, it.n0, it.cols, c.n, out);
-    });
-  }
-
-  // Weights as the caller holds them ([G,K,N] or [G,N,K], f32 or bf16), nothing packed ahead:
-  //  - groups of at most kStreamMaxMr rows stream the weights straight from their layout
-  //    (each weight is used by so few rows that a packed copy would cost as much as the call);
-  //  - larger groups pack one item's columns at a time into a per-thread strip (BLIS's packed B
-  //    block), reused by every row block of the item, so packing is amortized over its rows.
-  // Empty groups cost nothing: no item touches their weights.
-  static void run_unpacked(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
-                           const k::KernelSet& ks) {
-    const bool trans = c.dims == RaggedDimNums::kTransposedRhs;
-    const bool src_bf16 = c.rhs.dtype() == DType::kBF16;
-    const bool pairs = native_uses_bf16_dot(c);
-    const k::StreamKernel stream = trans ? ks.stream_t : ks.stream;
-    const int64_t K = c.k, N = c.n;
-    const int threads = pool_threads(c);
-    auto streams = [&](int64_t rows) { return stream && rows <= k::kStreamMaxMr; };
-    // Groups tall enough to keep every thread busy on their row blocks alone share one strip
-    // at a time (BLIS's shared B block): the threads pack it together, a panel each, then
-    // compute its row blocks. Each weight is then packed once and each lhs tile once per
-    // strip, as with pre-packed weights; per-item strips would pack both several times.
-    auto shared = [&](int64_t rows) { return !streams(rows) && rows >= 2 * threads * cfg.mc; };
-    // Rows per item for the other packed-strip groups: as many as still gives 4 items a thread.
-    int64_t max_rows = 0;
-    bool any_stream = false;
-    for (int32_t s : c.group_sizes) {
-      if (s == 0 || shared(s)) continue;
-      if (streams(s))
-        any_stream = true;
-      else
-        max_rows = std::max<int64_t>(max_rows, s);
-    }
-    // Items: first all of a group's rows and the config's columns; while that leaves fewer
-    // than 4 items per thread, narrower columns (down to 256), then fewer rows. Each strip is
-    // then packed once and used by every row of its group; halving the rows instead packs
-    // the weights again for every row span (compute_bound: 1.2x the pre-packed call's time).
-    auto count_items = [&](int64_t span, int64_t cols) {
-      const int64_t col_blocks = (N + cols - 1) / cols;
-      int64_t n = 0;
-      for (int32_t s : c.group_sizes) {
-        if (s > 0 && !shared(s)) n += (streams(s) ? 1 : (s + span - 1) / span) * col_blocks;
-      }
-      return n;
-    };
-    int64_t span = std::max<int64_t>(round_up(max_rows, cfg.mc), cfg.mc);
-    const int64_t full_cols = strip_cols(c, cfg, ks);
-    int64_t ncols = full_cols;
-    const int64_t min_cols = std::min<int64_t>(ncols, round_up(256, ks.nr));
-    while (count_items(span, ncols) < 4 * threads) {
-      if (ncols > min_cols) {
-        ncols = std::max(min_cols, round_up(ncols / 2, ks.nr));
-      } else if (span > cfg.mc) {
-        span = std::max<int64_t>(cfg.mc, round_up(span / 2, cfg.mc));
-      } else {
-        break;
-      }
-    }
-    std::vector<Item> items;
-    for (int64_t g = 0; g < c.g; ++g) {
-      const int64_t rows_g = c.offsets[g + 1] - c.offsets[g];
-      if (shared(rows_g)) continue;
-      const int64_t step = streams(rows_g) ? rows_g : span;
-      for (int64_t m0 = c.offsets[g]; m0 < c.offsets[g + 1]; m0 += step) {
-        for (int64_t n0 = 0; n0 < N; n0 += ncols) {
-          items.push_back({g, m0, std::min<int64_t>(step, c.offsets[g + 1] - m0), n0,
-                           std::min<int64_t>(ncols, N - n0)});
-        }
-      }
-    }
-    std::stable_sort(items.begin(), items.end(),
-                     [](const Item& a, const Item& b) { return a.rows > b.rows; });
-    Tensor lhs_storage;
-    const float* A = !pairs || any_stream ? c.lhs_f32(&lhs_storage) : nullptr;
-    char* out = static_cast<char*>(c.out().data());
-    const size_t src_es = dtype_size(c.rhs.dtype());
-    const int64_t strip = strip_floats(c, ks, ncols);
-    const int64_t pe = panel_elems(K, pairs, ks.nr);
-    const int64_t ldc = round_up(ncols, ks.nr);
-    parallel_for(static_cast<int64_t>(items.size()), pool_threads(c), [&](int64_t idx, int) {
-      const Item& it = items[idx];
-      const auto [C, apack] = thread_tile(cfg, ks);
-      const char* wg =
-          static_cast<const char*>(c.rhs.data()) + it.g * K * N * static_cast<int64_t>(src_es);
-      if (streams(it.rows)) {
-        const char* b = wg + (trans ? it.n0 * K : it.n0) * static_cast<int64_t>(src_es);
-        stream(static_cast<int>(it.rows), K, A + it.m0 * K, K, b, src_bf16, trans ? K : N, it.cols,
-               C, ldc);
-        epilogue(c, C, ldc, it.m0, it.rows, it.n0, it.cols, N, out);
-        return;
-      }
-      float* b = thread_scratch(kStripSlot, strip);
-      const int64_t p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
-      pack_panels(ks, pairs, wg, src_bf16, trans, K, N, b, p0, p0 + np);
-      for (int64_t r = 0; r < it.rows; r += cfg.mc) {
-        const int64_t rows = std::min<int64_t>(cfg.mc, it.rows - r);
-        compute_block(c, cfg, ks, pairs, A, b, pe, it.m0 + r, rows, it.cols, C, ldc, apack);
-        epilogue(c, C, ldc, it.m0 + r, rows, it.n0, it.cols, N, out);
-      }
-    });
-    const int64_t shared_ldc = round_up(full_cols, ks.nr);
-    for (int64_t g = 0; g < c.g; ++g) {
-      const int64_t r0 = c.offsets[g], rows_g = c.offsets[g + 1] - r0;
-      if (!shared(rows_g)) continue;
-      const char* wg =
-          static_cast<const char*>(c.rhs.data()) + g * K * N * static_cast<int64_t>(src_es);
-      char* b =
-          reinterpret_cast<char*>(thread_scratch(kSharedStripSlot, strip_floats(c, ks, full_cols)));
-      for (int64_t n0 = 0; n0 < N; n0 += full_cols) {
-        const int64_t cols = std::min<int64_t>(full_cols, N - n0);
-        const int64_t p0 = n0 / ks.nr, np = (cols + ks.nr - 1) / ks.nr;
-        parallel_for(np, threads, [&](int64_t p, int) {
-          pack_panels(ks, pairs, wg, src_bf16, trans, K, N, b + p * pe * 4, p0 + p, p0 + p + 1);
-        });
-        parallel_for((rows_g + cfg.mc - 1) / cfg.mc, threads, [&](int64_t blk, int) {
-          const auto [C, apack] = thread_tile(cfg, ks);
-          const int64_t m0 = r0 + blk * cfg.mc, rows = std::min<int64_t>(cfg.mc, r0 + rows_g - m0);
-          compute_block(c, cfg, ks, pairs, A, b, pe, m0, rows, cols, C, shared_ldc, apack);
-          epilogue(c, C, shared_ldc, m0, rows, n0, cols, N, out);
-        });
-      }
-    }
-  }
-
-  static void epilogue(const RaggedDotCall& c, const float* C, int64_t ldc, int64_t r0,
-                       int64_t rows, int64_t n0, int64_t cols, int64_t ld_out, char* out) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* ci = C + i * ldc;
-      const int64_t base = (r0 + i) * ld_out + n0;
-      if (c.out_dtype == DType::kF32) {
-        float* o = reinterpret_cast<float*>(out) + base;
-        if (c.activation == Activation::kNone) {
-          std::memcpy(o, ci, static_cast<size_t>(cols) * 4);
-        } else if (c.activation == Activation::kRelu) {
-          for (int64_t j = 0; j < cols; ++j) o[j] = ci[j] > 0 ? ci[j] : 0.0f;
-        } else {
-          for (int64_t j = 0; j < cols; ++j) o[j] = apply_activation(c.activation, ci[j]);
-        }
-      } else {
-        uint16_t* o = reinterpret_cast<uint16_t*>(out) + base;
-        for (int64_t j = 0; j < cols; ++j)
-          o[j] = f32_to_bf16(apply_activation(c.activation, ci[j]));
-      }
-    }
-  }
-
-  // out[g] = lhs[rows_g]^T @ rhs[rows_g]: A is the transposed lhs block (K x M_g, f32), B the
-  // group's rhs rows packed into f32 panels per call; empty groups are zero.
-  void run_contracting(RaggedDotCall& c, const RaggedDotNativeConfig& cfg,
-                       const k::KernelSet& ks) const {
-    const int64_t K = c.k, N = c.n;
-    char* out = static_cast<char*>(c.out().data());
-    const size_t es = dtype_size(c.out_dtype);
-    const int threads = std::min<int>(c.num_threads, ThreadPool::global().size());
-    const int64_t panels = (N + ks.nr - 1) / ks.nr;
-    for (int64_t g = 0; g < c.g; ++g) {
-      const int64_t r0 = c.offsets[g], mg = c.offsets[g + 1] - r0;
-      char* og = out + g * K * N * static_cast<int64_t>(es);
-      if (mg == 0 || K == 0 || N == 0) {
-        std::memset(og, 0, static_cast<size_t>(K * N) * es);
-        continue;
-      }
-      // A^T block as f32 [K][mg] and B panels [panels][mg][nr].
-      Tensor at({K * mg}, DType::kF32);
-      float* a = at.data_as<float>();
-      for (int64_t r = 0; r < mg; ++r) {
-        for (int64_t kk = 0; kk < K; ++kk) a[kk * mg + r] = c.lhs_value((r0 + r) * K + kk);
-      }
-      Tensor bp({panels * mg * ks.nr}, DType::kF32);
-      const size_t rs = dtype_size(c.rhs.dtype());
-      const char* rhs_rows =
-          static_cast<const char*>(c.rhs.data()) + r0 * N * static_cast<int64_t>(rs);
-      k::pack_panels_f32(rhs_rows, c.rhs.dtype() == DType::kBF16, false, mg, N, ks.nr,
-                         bp.data_as<float>(), 0, panels);
-      std::vector<Item> items;
-      for (int64_t m0 = 0; m0 < K; m0 += cfg.mc) {
-        for (int64_t n0 = 0; n0 < N; n0 += cfg.nc) {
-          items.push_back(
-              {g, m0, std::min<int64_t>(cfg.mc, K - m0), n0, std::min<int64_t>(cfg.nc, N - n0)});
-        }
-      }
-      parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
-        const Item& it = items[idx];
-        float* C = thread_scratch(kTileSlot, static_cast<int64_t>(cfg.mc) * cfg.nc);
-        const int64_t ldc = cfg.nc, p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
-        for (int64_t kb = 0; kb < mg; kb += cfg.kc) {
-          const int64_t kcur = std::min<int64_t>(cfg.kc, mg - kb);
-          for (int64_t p = 0; p < np; ++p) {
-            const float* b = bp.data_as<float>() + (p0 + p) * mg * ks.nr + kb * ks.nr;
-            for (int64_t i = 0; i < it.rows; i += cfg.mr) {
-              const int rows = static_cast<int>(std::min<int64_t>(cfg.mr, it.rows - i));
-              ks.f32(rows, kcur, a + (it.m0 + i) * mg + kb, mg, 1, b, C + i * ldc + p * ks.nr, ldc,
-                     kb > 0);
+  // Activation on the f32 accumulator, conversion, store into the [rows, N] output.
+  static k::StoreTile epilogue(const RaggedDotCall& c, char* out) {
+    return
+        [&c, out](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
+          const int64_t ld_out = c.n;
+          for (int64_t i = 0; i < rows; ++i) {
+            const float* ci = C + i * ldc;
+            const int64_t base = (r0 + i) * ld_out + n0;
+            if (c.out_dtype == DType::kF32) {
+              float* o = reinterpret_cast<float*>(out) + base;
+              if (c.activation == Activation::kNone) {
+                std::memcpy(o, ci, static_cast<size_t>(cols) * 4);
+              } else if (c.activation == Activation::kRelu) {
+                for (int64_t j = 0; j < cols; ++j) o[j] = ci[j] > 0 ? ci[j] : 0.0f;
+              } else {
+                for (int64_t j = 0; j < cols; ++j) o[j] = apply_activation(c.activation, ci[j]);
+              }
+            } else {
+              uint16_t* o = reinterpret_cast<uint16_t*>(out) + base;
+              for (int64_t j = 0; j < cols; ++j)
+                o[j] = f32_to_bf16(apply_activation(c.activation, ci[j]));
             }
           }
-        }
-        epilogue(c, C, ldc, it.m0, it.rows, it.n0, it.cols, N, og);
-      });
-    }
+        };
   }
 };
 

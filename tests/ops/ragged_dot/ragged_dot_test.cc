@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "ops/ragged_dot/base.h"
-#include "ops/ragged_dot/native_kernels.h"
+#include "kernels/microkernels.h"
 #include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
 
@@ -252,7 +252,7 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
     check_case("native", {DType::kBF16, DType::kBF16, {}, d, 71, 33, {3, 0, 11}, 0}, true);
   }
   // The portable and AVX2 kernels directly (best_kernels() is chosen once per process).
-  namespace k = rdot::kernels;
+  namespace k = kernels;
   for (const k::KernelSet* ks : {&k::portable_kernels(), k::avx2_kernels(), k::avx512_kernels()}) {
     if (ks->isa == k::Isa::kAvx2 && !device_info().isa.has_avx2_fma()) continue;
     if (ks->isa == k::Isa::kAvx512 && !device_info().isa.has_avx512_bf16()) continue;
@@ -347,7 +347,7 @@ TEST(RaggedDotNative, SharedStripGroupsMixedWithOthers) {
 }
 
 TEST(RaggedDotNative, VectorBf16PackingMatchesScalar) {
-  namespace k = rdot::kernels;
+  namespace k = kernels;
   if (!device_info().isa.has_avx512_bf16()) GTEST_SKIP() << "needs AVX-512 BF16";
   for (int64_t kc : {1, 2, 15, 16, 17, 31, 32, 33, 64, 77}) {
     const int64_t lda = 80, rows = 5, as = 8, kp = (kc + 1) / 2;
@@ -381,7 +381,7 @@ TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
 // Explicit configs around the kernels' edges: tiles taller or shorter than the groups, the
 // weight-streaming kernels (<= 4 rows), K blocks of 2, items narrower than the output.
 TEST(RaggedDotNative, ExplicitConfigsAgreeWithReference) {
-  const int max_mr = rdot::kernels::best_kernels().max_mr, nr = rdot::kernels::best_kernels().nr;
+  const int max_mr = kernels::best_kernels().max_mr, nr = kernels::best_kernels().nr;
   const std::vector<int32_t> sizes = {1, 2, 3, 4, 5, 0, 9};
   const int64_t M = 26, K = 70, N = 7 * nr + 5;
   for (DType rd : {DType::kF32, DType::kBF16}) {

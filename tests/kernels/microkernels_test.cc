@@ -1,8 +1,10 @@
 // The microkernel tester (XNNPACK's manner): every kernel of every kernel set this CPU runs
 // (portable, AVX2, AVX-512: f32, bf16 dot, multi-panel, weight streaming) against a double-
-// precision computation of its own contract (native_kernels.h), swept over tile heights, depths
+// precision computation of its own contract (microkernels.h), swept over tile heights, depths
 // (1, odd, around the vector width), partial panels, accumulate on and off, and strides; the
 // C tile's columns past the panel and its rows past the tile must stay untouched.
+#include "kernels/microkernels.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,22 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "ops/ragged_dot/native_kernels.h"
+#include "tests/kernels/kernel_sets.h"
 #include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax {
 namespace {
 
-namespace k = rdot::kernels;
-
-std::vector<const k::KernelSet*> runnable_sets() {
-  std::vector<const k::KernelSet*> sets = {&k::portable_kernels()};
-  const IsaFeatures& f = device_info().isa;
-  if (f.has_avx2_fma() && k::avx2_kernels()) sets.push_back(k::avx2_kernels());
-  if (f.has_avx512_bf16() && k::avx512_kernels()) sets.push_back(k::avx512_kernels());
-  return sets;
-}
+namespace k = kernels;
 
 std::vector<float> random_floats(size_t n, bool bf16_exact) {
   Tensor t = Tensor::randn({static_cast<int64_t>(n)}, DType::kF32, fresh_seed());
@@ -89,7 +83,7 @@ void expect_tile(const std::vector<float>& c, const std::vector<double>& want, i
 }
 
 TEST(Microkernels, F32AndMultiPanel) {
-  for (const k::KernelSet* ks : runnable_sets()) {
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
     const int nr = ks->nr;
     for (int mr = 1; mr <= ks->max_mr; ++mr) {
       for (int64_t kc : {1, 2, 7, 16, 33}) {
@@ -140,7 +134,7 @@ TEST(Microkernels, F32AndMultiPanel) {
 }
 
 TEST(Microkernels, Bf16DotAndMultiPanel) {
-  for (const k::KernelSet* ks : runnable_sets()) {
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
     if (!ks->bf16) continue;
     const int nr = ks->nr;
     for (int mr = 1; mr <= ks->max_mr; ++mr) {
@@ -194,7 +188,7 @@ TEST(Microkernels, Bf16DotAndMultiPanel) {
 }
 
 TEST(Microkernels, WeightStreamingBothLayouts) {
-  for (const k::KernelSet* ks : runnable_sets()) {
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
     for (bool trans : {false, true}) {
       const k::StreamKernel stream = trans ? ks->stream_t : ks->stream;
       if (!stream) continue;
@@ -234,7 +228,7 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
 }
 
 TEST(Microkernels, VectorBf16WeightPackingMatchesScalar) {
-  for (const k::KernelSet* ks : runnable_sets()) {
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
     if (!ks->pack_b_bf16) continue;
     for (int64_t K : {1, 2, 7, 16, 33}) {
       for (int64_t N : {int64_t{1}, int64_t{ks->nr} + 3, int64_t{3 * ks->nr}}) {

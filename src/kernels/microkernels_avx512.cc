@@ -5,9 +5,9 @@
 // and no stack spills.
 #include <immintrin.h>
 
-#include "ops/ragged_dot/native_kernels.h"
+#include "kernels/microkernels.h"
 
-namespace tokamax::rdot::kernels {
+namespace tokamax::kernels {
 namespace {
 
 constexpr int kNr = 32;
@@ -429,4 +429,4 @@ const KernelSet kSet{Isa::kAvx512,
 
 const KernelSet* avx512_kernels() { return &kSet; }
 
-}  // namespace tokamax::rdot::kernels
+}  // namespace tokamax::kernels

@@ -2,9 +2,9 @@
 // registers). bf16 weights are widened to f32 panels at pack time on this ISA.
 #include <immintrin.h>
 
-#include "ops/ragged_dot/native_kernels.h"
+#include "kernels/microkernels.h"
 
-namespace tokamax::rdot::kernels {
+namespace tokamax::kernels {
 namespace {
 
 constexpr int kNr = 16;
@@ -48,4 +48,4 @@ const KernelSet kSet{Isa::kAvx2, "avx2", kNr, 6, f32_kernel, nullptr};
 
 const KernelSet* avx2_kernels() { return &kSet; }
 
-}  // namespace tokamax::rdot::kernels
+}  // namespace tokamax::kernels

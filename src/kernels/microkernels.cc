@@ -1,5 +1,5 @@
 // Portable microkernel, packing, and run-time ISA selection.
-#include "ops/ragged_dot/native_kernels.h"
+#include "kernels/microkernels.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,7 +12,7 @@
 #include "tokamax/core/dtype.h"
 #include "tokamax/core/error.h"
 
-namespace tokamax::rdot::kernels {
+namespace tokamax::kernels {
 namespace {
 
 constexpr int kPortableNr = 16;
@@ -186,4 +186,4 @@ void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t
   }
 }
 
-}  // namespace tokamax::rdot::kernels
+}  // namespace tokamax::kernels

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace tokamax::rdot::kernels {
+namespace tokamax::kernels {
 
 enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
@@ -81,8 +81,8 @@ struct KernelSet {
 };
 
 const KernelSet& portable_kernels();
-const KernelSet* avx2_kernels();    // defined in native_kernels_avx2.cc
-const KernelSet* avx512_kernels();  // defined in native_kernels_avx512.cc
+const KernelSet* avx2_kernels();    // defined in microkernels_avx2.cc
+const KernelSet* avx512_kernels();  // defined in microkernels_avx512.cc
 // The best set this CPU runs; TOKAMAX_ISA=portable|avx2|avx512 caps it (tests, comparisons).
 const KernelSet& best_kernels();
 // Whether bf16 weights should go through the bf16 dot (pairs) rather than be widened to f32 for
@@ -110,4 +110,4 @@ void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t k
 void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc,
                  int64_t a_stride, uint32_t* dst);
 
-}  // namespace tokamax::rdot::kernels
+}  // namespace tokamax::kernels

@@ -1,0 +1,391 @@
+// Grouped GEMM: work items, blocking and scratch around the microkernels (see grouped_gemm.h).
+#include "kernels/grouped_gemm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace tokamax::kernels {
+
+namespace {
+
+struct Item {
+  int64_t g, m0, rows, n0, cols;
+};
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Per-thread scratch, kept between calls: pool threads are persistent, so steady-state calls
+// allocate nothing. Each slot grows to the largest request seen on the thread.
+// Slots: C tile + packed A; an item's packed weight strip; the strip a call's threads share
+// (held by the calling thread, which may run items too, hence its own slot).
+enum ScratchSlot { kTileSlot = 0, kStripSlot = 1, kSharedStripSlot = 2 };
+float* thread_scratch(ScratchSlot slot, int64_t floats) {
+  thread_local Tensor buffers[3];
+  Tensor& buffer = buffers[slot];
+  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
+  return buffer.data_as<float>();
+}
+
+// Unpacked weights are packed one item's columns at a time into a per-thread strip of K rows
+// (BLIS's packed B block, reused by every row block of the item). Items are narrowed so that
+// the strip stays within this size, whatever K is.
+constexpr int64_t kMaxStripBytes = int64_t{8} << 20;
+
+// Panels the multi-panel (weight-streaming) kernel takes at once for an item of `rows` rows
+// with `left` panels to go; 1 = use the regular kernel. The whole item must be one packed A
+// tile (rows <= mr).
+int multi_panels(const KernelSet& ks, int64_t rows, int mr, int64_t left) {
+  if (rows < 1 || rows > mr || rows > kMultiMaxMr || !ks.f32_multi) return 1;
+  const int np = ks.multi_np[rows];
+  return np > 1 && left >= np ? np : 1;
+}
+
+// Per thread: the C tile (mc x nc, or up to kStreamMaxMr rows for the streaming kernels) and
+// after it the packed A block (mc x kc floats or bf16 pairs).
+int64_t c_tile_floats(const Blocking& blk, const KernelSet& ks) {
+  return std::max<int64_t>(blk.mc, kStreamMaxMr) * round_up(blk.nc, ks.nr);
+}
+int64_t tile_floats(const Blocking& blk, const KernelSet& ks) {
+  return c_tile_floats(blk, ks) + static_cast<int64_t>(blk.mc) * blk.kc;
+}
+struct Tile {
+  float* c;
+  uint32_t* apack;
+};
+Tile thread_tile(const Blocking& blk, const KernelSet& ks) {
+  float* c = thread_scratch(kTileSlot, tile_floats(blk, ks));
+  return {c, reinterpret_cast<uint32_t*>(c + c_tile_floats(blk, ks))};
+}
+
+// Columns per item of an unpacked product: the blocking's, narrowed so that the packed strip
+// of K rows stays under kMaxStripBytes.
+int64_t strip_cols(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
+  const int64_t row_bytes = std::max<int64_t>(p.k, 2) * 4;
+  const int64_t fit = std::max<int64_t>(ks.nr, kMaxStripBytes / row_bytes / ks.nr * ks.nr);
+  return std::min<int64_t>(blk.nc, fit);
+}
+int64_t strip_floats(const GroupedGemm& p, const KernelSet& ks, int64_t cols) {
+  return (cols + ks.nr - 1) / ks.nr * panel_elems(p.k, p.bf16_dot, ks.nr);
+}
+
+int pool_threads(int threads) { return std::clamp(threads, 1, ThreadPool::global().size()); }
+
+// Output rows [m0, m0+rows) x columns [0, cols) of an item, relative to its first column, into
+// the f32 tile C (row stride ldc), from weights in panels: `b` is the item's first panel,
+// panels are panel_stride elements apart (floats, or bf16 pairs when `pairs`). A is the f32 lhs
+// (unused with pairs, which pack the lhs themselves).
+void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks, bool pairs,
+                   const float* A, const void* b, int64_t panel_stride, int64_t m0,
+                   int64_t item_rows, int64_t cols, float* C, int64_t ldc, uint32_t* apack) {
+  const int64_t K = p.k;
+  const int64_t np = (cols + ks.nr - 1) / ks.nr;
+  for (int64_t kb = 0; kb < K; kb += blk.kc) {
+    const int64_t kcur = std::min<int64_t>(blk.kc, K - kb);
+    const bool acc = kb > 0;
+    if (pairs) {
+      const int64_t kp = (kcur + 1) / 2;
+      const int64_t tiles = (item_rows + blk.mr - 1) / blk.mr;
+      const int64_t esz = p.a_bf16 ? 2 : 4;
+      for (int64_t tt = 0; tt < tiles; ++tt) {
+        const int64_t rows = std::min<int64_t>(blk.mr, item_rows - tt * blk.mr);
+        ks.pack_a_bf16(static_cast<const char*>(p.a) + (m0 + tt * blk.mr) * K * esz, p.a_bf16, K,
+                       rows, kb, kcur, blk.mr, apack + tt * blk.mr * kp);
+      }
+      for (int64_t q = 0; q < np;) {
+        const uint32_t* bp = static_cast<const uint32_t*>(b) + q * panel_stride + (kb / 2) * ks.nr;
+        if (const int step = multi_panels(ks, item_rows, blk.mr, np - q); step > 1) {
+          ks.bf16_multi(static_cast<int>(item_rows), kp, apack, blk.mr, bp, panel_stride,
+                        C + q * ks.nr, ldc, acc);
+          q += step;
+          continue;
+        }
+        for (int64_t tt = 0; tt < tiles; ++tt) {
+          const int rows = static_cast<int>(std::min<int64_t>(blk.mr, item_rows - tt * blk.mr));
+          ks.bf16(rows, kp, apack + tt * blk.mr * kp, blk.mr, bp, C + tt * blk.mr * ldc + q * ks.nr,
+                  ldc, acc);
+        }
+        ++q;
+      }
+    } else {
+      float* af = reinterpret_cast<float*>(apack);
+      pack_a_f32(A + m0 * K, K, item_rows, kb, kcur, blk.mr, af);
+      for (int64_t q = 0; q < np;) {
+        const float* bp = static_cast<const float*>(b) + q * panel_stride + kb * ks.nr;
+        if (const int step = multi_panels(ks, item_rows, blk.mr, np - q); step > 1) {
+          ks.f32_multi(static_cast<int>(item_rows), kcur, af, 1, blk.mr, bp, panel_stride,
+                       C + q * ks.nr, ldc, acc);
+          q += step;
+          continue;
+        }
+        for (int64_t i = 0; i < item_rows; i += blk.mr) {
+          const int rows = static_cast<int>(std::min<int64_t>(blk.mr, item_rows - i));
+          ks.f32(rows, kcur, af + i * kcur, 1, blk.mr, bp, C + i * ldc + q * ks.nr, ldc, acc);
+        }
+        ++q;
+      }
+    }
+  }
+  if (K == 0) {
+    for (int64_t i = 0; i < item_rows; ++i) std::fill(C + i * ldc, C + i * ldc + cols, 0.0f);
+  }
+}
+
+// Biggest items first: dynamic scheduling then balances the tail.
+void biggest_first(std::vector<Item>& items) {
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.rows > b.rows; });
+}
+
+// Weights packed ahead: items of (group, mc rows, nc columns) over the packed panels.
+void run_packed(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
+  const PackedPanels& w = *p.packed;
+  std::vector<Item> items;
+  for (int64_t g = 0; g < p.groups; ++g) {
+    for (int64_t m0 = p.offsets[g]; m0 < p.offsets[g + 1]; m0 += blk.mc) {
+      for (int64_t n0 = 0; n0 < p.n; n0 += blk.nc) {
+        items.push_back({g, m0, std::min<int64_t>(blk.mc, p.offsets[g + 1] - m0), n0,
+                         std::min<int64_t>(blk.nc, p.n - n0)});
+      }
+    }
+  }
+  biggest_first(items);
+  // The f32 kernels read A as f32: a bf16 A widened, or an f32 one rounded when the bf16 path
+  // would have rounded it (bf16 weights on an ISA without a bf16 dot). Per call.
+  Tensor a_storage;
+  const float* A = w.pairs ? nullptr
+                           : a_as_f32(p.a, p.a_bf16, p.round_a_to_bf16, p.offsets[p.groups] * p.k,
+                                      p.threads, &a_storage);
+  parallel_for(static_cast<int64_t>(items.size()), pool_threads(p.threads), [&](int64_t idx, int) {
+    const Item& it = items[idx];
+    const Tile t = thread_tile(blk, ks);
+    const void* b =
+        static_cast<const uint8_t*>(w.group(it.g)) + (it.n0 / ks.nr) * w.panel_elems * 4;
+    compute_block(p, blk, ks, w.pairs, A, b, w.panel_elems, it.m0, it.rows, it.cols, t.c, blk.nc,
+                  t.apack);
+    p.store(t.c, blk.nc, it.m0, it.rows, it.n0, it.cols);
+  });
+}
+
+void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
+  const bool trans = p.b_trans;
+  const bool pairs = p.bf16_dot;
+  const StreamKernel stream = trans ? ks.stream_t : ks.stream;
+  const int64_t K = p.k, N = p.n;
+  const int threads = pool_threads(p.threads);
+  auto rows_of = [&](int64_t g) { return p.offsets[g + 1] - p.offsets[g]; };
+  auto streams = [&](int64_t rows) { return stream && rows <= kStreamMaxMr; };
+  // Groups tall enough to keep every thread busy on their row blocks alone share one strip
+  // at a time (BLIS's shared B block): the threads pack it together, a panel each, then
+  // compute its row blocks. Each weight is then packed once and each A tile once per
+  // strip, as with pre-packed weights; per-item strips would pack both several times.
+  auto shared = [&](int64_t rows) { return !streams(rows) && rows >= 2 * threads * blk.mc; };
+  // Rows per item for the other packed-strip groups: as many as still gives 4 items a thread.
+  int64_t max_rows = 0;
+  bool any_stream = false;
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const int64_t s = rows_of(g);
+    if (s == 0 || shared(s)) continue;
+    if (streams(s))
+      any_stream = true;
+    else
+      max_rows = std::max<int64_t>(max_rows, s);
+  }
+  // Items: first all of a group's rows and the blocking's columns; while that leaves fewer
+  // than 4 items per thread, narrower columns (down to 256), then fewer rows. Each strip is
+  // then packed once and used by every row of its group; halving the rows instead packs
+  // the weights again for every row span (compute_bound: 1.2x the pre-packed call's time).
+  auto count_items = [&](int64_t span, int64_t cols) {
+    const int64_t col_blocks = (N + cols - 1) / cols;
+    int64_t n = 0;
+    for (int64_t g = 0; g < p.groups; ++g) {
+      const int64_t s = rows_of(g);
+      if (s > 0 && !shared(s)) n += (streams(s) ? 1 : (s + span - 1) / span) * col_blocks;
+    }
+    return n;
+  };
+  int64_t span = std::max<int64_t>(round_up(max_rows, blk.mc), blk.mc);
+  const int64_t full_cols = strip_cols(p, blk, ks);
+  int64_t ncols = full_cols;
+  const int64_t min_cols = std::min<int64_t>(ncols, round_up(256, ks.nr));
+  while (count_items(span, ncols) < 4 * threads) {
+    if (ncols > min_cols) {
+      ncols = std::max(min_cols, round_up(ncols / 2, ks.nr));
+    } else if (span > blk.mc) {
+      span = std::max<int64_t>(blk.mc, round_up(span / 2, blk.mc));
+    } else {
+      break;
+    }
+  }
+  std::vector<Item> items;
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const int64_t rows_g = rows_of(g);
+    if (shared(rows_g)) continue;
+    const int64_t step = streams(rows_g) ? rows_g : span;
+    for (int64_t m0 = p.offsets[g]; m0 < p.offsets[g + 1]; m0 += step) {
+      for (int64_t n0 = 0; n0 < N; n0 += ncols) {
+        items.push_back({g, m0, std::min<int64_t>(step, p.offsets[g + 1] - m0), n0,
+                         std::min<int64_t>(ncols, N - n0)});
+      }
+    }
+  }
+  biggest_first(items);
+  Tensor a_storage;
+  const float* A = !pairs || any_stream ? a_as_f32(p.a, p.a_bf16, p.round_a_to_bf16,
+                                                   p.offsets[p.groups] * K, p.threads, &a_storage)
+                                        : nullptr;
+  const int64_t src_es = p.b_bf16 ? 2 : 4;
+  const int64_t strip = strip_floats(p, ks, ncols);
+  const int64_t pe = panel_elems(K, pairs, ks.nr);
+  const int64_t ldc = round_up(ncols, ks.nr);
+  parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
+    const Item& it = items[idx];
+    const auto [C, apack] = thread_tile(blk, ks);
+    const char* wg = static_cast<const char*>(p.b) + it.g * K * N * src_es;
+    if (streams(it.rows)) {
+      const char* b = wg + (trans ? it.n0 * K : it.n0) * src_es;
+      stream(static_cast<int>(it.rows), K, A + it.m0 * K, K, b, p.b_bf16, trans ? K : N, it.cols, C,
+             ldc);
+      p.store(C, ldc, it.m0, it.rows, it.n0, it.cols);
+      return;
+    }
+    float* b = thread_scratch(kStripSlot, strip);
+    const int64_t p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
+    pack_panels(ks, pairs, wg, p.b_bf16, trans, K, N, b, p0, p0 + np);
+    for (int64_t r = 0; r < it.rows; r += blk.mc) {
+      const int64_t rows = std::min<int64_t>(blk.mc, it.rows - r);
+      compute_block(p, blk, ks, pairs, A, b, pe, it.m0 + r, rows, it.cols, C, ldc, apack);
+      p.store(C, ldc, it.m0 + r, rows, it.n0, it.cols);
+    }
+  });
+  const int64_t shared_ldc = round_up(full_cols, ks.nr);
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const int64_t r0 = p.offsets[g], rows_g = rows_of(g);
+    if (!shared(rows_g)) continue;
+    const char* wg = static_cast<const char*>(p.b) + g * K * N * src_es;
+    char* b =
+        reinterpret_cast<char*>(thread_scratch(kSharedStripSlot, strip_floats(p, ks, full_cols)));
+    for (int64_t n0 = 0; n0 < N; n0 += full_cols) {
+      const int64_t cols = std::min<int64_t>(full_cols, N - n0);
+      const int64_t p0 = n0 / ks.nr, np = (cols + ks.nr - 1) / ks.nr;
+      parallel_for(np, threads, [&](int64_t q, int) {
+        pack_panels(ks, pairs, wg, p.b_bf16, trans, K, N, b + q * pe * 4, p0 + q, p0 + q + 1);
+      });
+      parallel_for((rows_g + blk.mc - 1) / blk.mc, threads, [&](int64_t blk_i, int) {
+        const auto [C, apack] = thread_tile(blk, ks);
+        const int64_t m0 = r0 + blk_i * blk.mc, rows = std::min<int64_t>(blk.mc, r0 + rows_g - m0);
+        compute_block(p, blk, ks, pairs, A, b, pe, m0, rows, cols, C, shared_ldc, apack);
+        p.store(C, shared_ldc, m0, rows, n0, cols);
+      });
+    }
+  }
+}
+
+}  // namespace
+
+int64_t panel_elems(int64_t K, bool pairs, int nr) { return (pairs ? (K + 1) / 2 : K) * nr; }
+
+void pack_panels(const KernelSet& ks, bool pairs, const void* src, bool src_bf16, bool trans,
+                 int64_t K, int64_t N, void* dst, int64_t p0, int64_t p1) {
+  if (!pairs) {
+    pack_panels_f32(src, src_bf16, trans, K, N, ks.nr, static_cast<float*>(dst), p0, p1);
+  } else if (src_bf16 && !trans && ks.pack_b_bf16) {
+    ks.pack_b_bf16(static_cast<const uint16_t*>(src), K, N, ks.nr, static_cast<uint32_t*>(dst), p0,
+                   p1);
+  } else {
+    pack_panels_bf16(src, src_bf16, trans, K, N, ks.nr, static_cast<uint32_t*>(dst), p0, p1);
+  }
+}
+
+void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
+  if (p.packed)
+    run_packed(p, blk, ks);
+  else
+    run_unpacked(p, blk, ks);
+}
+
+int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
+  // A tile per thread; unpacked: also a strip per thread and the one the threads share.
+  const int64_t tile = tile_floats(blk, ks) * 4;
+  const int64_t strip = p.packed ? 0 : strip_floats(p, ks, strip_cols(p, blk, ks)) * 4;
+  return (tile + strip) * pool_threads(p.threads) + strip;
+}
+
+// A is the transposed A block of a group (K x rows, f32), B its rows packed into f32 panels
+// per call.
+void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSet& ks) {
+  const int64_t K = p.k, N = p.n;
+  const int threads = pool_threads(p.threads);
+  const int64_t panels = (N + ks.nr - 1) / ks.nr;
+  const int64_t b_es = p.b_bf16 ? 2 : 4;
+  auto a_at = [&](int64_t i) {
+    if (p.a_bf16) return bf16_to_f32(static_cast<const uint16_t*>(p.a)[i]);
+    const float v = static_cast<const float*>(p.a)[i];
+    return p.round_a_to_bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+  };
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const int64_t r0 = p.offsets[g], mg = p.offsets[g + 1] - r0;
+    std::vector<Item> items;
+    for (int64_t m0 = 0; m0 < K; m0 += blk.mc) {
+      for (int64_t n0 = 0; n0 < N; n0 += blk.nc) {
+        items.push_back(
+            {g, m0, std::min<int64_t>(blk.mc, K - m0), n0, std::min<int64_t>(blk.nc, N - n0)});
+      }
+    }
+    // A^T block as f32 [K][mg] and B panels [panels][mg][nr].
+    Tensor at({K * mg}, DType::kF32), bp({panels * mg * ks.nr}, DType::kF32);
+    float* a = at.data_as<float>();
+    if (mg > 0) {
+      for (int64_t r = 0; r < mg; ++r) {
+        for (int64_t kk = 0; kk < K; ++kk) a[kk * mg + r] = a_at((r0 + r) * K + kk);
+      }
+      pack_panels_f32(static_cast<const char*>(p.b) + r0 * N * b_es, p.b_bf16, false, mg, N, ks.nr,
+                      bp.data_as<float>(), 0, panels);
+    }
+    parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
+      const Item& it = items[idx];
+      float* C = thread_scratch(kTileSlot, static_cast<int64_t>(blk.mc) * blk.nc);
+      const int64_t ldc = blk.nc, p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
+      if (mg == 0) {
+        for (int64_t i = 0; i < it.rows; ++i) std::fill(C + i * ldc, C + i * ldc + it.cols, 0.0f);
+      }
+      for (int64_t kb = 0; kb < mg; kb += blk.kc) {
+        const int64_t kcur = std::min<int64_t>(blk.kc, mg - kb);
+        for (int64_t q = 0; q < np; ++q) {
+          const float* b = bp.data_as<float>() + (p0 + q) * mg * ks.nr + kb * ks.nr;
+          for (int64_t i = 0; i < it.rows; i += blk.mr) {
+            const int rows = static_cast<int>(std::min<int64_t>(blk.mr, it.rows - i));
+            ks.f32(rows, kcur, a + (it.m0 + i) * mg + kb, mg, 1, b, C + i * ldc + q * ks.nr, ldc,
+                   kb > 0);
+          }
+        }
+      }
+      p.store(C, ldc, g * K + it.m0, it.rows, it.n0, it.cols);
+    });
+  }
+}
+
+const float* a_as_f32(const void* a, bool a_bf16, bool round_to_bf16, int64_t count, int threads,
+                      Tensor* storage) {
+  if (!a_bf16 && !round_to_bf16) return static_cast<const float*>(a);
+  *storage = Tensor({count}, DType::kF32);
+  float* d = storage->data_as<float>();
+  // Once per call over the whole A (a prefill's is megabytes): chunks in parallel, each a loop
+  // the compiler vectorizes.
+  constexpr int64_t kChunk = int64_t{1} << 15;
+  parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t chunk, int) {
+    const int64_t b = chunk * kChunk, e = std::min(count, b + kChunk);
+    if (a_bf16) {
+      const uint16_t* s = static_cast<const uint16_t*>(a);
+      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(s[i]);
+    } else {
+      const float* s = static_cast<const float*>(a);
+      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+    }
+  });
+  return d;
+}
+
+}  // namespace tokamax::kernels

@@ -1,0 +1,107 @@
+// Grouped GEMM on the microkernels: the native ragged_dot's loop nest as plain functions over
+// pointers, strides and blocking sizes (BLIS's mr, mc, kc, nc), with no framework types, so that
+// every op that multiplies matrices (ragged_dot, attention's blocks, the gated linear unit, the
+// loss's projection) reuses one tuned piece. Loops, per work item (group, rows, columns):
+//   for kb in K step kc:           (the A block, mc x kc, stays in L2)
+//     for panel in item's columns: (the B panel, kc x nr, stays in L1)
+//       for row tile of mr rows:   microkernel
+//   then the caller's store of the f32 tile (activation, conversion).
+// Work items run on the thread pool, scheduled dynamically (biggest first) so skewed groups
+// still balance.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "kernels/microkernels.h"
+#include "tokamax/core/tensor.h"
+
+namespace tokamax::kernels {
+
+struct Blocking {
+  int mr = 8;    // rows per microkernel tile
+  int mc = 64;   // rows per work item (multiple of mr)
+  int kc = 256;  // K block (even)
+  int nc = 256;  // columns per work item (multiple of the panel width)
+};
+
+// Elements (floats, or bf16 pairs) of one packed panel of K rows and nr columns.
+int64_t panel_elems(int64_t K, bool pairs, int nr);
+
+// Panels [p0, p1) of one group's weights (src: [K,N], or [N,K] when trans; f32 or bf16) into
+// dst: bf16 pairs for the bf16 dot, or f32.
+void pack_panels(const KernelSet& ks, bool pairs, const void* src, bool src_bf16, bool trans,
+                 int64_t K, int64_t N, void* dst, int64_t p0, int64_t p1);
+
+// Every group's weights packed ahead into panels (pack_panels), groups of equal size one after
+// the other.
+struct PackedPanels {
+  const void* data = nullptr;
+  int64_t panels = 0;       // per group
+  int64_t panel_elems = 0;  // floats or pairs (4 bytes each) per panel
+  bool pairs = false;       // bf16 pairs for the bf16 dot, else f32
+  const void* group(int64_t g) const {
+    return static_cast<const uint8_t*>(data) + g * panels * panel_elems * 4;
+  }
+};
+
+// Receives a finished f32 tile: output rows [r0, r0 + rows) x columns [n0, n0 + cols) are
+// C[i * ldc + j]. Called once per tile, on the thread that computed it.
+using StoreTile = std::function<void(const float* C, int64_t ldc, int64_t r0, int64_t rows,
+                                     int64_t n0, int64_t cols)>;
+
+// For every group g: C[rows of g] = A[rows of g] x B_g, where group g owns rows
+// [offsets[g], offsets[g+1]) of A and of the output. Rows past offsets[groups] are not touched.
+struct GroupedGemm {
+  int64_t groups = 0;
+  const int64_t* offsets = nullptr;  // groups + 1 ascending row offsets
+  int64_t k = 0, n = 0;
+  // A: row-major [rows, k], f32 or bf16. round_a_to_bf16: an f32 A is multiplied as rounded to
+  // bf16 (bf16 weights at default precision: every product is then exact, as the bf16 dot's).
+  const void* a = nullptr;
+  bool a_bf16 = false;
+  bool round_a_to_bf16 = false;
+  // B: packed panels, or the caller's weights, group g at b + g * k * n elements, [k, n] or, with
+  // b_trans, [n, k]; f32 or bf16. bf16_dot: unpacked bf16 weights run on the bf16 dot as pairs
+  // (else they are widened to f32 panels for the f32 FMA).
+  const PackedPanels* packed = nullptr;
+  const void* b = nullptr;
+  bool b_bf16 = false;
+  bool b_trans = false;
+  bool bf16_dot = false;
+  StoreTile store;
+  int threads = 1;  // at most the pool's
+};
+
+// Runs the product. Unpacked weights: groups of at most kStreamMaxMr rows stream them from
+// their own layout; taller groups pack one item's columns at a time into a per-thread strip
+// (BLIS's packed B block), reused by every row block of the item; groups tall enough to keep
+// every thread busy share one strip the threads pack together. Empty groups cost nothing.
+void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks);
+
+// Scratch grouped_gemm keeps per call (per-thread tiles and strips), in bytes.
+int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks);
+
+// The ragged contraction: for every group g, out_g[K, N] = A[rows of g]^T x B[rows of g], A
+// row-major [rows, k] (f32 or bf16, rounded as above), B row-major [rows, n] (f32 or bf16).
+// store receives rows g * k + i of the stacked [groups * k, n] result; an empty group's are zero.
+struct GroupedGemmTn {
+  int64_t groups = 0;
+  const int64_t* offsets = nullptr;
+  int64_t k = 0, n = 0;
+  const void* a = nullptr;
+  bool a_bf16 = false;
+  bool round_a_to_bf16 = false;
+  const void* b = nullptr;
+  bool b_bf16 = false;
+  StoreTile store;
+  int threads = 1;
+};
+void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSet& ks);
+
+// The f32 values the f32 kernels multiply for A: A itself when it already is (f32, no
+// rounding), else a converted copy in *storage (parallel, vectorized).
+const float* a_as_f32(const void* a, bool a_bf16, bool round_to_bf16, int64_t count, int threads,
+                      Tensor* storage);
+
+}  // namespace tokamax::kernels

@@ -1,0 +1,198 @@
+// The framework-free grouped GEMM on every runnable ISA, against a double-precision product:
+// packed and unpacked weights, both weight layouts, f32 and bf16 operands (the bf16 dot and the
+// widened path), empty and odd-sized groups, small blockings that split every loop, one and two
+// threads. The store callback must see every row of every group once and nothing else.
+#include "kernels/grouped_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tests/kernels/kernel_sets.h"
+#include "tests/test_seed.h"
+#include "tokamax/tokamax.h"
+
+namespace tokamax {
+namespace {
+
+namespace k = kernels;
+
+struct Operands {
+  Tensor a, b;  // a [rows, K]; b [G, K, N] or [G, N, K]
+  std::vector<int64_t> offsets;
+};
+
+// The value the product multiplies for element i of a tensor (bf16 as stored; an f32 A rounded
+// when asked).
+double value(const Tensor& t, int64_t i, bool round) {
+  const double v = t.get(i);
+  return round ? bf16_to_f32(f32_to_bf16(static_cast<float>(v))) : v;
+}
+
+struct Case {
+  const k::KernelSet* ks;
+  bool a_bf16, b_bf16, round_a, bf16_dot, trans, packed;
+  int threads;
+  k::Blocking blk;
+  std::string str() const {
+    return std::string(ks->name) + (a_bf16 ? " a:bf16" : " a:f32") +
+           (b_bf16 ? " b:bf16" : " b:f32") + (round_a ? " round" : "") + (bf16_dot ? " dot" : "") +
+           (trans ? " trans" : "") + (packed ? " packed" : "") +
+           " threads=" + std::to_string(threads) + " mr=" + std::to_string(blk.mr) +
+           " mc=" + std::to_string(blk.mc) + " kc=" + std::to_string(blk.kc) +
+           " nc=" + std::to_string(blk.nc);
+  }
+};
+
+void check_case(const Case& cs, int64_t K, int64_t N, const std::vector<int32_t>& sizes,
+                int64_t extra_rows) {
+  const int64_t G = static_cast<int64_t>(sizes.size());
+  std::vector<int64_t> offsets(G + 1, 0);
+  for (int64_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + sizes[g];
+  const int64_t rows = offsets[G] + extra_rows;
+  Tensor a = Tensor::randn({rows, K}, cs.a_bf16 ? DType::kBF16 : DType::kF32, fresh_seed());
+  Tensor b = Tensor::randn(cs.trans ? Shape{G, N, K} : Shape{G, K, N},
+                           cs.b_bf16 ? DType::kBF16 : DType::kF32, fresh_seed());
+  const k::KernelSet& ks = *cs.ks;
+  const bool pairs = cs.bf16_dot;
+  k::PackedPanels panels;
+  Tensor packed_data;
+  k::GroupedGemm p;
+  p.groups = G;
+  p.offsets = offsets.data();
+  p.k = K;
+  p.n = N;
+  p.a = a.data();
+  p.a_bf16 = cs.a_bf16;
+  p.round_a_to_bf16 = cs.round_a;
+  p.b = b.data();
+  p.b_bf16 = cs.b_bf16;
+  p.b_trans = cs.trans;
+  p.bf16_dot = pairs;
+  p.threads = cs.threads;
+  if (cs.packed) {
+    panels.panels = (N + ks.nr - 1) / ks.nr;
+    panels.panel_elems = k::panel_elems(K, pairs, ks.nr);
+    panels.pairs = pairs;
+    packed_data =
+        Tensor({std::max<int64_t>(1, G * panels.panels * panels.panel_elems)}, DType::kF32);
+    panels.data = packed_data.data();
+    const int64_t es = cs.b_bf16 ? 2 : 4;
+    for (int64_t g = 0; g < G; ++g) {
+      k::pack_panels(ks, pairs, static_cast<const char*>(b.data()) + g * K * N * es, cs.b_bf16,
+                     cs.trans, K, N, const_cast<void*>(panels.group(g)), 0, panels.panels);
+    }
+    p.packed = &panels;
+  }
+  const float kUnwritten = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> out(static_cast<size_t>(rows * N), kUnwritten);
+  std::vector<int> writes(static_cast<size_t>(rows * N), 0);
+  p.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t nrows, int64_t n0, int64_t cols) {
+    for (int64_t i = 0; i < nrows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        out[(r0 + i) * N + n0 + j] = C[i * ldc + j];
+        writes[(r0 + i) * N + n0 + j]++;  // distinct elements per tile: no race
+      }
+    }
+  };
+  k::grouped_gemm(p, cs.blk, ks);
+  const bool round_a = cs.a_bf16 || cs.round_a;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) {
+      for (int64_t j = 0; j < N; ++j) {
+        double want = 0, mag = 0;
+        for (int64_t kk = 0; kk < K; ++kk) {
+          const double x = value(a, r * K + kk, round_a && !cs.a_bf16);
+          const double w =
+              value(b, g * K * N + (cs.trans ? j * K + kk : kk * N + j), pairs && !cs.b_bf16);
+          want += x * w;
+          mag += std::abs(x * w);
+        }
+        const float got = out[r * N + j];
+        ASSERT_EQ(writes[r * N + j], 1) << cs.str() << " row " << r << " col " << j;
+        ASSERT_NEAR(got, want, 1e-6 + 4e-7 * static_cast<double>(K) * mag)
+            << cs.str() << " group " << g << " row " << r << " col " << j;
+      }
+    }
+  }
+  for (int64_t i = offsets[G] * N; i < rows * N; ++i)
+    ASSERT_EQ(writes[i], 0) << cs.str() << ": wrote a row past the groups";
+}
+
+TEST(GroupedGemm, EveryIsaFormAndBlockingAgainstDoubles) {
+  // Groups: empty, one row, streaming-size, odd, tall enough to share strips on two threads.
+  const std::vector<std::vector<int32_t>> group_sets = {
+      {0, 1, 3, 0, 9}, {40, 0, 5}, {2}, {0, 0}, {}};
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
+    const int nr = ks->nr;
+    const std::vector<k::Blocking> blockings = {{std::min(4, ks->max_mr), 8, 6, nr},
+                                                {ks->max_mr, ks->max_mr * 2, 64, 4 * nr}};
+    for (bool packed : {false, true}) {
+      for (bool trans : {false, true}) {
+        for (int dtypes = 0; dtypes < 4; ++dtypes) {
+          // f32 x f32; f32 x bf16 (rounded A, widened B); bf16 x bf16 widened; bf16 on the dot.
+          Case cs{ks, dtypes >= 2, dtypes >= 1, dtypes == 1, dtypes == 3, trans, packed, 1, {}};
+          if (cs.bf16_dot && ks->bf16 == nullptr) continue;
+          for (const k::Blocking& blk : blockings) {
+            for (int threads : {1, 2}) {
+              cs.blk = blk;
+              cs.threads = threads;
+              const int64_t K = threads == 1 ? 13 : 70, N = threads == 1 ? 2 * nr + 3 : nr - 1;
+              for (const auto& sizes : group_sets) check_case(cs, K, N, sizes, /*extra_rows=*/2);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
+    for (bool bf16 : {false, true}) {
+      const int64_t K = 7, N = ks->nr + 5;
+      const std::vector<int32_t> sizes = {3, 0, 17, 1};
+      std::vector<int64_t> offsets = {0};
+      for (int32_t s : sizes) offsets.push_back(offsets.back() + s);
+      const int64_t rows = offsets.back(), G = static_cast<int64_t>(sizes.size());
+      Tensor a = Tensor::randn({rows, K}, bf16 ? DType::kBF16 : DType::kF32, fresh_seed());
+      Tensor b = Tensor::randn({rows, N}, bf16 ? DType::kBF16 : DType::kF32, fresh_seed());
+      std::vector<float> out(static_cast<size_t>(G * K * N), std::nanf(""));
+      k::GroupedGemmTn p;
+      p.groups = G;
+      p.offsets = offsets.data();
+      p.k = K;
+      p.n = N;
+      p.a = a.data();
+      p.a_bf16 = bf16;
+      p.b = b.data();
+      p.b_bf16 = bf16;
+      p.threads = 2;
+      p.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t nrows, int64_t n0,
+                    int64_t cols) {
+        for (int64_t i = 0; i < nrows; ++i) {
+          for (int64_t j = 0; j < cols; ++j) out[(r0 + i) * N + n0 + j] = C[i * ldc + j];
+        }
+      };
+      k::grouped_gemm_tn(p, {std::min(4, ks->max_mr), 4, 4, ks->nr}, *ks);
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t kk = 0; kk < K; ++kk) {
+          for (int64_t j = 0; j < N; ++j) {
+            double want = 0;
+            for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r)
+              want += a.get(r * K + kk) * b.get(r * N + j);
+            ASSERT_NEAR(out[(g * K + kk) * N + j], want, 1e-5 * (1 + std::abs(want)))
+                << ks->name << (bf16 ? " bf16" : " f32") << " group " << g;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tokamax
