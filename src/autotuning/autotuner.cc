@@ -20,6 +20,7 @@
 #include "autotuning/backend.h"
 #include "autotuning/output_check.h"
 #include "autotuning/scope_stack.h"
+#include "core/thread_pool.h"
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/core/log.h"
 #include "tokamax/op/dispatch.h"
@@ -68,18 +69,6 @@ std::shared_mutex& phase_mu() {
 
 std::string id_of(const BoundArguments& b) {
   return b.family() + "/" + b.implementation() + "/" + b.key();
-}
-
-template <class Fn>
-void parallel_indices(int n, int threads, Fn fn) {
-  std::atomic<int> next{0};
-  std::vector<std::thread> pool;
-  auto body = [&] {
-    for (int i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
-  };
-  for (int t = 1; t < std::min(threads, n); ++t) pool.emplace_back(body);
-  body();
-  for (auto& t : pool) t.join();
 }
 
 }  // namespace
@@ -237,10 +226,10 @@ struct TuningRun {
   void prepare_all() {
     const int n = static_cast<int>(cands.size());
     preps.assign(static_cast<size_t>(n), Prep{});
-    const int threads = o.prepare_threads > 0
-                            ? o.prepare_threads
-                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    parallel_indices(n, threads, [&](int i) {
+    const int threads = o.prepare_threads > 0 ? o.prepare_threads : num_threads();
+    // On the library's pool: preparation that itself runs in parallel (packing) then runs inline
+    // on each pool thread.
+    parallel_for(n, threads, [&](int64_t i, int) {
       Prep& p = preps[i];
       const double t0 = now_seconds();
       try {

@@ -8,6 +8,20 @@
 
 namespace tokamax {
 
+namespace {
+// Whether this thread is running a pool job (a worker's share, or the caller's share inside
+// run()): a run() from there is nested and runs inline, as OpenMP runs nested regions when
+// nesting is off. Waiting for the pool from inside it would deadlock (run() is one job at a
+// time), and the outer run already has every thread busy.
+thread_local bool in_pool_job = false;
+
+struct InPoolJob {
+  bool previous = in_pool_job;
+  InPoolJob() { in_pool_job = true; }
+  ~InPoolJob() { in_pool_job = previous; }
+};
+}  // namespace
+
 ThreadPool::ThreadPool(int num_threads) {
   for (int i = 1; i < std::max(1, num_threads); ++i) {
     workers_.emplace_back([this, i] { worker_loop(i); });
@@ -43,6 +57,7 @@ void ThreadPool::worker_loop(int index) {
     lock.unlock();
     if (participate) {
       try {
+        const InPoolJob job;
         (*fn)(index);
       } catch (...) {
         std::lock_guard<std::mutex> elock(mu_);
@@ -58,7 +73,12 @@ void ThreadPool::worker_loop(int index) {
 
 void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
   threads = std::clamp(threads, 1, size());
+  if (in_pool_job) {
+    for (int t = 0; t < threads; ++t) fn(t);
+    return;
+  }
   if (threads == 1) {
+    const InPoolJob job;
     fn(0);
     return;
   }
@@ -74,6 +94,7 @@ void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
   cv_.notify_all();
   std::exception_ptr mine;
   try {
+    const InPoolJob job;
     fn(0);
   } catch (...) {
     mine = std::current_exception();

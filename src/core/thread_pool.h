@@ -1,6 +1,7 @@
 // A persistent thread pool for kernels: parallel_for over work items with low start-up cost
 // (workers spin briefly before sleeping, so back-to-back small calls do not pay for wake-ups).
-// Internal: kernels and the autotuner's parallel preparation use it; not part of the public API.
+// Internal: the one pool of the library (kernels, the roofline probes and the autotuner's
+// parallel preparation); not part of the public API.
 #pragma once
 
 #include <atomic>
@@ -23,6 +24,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Runs fn(thread_index) on `threads` threads (the caller is thread 0) and waits for all.
   // threads is clamped to [1, size()]. Exceptions from any thread are rethrown (the first one).
+  // Called from inside a run (nested: a kernel inside a job of the autotuner's preparation),
+  // it runs fn(0), ..., fn(threads - 1) inline on the calling thread.
   void run(int threads, const std::function<void(int)>& fn);
 
   // The process-wide pool used by kernels, grown on demand to num_threads().

@@ -73,7 +73,7 @@ class Broken : public TypedImplementation<FakeCall, TileConfig> {
     float* o = call.outputs[0].data_as<float>();
     switch (mode_) {
       case kSleep:
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        std::this_thread::sleep_for(std::chrono::seconds(2));  // past any test's timeout
         break;
       case kOutOfBounds:
         o[call.x.size() + 3] = 1.0f;

@@ -35,7 +35,7 @@ struct AutotuneOptions {
   int max_candidates = 1 << 30;     // per key; must be > 0 (the heuristics config is always kept)
   int finalists = 3;                // re-measured interleaved, plus the heuristics config
   int remeasure_rounds = 5;
-  int prepare_threads = 0;      // 0 = hardware threads
+  int prepare_threads = 0;      // 0 = num_threads() (the pool's size caps it)
   uint64_t seed = 0;            // inputs, shared by all candidates
   std::vector<Config> configs;  // explicit candidates (empty = heuristics + search space)
   // autotune(fn): also tune keys an AutotuningScope or the disk cache already answers.

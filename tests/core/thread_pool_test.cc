@@ -1,0 +1,47 @@
+// The library's one thread pool: every item once, exceptions rethrown, and runs nested inside a
+// job (the autotuner prepares candidates on the pool; their packing runs on it too) complete
+// inline instead of deadlocking.
+#include "core/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <vector>
+
+#include "tokamax/core/device.h"
+
+namespace tokamax {
+namespace {
+
+TEST(ThreadPool, EveryItemOnceAndErrorsRethrown) {
+  for (int threads : {1, 2, 3}) {
+    std::vector<std::atomic<int>> seen(1000);
+    parallel_for(1000, threads, [&](int64_t i, int) { seen[i]++; });
+    for (const auto& s : seen) ASSERT_EQ(s.load(), 1) << threads << " threads";
+  }
+  EXPECT_THROW(parallel_for(100, 2,
+                            [](int64_t i, int) {
+                              if (i == 57) throw std::runtime_error("item 57");
+                            }),
+               std::runtime_error);
+  parallel_for(0, 2, [](int64_t, int) { FAIL() << "no items"; });
+}
+
+TEST(ThreadPool, NestedRunsCompleteInline) {
+  const int threads = std::max(2, ThreadPool::global().size());
+  std::vector<std::atomic<int>> seen(64 * 50);
+  parallel_for(64, threads, [&](int64_t outer, int) {
+    parallel_for(50, threads, [&](int64_t inner, int) { seen[outer * 50 + inner]++; });
+  });
+  for (const auto& s : seen) ASSERT_EQ(s.load(), 1);
+  // A nested run() calls every thread index, on the calling thread.
+  std::atomic<int> calls{0};
+  ThreadPool::global().run(threads,
+                           [&](int) { ThreadPool::global().run(2, [&](int) { calls++; }); });
+  EXPECT_EQ(calls.load(), std::min(threads, ThreadPool::global().size()) *
+                              std::min(2, ThreadPool::global().size()));
+}
+
+}  // namespace
+}  // namespace tokamax
