@@ -97,7 +97,8 @@ INSTANTIATE_TEST_SUITE_P(FakeOps, Failures,
                                            FailCase{"oob", FailureKind::kOutOfBounds},
                                            FailCase{"unwritten", FailureKind::kUnwritten},
                                            FailCase{"wrong", FailureKind::kWrongResult},
-                                           FailCase{"throws", FailureKind::kException}));
+                                           FailCase{"throws", FailureKind::kException}),
+                         [](const auto& info) { return std::string(info.param.impl); });
 
 TEST(Autotuner, WrongResultNamesWorstError) {
   const AutotuningData d = Autotuner(quick()).tune(bound("wrong"));
