@@ -78,6 +78,7 @@ struct FailCase {
   const char* impl;
   FailureKind kind;
 };
+void PrintTo(const FailCase& c, std::ostream* os) { *os << c.impl; }
 
 class Failures : public ::testing::TestWithParam<FailCase> {};
 
