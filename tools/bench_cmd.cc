@@ -35,6 +35,7 @@ std::string default_op(const std::string& spec) {
     }
   }
   if (with_spec.size() == 1) return with_spec[0];
+  if (!spec.empty() && with_spec.empty()) find_arg_specs("", spec);  // unknown spec: names all
   if (names.size() == 1) return names[0];
   throw InvalidArgument("give --op: one of " + join(names, ", "));
 }
@@ -45,11 +46,11 @@ void check_one_source(const std::string& spec, const std::string& tag, const std
 }
 
 std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& file) {
-  find_family(op);  // an unknown --op is named as such, not as "no entries of op X"
+  if (!op.empty()) find_family(op);  // an unknown --op is named as such
   std::vector<ArgSpec> out;
   std::set<std::string> keys;
   for (const BoundArguments& b : load_bound_args_file(file)) {
-    if (b.family() != op) {
+    if (!op.empty() && b.family() != op) {
       fmt::print(stderr, "warning: skipped an entry of op '{}' (benchmarking '{}')\n", b.family(),
                  op);
       continue;
@@ -65,9 +66,12 @@ std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& 
         sep = " x ";
       }
     }
-    out.push_back(ArgSpec{op, name, b.arguments(), {}});
+    out.push_back(ArgSpec{b.family(), name, b.arguments(), {}});
   }
-  if (out.empty()) throw InvalidArgument("'" + file + "': no bound arguments of op '" + op + "'");
+  if (out.empty()) {
+    throw InvalidArgument("'" + file + "': no bound arguments" +
+                          (op.empty() ? std::string() : " of op '" + op + "'"));
+  }
   return out;
 }
 
@@ -79,10 +83,12 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
   if (!file.empty()) {
     base = load_bound_args_file(file);
   } else {
-    const OpFamily& f = find_family(op);
     for (const ArgSpec& s : find_arg_specs(op, spec, tag))
-      base.push_back(f.bind_json(s.arguments, ""));
-    if (base.empty()) throw InvalidArgument("no spec of op '" + op + "' has tag '" + tag + "'");
+      base.push_back(find_family(s.family).bind_json(s.arguments, ""));
+    if (base.empty()) {
+      throw InvalidArgument("no spec" + (op.empty() ? std::string() : " of op '" + op + "'") +
+                            " has tag '" + tag + "'");
+    }
   }
   std::vector<BoundArguments> out;
   for (const BoundArguments& b : base) {
@@ -147,7 +153,7 @@ struct RowVariant {
 
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls_in, double min_time_s) {
-  const OpFamily& fam = find_family(op);
+  if (!op.empty()) find_family(op);
   const Roofline& roof = cached_roofline();
   // The read ceiling for memory-bound specs is timed in the same rounds as their rows (below);
   // the process-wide roofline figure can be minutes old, and this machine's bandwidth is not
@@ -155,6 +161,7 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
   std::unique_ptr<ReadProbe> probe;
   std::vector<BenchRow> rows;
   for (const ArgSpec& s : specs) {
+    const OpFamily& fam = find_family(s.family);
     const BoundArguments b = fam.bind_json(s.arguments, "");
     auto call = fam.make_call(b, 0);
     // The same call as each argument variant (same seed: same values), made on demand.

@@ -8,8 +8,8 @@
 
 namespace tokamax::cli {
 
-// Bound arguments for --spec NAME / --tag T / --bound-args FILE (exactly one), each bound to
-// `impls` (empty: the family's implementations supported here).
+// Bound arguments for --spec NAME / --tag T / --bound-args FILE (exactly one) of op `op` (empty:
+// every op), each bound to `impls` (empty: the family's implementations supported here).
 std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec,
                                               const std::string& tag,
                                               const std::string& bound_args_file,
@@ -21,8 +21,8 @@ std::vector<BoundArguments> select_bound_args(const std::string& op, const std::
 std::string default_op(const std::string& spec);
 void check_one_source(const std::string& spec, const std::string& tag,
                       const std::string& bound_args_file);
-// The distinct keys of op `op` in a bound-args file as specs to benchmark (other ops and
-// entries this library cannot use are skipped with a warning).
+// The distinct keys of op `op` (empty: every op) in a bound-args file as specs to benchmark
+// (other ops and entries this library cannot use are skipped with a warning).
 std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& bound_args_file);
 
 struct BenchRow {

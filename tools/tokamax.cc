@@ -177,7 +177,6 @@ struct Args {
 };
 
 int cmd_autotune(Args& a) {
-  if (a.op.empty()) a.op = tk::cli::default_op(a.spec);
   tk::AutotuneOptions o;
   if (a.have_budget) o.budget_s = a.budget_s;
   o.all_implementations = a.all_impls;
@@ -231,8 +230,7 @@ int cmd_explain(Args& a) {
 }
 
 int cmd_cache_show(Args& a) {
-  if (a.op.empty()) a.op = tk::cli::default_op("");
-  tk::find_family(a.op);
+  if (!a.op.empty()) tk::find_family(a.op);  // no --op: every family's files
   Json out = Json::array();
   for (const auto& [name, path] : existing_cache_files(a.op)) {
     try {
@@ -308,7 +306,6 @@ int cmd_cache_verify(Args& a) {
 
 int cmd_bench(Args& a) {
   tk::cli::check_one_source(a.spec, a.tag, a.bound_args);
-  if (a.op.empty()) a.op = tk::cli::default_op(a.spec);
   const auto rows =
       tk::cli::run_bench(a.op,
                          a.bound_args.empty() ? tk::find_arg_specs(a.op, a.spec, a.tag)

@@ -21,6 +21,7 @@
 #include "tokamax/op/family.h"
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
+#include "tokamax/ops/attention.h"
 #include "tokamax/ops/ragged_dot.h"
 #include "tokamax/trace/extract.h"
 #include "tokamax/trace/trace.h"

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "autotuning/roofline_kernels.h"
+#include "kernels/exp_sum.h"
 #include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/dtype.h"
@@ -39,6 +40,18 @@ inline float src_at(const void* src, bool is_bf16, int64_t idx) {
 }  // namespace
 
 const KernelSet& portable_kernels() { return kPortable; }
+
+ExpShiftSum exp_shift_sum(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return exp_shift_sum_avx512;
+    case Isa::kAvx2:
+      return exp_shift_sum_avx2;
+    case Isa::kPortable:
+      break;
+  }
+  return exp_shift_sum_impl;
+}
 
 const KernelSet& best_kernels() {
   static const KernelSet* best = [] {

@@ -80,6 +80,12 @@ struct KernelSet {
   PackBBf16 pack_b_bf16 = nullptr;     // vector pair packing of bf16 [K,N] weights
 };
 
+// x[i] = exp(x[i] - shift) for i < n, returning the sum (kernels/exp_sum.h), at an ISA's width.
+using ExpShiftSum = float (*)(float* x, int64_t n, float shift);
+ExpShiftSum exp_shift_sum(Isa isa);
+float exp_shift_sum_avx2(float* x, int64_t n, float shift);    // microkernels_avx2.cc
+float exp_shift_sum_avx512(float* x, int64_t n, float shift);  // microkernels_avx512.cc
+
 const KernelSet& portable_kernels();
 const KernelSet* avx2_kernels();    // defined in microkernels_avx2.cc
 const KernelSet* avx512_kernels();  // defined in microkernels_avx512.cc

@@ -2,6 +2,7 @@
 // registers). bf16 weights are widened to f32 panels at pack time on this ISA.
 #include <immintrin.h>
 
+#include "kernels/exp_sum.h"
 #include "kernels/microkernels.h"
 
 namespace tokamax::kernels {
@@ -47,5 +48,9 @@ const KernelSet kSet{Isa::kAvx2, "avx2", kNr, 6, f32_kernel, nullptr};
 }  // namespace
 
 const KernelSet* avx2_kernels() { return &kSet; }
+
+float exp_shift_sum_avx2(float* x, int64_t n, float shift) {
+  return exp_shift_sum_impl(x, n, shift);
+}
 
 }  // namespace tokamax::kernels

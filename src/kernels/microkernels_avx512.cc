@@ -5,6 +5,7 @@
 // and no stack spills.
 #include <immintrin.h>
 
+#include "kernels/exp_sum.h"
 #include "kernels/microkernels.h"
 
 namespace tokamax::kernels {
@@ -428,5 +429,9 @@ const KernelSet kSet{Isa::kAvx512,
 }  // namespace
 
 const KernelSet* avx512_kernels() { return &kSet; }
+
+float exp_shift_sum_avx512(float* x, int64_t n, float shift) {
+  return exp_shift_sum_impl(x, n, shift);
+}
 
 }  // namespace tokamax::kernels

@@ -1,6 +1,7 @@
 // Every op family the library ships, registered on first use of the registry or of dispatch
 // (op/builtins.h says why explicitly). A new family adds one line here.
 #include "op/builtins.h"
+#include "ops/attention/base.h"
 #include "ops/ragged_dot/base.h"
 #include "tokamax/op/op.h"
 
@@ -17,6 +18,7 @@ std::shared_ptr<const OpFamily> unowned(const F& family) {
 void register_builtin_families() {
   install_autotuning_backend();
   register_family(unowned(rdot::family()));
+  register_family(unowned(attn::family()));
 }
 
 }  // namespace tokamax

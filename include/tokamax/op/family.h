@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -39,10 +40,12 @@ using Signature = std::vector<int64_t>;
 template <class CallT>
 struct ArgField {
   std::string name;
-  // The member an input lives in (null for statics).
-  TensorView CallT::*input = nullptr;
-  // Inputs only: fills a made call's input (default: standard normal values).
-  std::function<void(const TensorView&, uint64_t seed)> fill;
+  // Inputs only: the view an input lives in, or null when an optional input is absent (null
+  // function for statics).
+  std::function<TensorView*(CallT&)> input;
+  // Inputs only: fills a made call's input (the call's other arguments are read from the spec,
+  // so a fill can depend on them: sequence lengths within the sequence).
+  std::function<void(const CallT&, const TensorView&, uint64_t seed)> fill;
   // Its key JSON, from a bound call.
   std::function<Json(const CallT&)> to_json;
   // Sets it on an unbound call from the spec's JSON (null when absent); InvalidArgument saying
@@ -50,6 +53,8 @@ struct ArgField {
   std::function<void(CallT&, const Json&)> from_json;
   // Appends what determines to_json (after bind) to the signature.
   std::function<void(const CallT&, Signature&)> sign;
+  // A required input: absent from a spec is an error.
+  bool required = false;
 };
 
 // Builders for the usual kinds of argument.
@@ -57,25 +62,56 @@ template <class CallT>
 struct Args {
   using Field = ArgField<CallT>;
 
+  using Fill = std::function<void(const CallT&, const TensorView&, uint64_t)>;
+  // Standard normal values.
+  static Fill randn() {
+    return [](const CallT&, const TensorView& v, uint64_t seed) { fill_randn(v, seed); };
+  }
+
   // A required array. The spec gives its ShapeDtype; a made call gets `fill`'s values.
-  static Field input(std::string name, TensorView CallT::*member,
-                     std::function<void(const TensorView&, uint64_t)> fill = nullptr) {
+  static Field input(std::string name, TensorView CallT::*member, Fill fill = randn()) {
+    Field f = array(
+        std::move(name), [member](CallT& c) { return &(c.*member); }, std::move(fill));
+    f.required = true;
+    f.from_json = [member](CallT& c, const Json& j) { c.*member = view_of(j); };
+    return f;
+  }
+
+  // An optional array: absent (or null) in a spec, std::nullopt in the call, null in the key.
+  static Field optional_input(std::string name, std::optional<TensorView> CallT::*member,
+                              Fill fill = randn()) {
+    Field f = array(
+        std::move(name), [member](CallT& c) { return c.*member ? &*(c.*member) : nullptr; },
+        std::move(fill));
+    f.from_json = [member](CallT& c, const Json& j) {
+      if (j.is_null())
+        c.*member = std::nullopt;
+      else
+        c.*member = view_of(j);
+    };
+    return f;
+  }
+
+  // An optional real static (absent: std::nullopt, null in the key).
+  static Field optional_real(std::string name, std::optional<double> CallT::*member) {
     Field f;
     f.name = std::move(name);
-    f.input = member;
-    f.fill =
-        fill ? std::move(fill) : [](const TensorView& v, uint64_t seed) { fill_randn(v, seed); };
-    f.to_json = [member](const CallT& c) { return Json((c.*member).spec().str()); };
+    f.to_json = [member](const CallT& c) { return c.*member ? Json(*(c.*member)) : Json(); };
     f.from_json = [member](CallT& c, const Json& j) {
-      if (!j.is_string()) throw InvalidArgument("expected a ShapeDtype string like \"f32[8,128]\"");
-      const ShapeDtype s = ShapeDtype::parse(j.get<std::string>());
-      c.*member = TensorView(nullptr, s.dtype, s.shape);
+      if (j.is_null()) {
+        c.*member = std::nullopt;
+        return;
+      }
+      if (!j.is_number()) throw InvalidArgument("expected a number or null");
+      c.*member = j.get<double>();
     };
     f.sign = [member](const CallT& c, Signature& sig) {
-      const TensorView& v = c.*member;
-      sig.push_back(static_cast<int64_t>(v.dtype()));
-      sig.push_back(v.rank());
-      sig.insert(sig.end(), v.shape().begin(), v.shape().end());
+      sig.push_back(c.*member ? 1 : 0);
+      double v = c.*member ? *(c.*member) : 0.0;
+      int64_t bits;
+      static_assert(sizeof(bits) == sizeof(v));
+      std::memcpy(&bits, &v, sizeof(v));
+      sig.push_back(bits);
     };
     return f;
   }
@@ -123,6 +159,34 @@ struct Args {
       sig.push_back(static_cast<int64_t>(c.*member));
     };
     return f;
+  }
+
+  // The parts every array shares.
+  static Field array(std::string name, std::function<TensorView*(CallT&)> get, Fill fill) {
+    Field f;
+    f.name = std::move(name);
+    f.input = get;
+    f.fill = std::move(fill);
+    f.to_json = [get](const CallT& c) {
+      const TensorView* v = get(const_cast<CallT&>(c));
+      return v ? Json(v->spec().str()) : Json();
+    };
+    f.sign = [get](const CallT& c, Signature& sig) {
+      const TensorView* v = get(const_cast<CallT&>(c));
+      if (!v) {
+        sig.push_back(-1);
+        return;
+      }
+      sig.push_back(static_cast<int64_t>(v->dtype()));
+      sig.push_back(v->rank());
+      sig.insert(sig.end(), v->shape().begin(), v->shape().end());
+    };
+    return f;
+  }
+  static TensorView view_of(const Json& j) {
+    if (!j.is_string()) throw InvalidArgument("expected a ShapeDtype string like \"f32[8,128]\"");
+    const ShapeDtype s = ShapeDtype::parse(j.get<std::string>());
+    return TensorView(nullptr, s.dtype, s.shape);
   }
 
   // Anything else: the three functions written out.
@@ -209,10 +273,12 @@ class TypedFamily : public OpFamily {
     uint64_t input_seed = seed;
     for (const ArgField<CallT>& f : fields_) {
       if (!f.input) continue;
-      TensorView& v = (*call).*f.input;
-      call->owned.emplace_back(v.shape(), v.dtype());
-      v = call->owned.back().view();
-      f.fill(v, input_seed++);
+      const uint64_t field_seed = input_seed++;  // seeds by position, present or not
+      TensorView* v = f.input(*call);
+      if (!v) continue;
+      call->owned.emplace_back(v->shape(), v->dtype());
+      *v = call->owned.back().view();
+      f.fill(*call, *v, field_seed);
     }
     bind_and_key(*call);
     finish_made_call(*call);
@@ -248,7 +314,7 @@ class TypedFamily : public OpFamily {
     for (const ArgField<CallT>& f : fields_) {
       const auto it = arguments.find(f.name);
       const Json& j = it == arguments.end() ? null_json() : *it;
-      if (f.input && j.is_null()) throw bad("missing '" + f.name + "'");
+      if (f.required && j.is_null()) throw bad("missing '" + f.name + "'");
       try {
         f.from_json(call, j);
       } catch (const InvalidArgument& e) {

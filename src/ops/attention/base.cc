@@ -1,0 +1,258 @@
+// dot_product_attention: arguments, bind (validation), the reference, tolerances and cost.
+#include "ops/attention/base.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/thread_pool.h"
+
+namespace tokamax::attn {
+
+namespace {
+
+using A = Args<AttentionCall>;
+
+InvalidArgument bad(const std::string& what) {
+  return InvalidArgument("dot_product_attention: " + what);
+}
+
+// Element strides over (b, n, t, s) of a contiguous array broadcast (numpy rules, aligned
+// right) to [B,N,T,S].
+void broadcast_strides(const char* name, const TensorView& x, const Shape& target,
+                       int64_t* strides) {
+  const std::string want = shape_str(target);
+  if (x.rank() > 4) {
+    throw bad(fmt::format("{} has shape {}; expected rank <= 4, broadcastable to [B,N,T,S] = {}",
+                          name, x.spec().str(), want));
+  }
+  if (!x.is_contiguous())
+    throw bad(fmt::format("{} {} must be a contiguous row-major array", name, x.spec().str()));
+  const Strides own = contiguous_strides(x.shape());
+  for (int d = 0; d < 4; ++d) {
+    const int64_t xd = d - (4 - x.rank());
+    strides[d] = 0;
+    if (xd < 0) continue;
+    const int64_t size = x.dim(xd);
+    if (size == target[d]) {
+      strides[d] = target[d] == 1 ? 0 : own[xd];
+    } else if (size != 1) {
+      throw bad(fmt::format("{} has shape {}, not broadcastable to [B,N,T,S] = {}", name,
+                            x.spec().str(), want));
+    }
+  }
+}
+
+// Made calls: lengths uniform in [0, size], masks mostly true.
+A::Fill lengths_within(bool queries) {
+  return [queries](const AttentionCall& c, const TensorView& v, uint64_t seed) {
+    const int64_t size = queries ? c.q.dim(1) : c.k.dim(1);
+    Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
+    for (int64_t i = 0; i < v.size(); ++i) {
+      v.data_as<int32_t>()[i] = static_cast<int32_t>(
+          std::min<int64_t>(size, static_cast<int64_t>(u.data_as<double>()[i] * (size + 1))));
+    }
+  };
+}
+void mostly_true(const AttentionCall&, const TensorView& v, uint64_t seed) {
+  Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
+  for (int64_t i = 0; i < v.size(); ++i) v.data_as<uint8_t>()[i] = u.data_as<double>()[i] < 0.8;
+}
+
+ArgField<AttentionCall> window_field() {
+  return A::custom(
+      "local_window_size",
+      [](const AttentionCall& c) {
+        if (c.window_left < 0 && c.window_right < 0) return Json();
+        return Json::array({c.window_left, c.window_right});
+      },
+      [](AttentionCall& c, const Json& j) {
+        if (j.is_null()) return;
+        if (!j.is_array() || j.size() != 2 || !j[0].is_number_integer() ||
+            !j[1].is_number_integer())
+          throw InvalidArgument("expected [left, right] or null");
+        c.window_left = j[0].get<int64_t>();
+        c.window_right = j[1].get<int64_t>();
+        if (c.window_left < 0 || c.window_right < 0)
+          throw InvalidArgument("expected left, right >= 0");
+      },
+      [](const AttentionCall& c, Signature& sig) {
+        sig.push_back(c.window_left);
+        sig.push_back(c.window_right);
+      });
+}
+
+}  // namespace
+
+Family::Family()
+    : TypedFamily(
+          kFamily,
+          {A::input("q", &AttentionCall::q), A::input("k", &AttentionCall::k),
+           A::input("v", &AttentionCall::v), A::optional_input("bias", &AttentionCall::bias),
+           A::optional_input("mask", &AttentionCall::mask, mostly_true),
+           A::optional_input("q_seq_lengths", &AttentionCall::q_seq_lengths, lengths_within(true)),
+           A::optional_input("kv_seq_lengths", &AttentionCall::kv_seq_lengths,
+                             lengths_within(false)),
+           A::optional_real("scale", &AttentionCall::scale),
+           A::value("is_causal", &AttentionCall::is_causal, false), window_field(),
+           A::optional_real("logits_soft_cap", &AttentionCall::logits_soft_cap),
+           A::value("return_residuals", &AttentionCall::return_residuals, false)},
+          std::make_shared<Reference>(), {make_native(), make_composed()}) {}
+
+const Family& family() {
+  static const std::shared_ptr<const Family> f = std::make_shared<Family>();
+  return *f;
+}
+
+void Family::bind(AttentionCall& c) const {
+  for (const auto& [name, x] : {std::pair{"q", &c.q}, std::pair{"k", &c.k}, std::pair{"v", &c.v}}) {
+    if (x->rank() != 4) {
+      throw bad(fmt::format("{} has shape {}; expected rank 4 ({})", name, x->spec().str(),
+                            *name == 'q'   ? "[B,T,N,H]"
+                            : *name == 'k' ? "[B,S,Nk,H]"
+                                           : "[B,S,Nk,Hv]"));
+    }
+    if (x->dtype() != c.q.dtype() || (x->dtype() != DType::kF32 && x->dtype() != DType::kBF16)) {
+      throw bad(fmt::format("q {}, k {}, v {}: expected one dtype for all three, f32 or bf16",
+                            c.q.spec().str(), c.k.spec().str(), c.v.spec().str()));
+    }
+    if (!x->is_contiguous())
+      throw bad(fmt::format("{} {} must be a contiguous row-major array", name, x->spec().str()));
+  }
+  c.b = c.q.dim(0);
+  c.t = c.q.dim(1);
+  c.n = c.q.dim(2);
+  c.h = c.q.dim(3);
+  c.s = c.k.dim(1);
+  c.nk = c.k.dim(2);
+  c.hv = c.v.dim(3);
+  if (c.k.dim(0) != c.b || c.v.dim(0) != c.b) {
+    throw bad(fmt::format("batch sizes differ: q {}, k {}, v {}; expected equal B",
+                          c.q.spec().str(), c.k.spec().str(), c.v.spec().str()));
+  }
+  if (c.k.dim(3) != c.h) {
+    throw bad(fmt::format("head dims differ: q {} has H={}, k {} has {}; expected equal",
+                          c.q.spec().str(), c.h, c.k.spec().str(), c.k.dim(3)));
+  }
+  if (c.v.dim(1) != c.s || c.v.dim(2) != c.nk) {
+    throw bad(fmt::format("k {} and v {}: expected the same S and Nk", c.k.spec().str(),
+                          c.v.spec().str()));
+  }
+  if (c.nk == 0 ? c.n != 0 : c.n % c.nk != 0) {
+    throw bad(fmt::format("q has N={} heads, k has Nk={}; expected N a multiple of Nk", c.n, c.nk));
+  }
+  const Shape target = {c.b, c.n, c.t, c.s};
+  if (c.bias) {
+    if (c.bias->dtype() != DType::kF32 && c.bias->dtype() != DType::kBF16)
+      throw bad("bias " + c.bias->spec().str() + ": expected f32 or bf16");
+    broadcast_strides("bias", *c.bias, target, c.bias_strides);
+  }
+  if (c.mask) {
+    if (c.mask->dtype() != DType::kBool)
+      throw bad("mask " + c.mask->spec().str() + ": expected bool");
+    broadcast_strides("mask", *c.mask, target, c.mask_strides);
+  }
+  for (const auto& [name, x, limit] : {std::tuple{"q_seq_lengths", &c.q_seq_lengths, c.t},
+                                       std::tuple{"kv_seq_lengths", &c.kv_seq_lengths, c.s}}) {
+    if (!*x) continue;
+    const TensorView& l = **x;
+    if (l.dtype() != DType::kI32 || l.rank() != 1 || l.dim(0) != c.b || !l.is_contiguous()) {
+      throw bad(fmt::format("{} has spec {}; expected i32[{}] (one length per batch)", name,
+                            l.spec().str(), c.b));
+    }
+    for (int64_t i = 0; l.data() && i < c.b; ++i) {
+      const int32_t x_i = l.data_as<const int32_t>()[i];
+      if (x_i < 0 || x_i > limit)
+        throw bad(fmt::format("{}[{}] = {}; expected in [0, {}]", name, i, x_i, limit));
+    }
+  }
+  if ((c.window_left < 0) != (c.window_right < 0) || c.window_left < -1 || c.window_right < -1) {
+    throw bad(fmt::format("local_window_size ({}, {}); expected both >= 0", c.window_left,
+                          c.window_right));
+  }
+  if (c.scale && !std::isfinite(*c.scale))
+    throw bad(fmt::format("scale = {}; expected a finite number", *c.scale));
+  if (c.logits_soft_cap && !(std::isfinite(*c.logits_soft_cap) && *c.logits_soft_cap > 0))
+    throw bad(
+        fmt::format("logits_soft_cap = {}; expected a finite number > 0", *c.logits_soft_cap));
+  c.scale_value =
+      static_cast<float>(c.scale ? *c.scale : 1.0 / std::sqrt(std::max<int64_t>(c.h, 1)));
+}
+
+std::vector<ShapeDtype> Family::output_specs(const AttentionCall& c) const {
+  std::vector<ShapeDtype> out = {{{c.b, c.t, c.n, c.hv}, c.q.dtype()}};
+  if (c.return_residuals) out.push_back({{c.b, c.n, c.t}, DType::kF32});
+  return out;
+}
+
+Tolerance Family::tolerance_of(const AttentionCall& c) const {
+  // tokamax's attention tolerances: f32 atol 1e-6 against a HIGHEST-precision reference; here
+  // both sides sum in f32 in different orders over S, so the bound grows with sqrt(S).
+  const double depth = std::sqrt(static_cast<double>(std::max<int64_t>(c.s, 1)));
+  if (c.q.dtype() == DType::kBF16) return {1e-2, 1e-2, 0};
+  return {2e-6 * depth, 1e-5, 1e-5};
+}
+
+double call_flops(const AttentionCall& c) {
+  double pairs = static_cast<double>(c.t) * static_cast<double>(c.s);
+  if (c.is_causal) pairs /= 2;
+  return 2.0 * static_cast<double>(c.b * c.n) * pairs * static_cast<double>(c.h + c.hv);
+}
+
+double call_bytes(const AttentionCall& c) {
+  const double es = dtype_size(c.q.dtype());
+  return es * static_cast<double>(c.q.size() + c.k.size() + c.v.size() + c.b * c.t * c.n * c.hv);
+}
+
+bool Family::memory_bound_of(const AttentionCall& c) const {
+  const double bytes = call_bytes(c);
+  return bytes > 0 && call_flops(c) / bytes < 8.0;
+}
+
+CallCost Family::cost_of(const AttentionCall& c) const {
+  return {call_flops(c), memory_bound_of(c) ? call_bytes(c) : 0.0, false};
+}
+
+// --- reference: each row's logits materialized, max-subtracted softmax in f32, then p.v ---
+
+void Reference::run_call(AttentionCall& c, const Prepared*) const {
+  const int64_t G = c.group();
+  TensorView lse = c.lse() ? *c.lse() : TensorView();
+  parallel_for(c.b * c.n * c.t, c.num_threads, [&](int64_t row, int) {
+    const int64_t bb = row / (c.n * c.t), nn = row / c.t % c.n, tt = row % c.t;
+    const int64_t kh = nn / G;
+    int64_t s0, s1;
+    c.s_range(bb, tt, &s0, &s1);
+    std::vector<float> logits(static_cast<size_t>(c.s), -std::numeric_limits<float>::infinity());
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t ss = s0; ss < s1; ++ss) {
+      if (!c.mask_allows(bb, nn, tt, ss)) continue;
+      float dot = 0;
+      for (int64_t d = 0; d < c.h; ++d) {
+        dot += load(c.q, ((bb * c.t + tt) * c.n + nn) * c.h + d) *
+               load(c.k, ((bb * c.s + ss) * c.nk + kh) * c.h + d);
+      }
+      logits[ss] = c.logit(dot, bb, nn, tt, ss);
+      m = std::max(m, logits[ss]);
+    }
+    std::vector<float> acc(static_cast<size_t>(c.hv), 0.0f);
+    float l = 0;
+    if (m > -std::numeric_limits<float>::infinity()) {
+      for (int64_t ss = s0; ss < s1; ++ss) {
+        if (logits[ss] == -std::numeric_limits<float>::infinity()) continue;
+        const float p = std::exp(logits[ss] - m);
+        l += p;
+        for (int64_t d = 0; d < c.hv; ++d)
+          acc[d] += p * load(c.v, ((bb * c.s + ss) * c.nk + kh) * c.hv + d);
+      }
+    }
+    for (int64_t d = 0; d < c.hv; ++d)
+      store(c.out(), ((bb * c.t + tt) * c.n + nn) * c.hv + d, l > 0 ? acc[d] / l : 0.0f);
+    if (c.lse()) {
+      lse.data_as<float>()[(bb * c.n + nn) * c.t + tt] =
+          l > 0 ? m + std::log(l) : -std::numeric_limits<float>::infinity();
+    }
+  });
+}
+
+}  // namespace tokamax::attn

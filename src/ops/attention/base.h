@@ -1,0 +1,116 @@
+// The dot_product_attention family: its call, bind (all validation), the masks and logit
+// transform every implementation shares, the reference implementation and tolerances.
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tokamax/op/family.h"
+#include "tokamax/op/typed.h"
+#include "tokamax/ops/attention.h"
+
+namespace tokamax::attn {
+
+inline constexpr const char* kFamily = "dot_product_attention";
+
+struct AttentionCall : CallBase {
+  // Inputs and statics (see Family's fields).
+  TensorView q, k, v;  // [B,T,N,H], [B,S,Nk,H], [B,S,Nk,Hv]
+  std::optional<TensorView> bias, mask, q_seq_lengths, kv_seq_lengths;
+  std::optional<double> scale;
+  bool is_causal = false;
+  int64_t window_left = -1, window_right = -1;  // -1: unbounded on that side
+  std::optional<double> logits_soft_cap;
+  bool return_residuals = false;
+
+  // Filled by bind.
+  int64_t b = 0, t = 0, s = 0, n = 0, nk = 0, h = 0, hv = 0;
+  float scale_value = 1;
+  // Element strides of bias / mask over (b, n, t, s); 0 where broadcast.
+  int64_t bias_strides[4] = {}, mask_strides[4] = {};
+
+  const TensorView& out() const { return outputs.at(0); }
+  // [B,N,T] f32 log-sum-exp, or null without return_residuals.
+  const TensorView* lse() const { return return_residuals ? &outputs.at(1) : nullptr; }
+  int64_t group() const { return n / nk; }  // query heads per kv head
+
+  // The s range [*s0, *s1) that causality, the window and the lengths leave for row (bb, tt);
+  // empty when the row is padding.
+  void s_range(int64_t bb, int64_t tt, int64_t* s0, int64_t* s1) const {
+    int64_t lo = 0, hi = s;
+    if (kv_seq_lengths) hi = std::min<int64_t>(hi, kv_seq_lengths->data_as<const int32_t>()[bb]);
+    if (is_causal) hi = std::min<int64_t>(hi, tt + 1);
+    if (window_left >= 0) lo = std::max<int64_t>(lo, tt - window_left);
+    if (window_right >= 0) hi = std::min<int64_t>(hi, tt + window_right + 1);
+    if (q_seq_lengths && tt >= q_seq_lengths->data_as<const int32_t>()[bb]) hi = lo;
+    *s0 = lo;
+    *s1 = std::max(lo, hi);
+  }
+  bool mask_allows(int64_t bb, int64_t nn, int64_t tt, int64_t ss) const {
+    if (!mask) return true;
+    const int64_t i =
+        bb * mask_strides[0] + nn * mask_strides[1] + tt * mask_strides[2] + ss * mask_strides[3];
+    return mask->data_as<const uint8_t>()[i] != 0;
+  }
+  // The logit from the raw dot product q.k: scaled, biased, soft-capped.
+  float logit(float dot, int64_t bb, int64_t nn, int64_t tt, int64_t ss) const {
+    float x = dot * scale_value;
+    if (bias) {
+      const int64_t i =
+          bb * bias_strides[0] + nn * bias_strides[1] + tt * bias_strides[2] + ss * bias_strides[3];
+      x += bias->dtype() == DType::kF32 ? bias->data_as<const float>()[i]
+                                        : bf16_to_f32(bias->data_as<const uint16_t>()[i]);
+    }
+    if (logits_soft_cap) {
+      const float cap = static_cast<float>(*logits_soft_cap);
+      x = cap * std::tanh(x / cap);
+    }
+    return x;
+  }
+};
+
+// Reads element i of a contiguous f32 or bf16 buffer as f32.
+inline float load(const TensorView& t, int64_t i) {
+  return t.dtype() == DType::kF32 ? t.data_as<const float>()[i]
+                                  : bf16_to_f32(t.data_as<const uint16_t>()[i]);
+}
+inline void store(const TensorView& t, int64_t i, float x) {
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = x;
+  else
+    t.data_as<uint16_t>()[i] = f32_to_bf16(x);
+}
+
+class Reference : public TypedImplementation<AttentionCall, void> {
+ public:
+  std::string name() const override { return "reference"; }
+  void run_call(AttentionCall& call, const Prepared* prepared) const override;
+};
+
+std::shared_ptr<const Implementation> make_native();
+std::shared_ptr<const Implementation> make_composed();
+std::vector<ArgSpec> arg_specs();
+
+class Family : public TypedFamily<AttentionCall> {
+ public:
+  Family();
+  void bind(AttentionCall& call) const override;
+  std::vector<ShapeDtype> output_specs(const AttentionCall& call) const override;
+  Tolerance tolerance_of(const AttentionCall& call) const override;
+  std::vector<ArgSpec> arg_specs() const override { return attn::arg_specs(); }
+  bool memory_bound_of(const AttentionCall& call) const override;
+  CallCost cost_of(const AttentionCall& call) const override;
+};
+
+const Family& family();
+
+// Useful flops: 4 * B * N * H-ish per allowed logit (q.k and p.v), counting only logits that
+// causality and the window leave (halved for causal, as the figure).
+double call_flops(const AttentionCall& c);
+// The bytes a call must read at least: q, k, v and the output.
+double call_bytes(const AttentionCall& c);
+
+}  // namespace tokamax::attn

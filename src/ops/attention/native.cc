@@ -1,0 +1,278 @@
+// The native dot_product_attention: flash attention on the microkernels. K and V are packed once
+// per call into panels (f32; bf16 widened exactly); work items are (batch, kv head, block of
+// query positions) with every query head of the kv head's group as rows, so a K/V panel read
+// from memory serves all of them (GQA). Per item, for each kv block the masks leave any logit
+// in (others are skipped, not computed and discarded):
+//   S = q k^T on the f32 microkernel (rows x block_kv), scaled, biased, soft-capped, masked;
+//   online softmax: running row max m and sum l, P = exp(S - m) (vectorized), O rescaled;
+//   O += P v on the microkernel (accumulating);
+// then out = O / l and the log-sum-exp m + log l. The T x S logits never exist beyond one block.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/thread_pool.h"
+#include "kernels/microkernels.h"
+#include "ops/attention/base.h"
+
+namespace tokamax {
+
+namespace {
+constexpr ConfigFields<AttentionNativeConfig, 2> kNativeFields{
+    "dot_product_attention native config",
+    {{{"block_q", &AttentionNativeConfig::block_q},
+      {"block_kv", &AttentionNativeConfig::block_kv}}}};
+}  // namespace
+
+Json AttentionNativeConfig::to_json() const { return kNativeFields.to_json(*this); }
+AttentionNativeConfig AttentionNativeConfig::from_json(const Json& j) {
+  return kNativeFields.from_json(j);
+}
+
+namespace attn {
+namespace {
+
+namespace k = kernels;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Per-thread scratch that persists between calls (pool threads are persistent).
+float* thread_scratch(int64_t floats) {
+  thread_local Tensor buffer;
+  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
+  return buffer.data_as<float>();
+}
+
+class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> {
+ public:
+  std::string name() const override { return "native"; }
+  std::vector<std::string> config_fields() const override { return kNativeFields.names(); }
+
+  void check_config(const AttentionNativeConfig& c) const override {
+    const int nr = k::best_kernels().nr;
+    if (c.block_q < 1 || c.block_kv < nr || c.block_kv % nr != 0) {
+      throw InvalidArgument(fmt_config(c) + ": expected block_q >= 1 and block_kv a multiple of " +
+                            std::to_string(nr));
+    }
+  }
+
+  // Rows per item of about 64 (block_q query positions times the group's heads) keep each
+  // packed K/V panel reused by many rows while the item's tiles stay in L2; enough items to
+  // balance the threads; kv blocks of 256.
+  AttentionNativeConfig heuristics(const AttentionCall& c) const override {
+    const int nr = k::best_kernels().nr;
+    AttentionNativeConfig cfg;
+    const int64_t g = std::max<int64_t>(c.group(), 1);
+    int64_t bq = std::clamp<int64_t>(64 / g, 1, std::max<int64_t>(c.t, 1));
+    const int64_t want = 4 * std::max(1, c.num_threads);
+    while (bq > 1 && c.b * c.nk * ((c.t + bq - 1) / bq) < want) bq /= 2;
+    cfg.block_q = static_cast<int>(bq);
+    cfg.block_kv =
+        static_cast<int>(std::min<int64_t>(256, round_up(std::max<int64_t>(c.s, 1), nr)));
+    return cfg;
+  }
+
+  std::vector<AttentionNativeConfig> search_space(const AttentionCall& c) const override {
+    const int nr = k::best_kernels().nr;
+    const int64_t s_max = round_up(std::max<int64_t>(c.s, 1), nr);
+    std::vector<AttentionNativeConfig> out;
+    for (int bq : {8, 16, 32, 64, 128}) {
+      if (bq > std::max<int64_t>(c.t, 1) * 2 && bq != 8) continue;
+      for (int bkv : {64, 128, 256, 512}) {
+        const AttentionNativeConfig cfg{
+            static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1))),
+            static_cast<int>(std::min<int64_t>(round_up(bkv, nr), s_max))};
+        if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
+      }
+    }
+    return out;
+  }
+
+  int64_t scratch(const AttentionCall& c, const AttentionNativeConfig& cfg) const override {
+    const auto& ks = k::best_kernels();
+    return packed_floats(c, ks) * 4 +
+           item_floats(c, cfg, ks) * 4 * std::min(c.num_threads, ThreadPool::global().size());
+  }
+
+  void run_call(AttentionCall& c, const AttentionNativeConfig& cfg,
+                const Prepared*) const override {
+    const auto& ks = k::best_kernels();
+    check_config(cfg);
+    const int threads = std::min(c.num_threads, ThreadPool::global().size());
+    // K and V panels for every (batch, kv head).
+    const int nr = ks.nr;
+    const int64_t kp = (c.s + nr - 1) / nr, vp = (c.hv + nr - 1) / nr;
+    const int64_t k_elems = kp * c.h * nr, v_elems = vp * c.s * nr;
+    Tensor packed({std::max<int64_t>(1, packed_floats(c, ks))}, DType::kF32);
+    float* kpack = packed.data_as<float>();
+    float* vpack = kpack + c.b * c.nk * k_elems;
+    parallel_for(c.b * c.nk * (kp + vp), threads, [&](int64_t idx, int) {
+      const int64_t bh = idx / (kp + vp), p = idx % (kp + vp);
+      const int64_t bb = bh / c.nk, kh = bh % c.nk;
+      if (p < kp) {  // K panel: [H][nr], kv positions p*nr.., zero past S
+        float* dst = kpack + bh * k_elems + p * c.h * nr;
+        for (int64_t j = 0; j < nr; ++j) {
+          const int64_t ss = p * nr + j;
+          for (int64_t d = 0; d < c.h; ++d) {
+            dst[d * nr + j] = ss < c.s ? load(c.k, ((bb * c.s + ss) * c.nk + kh) * c.h + d) : 0.0f;
+          }
+        }
+      } else {  // V panel: [S][nr], head dims q*nr.., zero past Hv
+        const int64_t q = p - kp;
+        float* dst = vpack + bh * v_elems + q * c.s * nr;
+        for (int64_t ss = 0; ss < c.s; ++ss) {
+          for (int64_t j = 0; j < nr; ++j) {
+            const int64_t d = q * nr + j;
+            dst[ss * nr + j] =
+                d < c.hv ? load(c.v, ((bb * c.s + ss) * c.nk + kh) * c.hv + d) : 0.0f;
+          }
+        }
+      }
+    });
+    const int64_t tb = (c.t + cfg.block_q - 1) / cfg.block_q;
+    // Items whose rows see more kv positions first (causal: the later query blocks).
+    std::vector<int64_t> order(static_cast<size_t>(c.b * c.nk * tb));
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    if (c.is_causal) {
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return a % tb > b % tb; });
+    }
+    const k::ExpShiftSum exp_sum = k::exp_shift_sum(ks.isa);
+    parallel_for(static_cast<int64_t>(order.size()), threads, [&](int64_t idx, int) {
+      const int64_t item = order[idx];
+      const int64_t bh = item / tb, bb = bh / c.nk, kh = bh % c.nk;
+      const int64_t t0 = (item % tb) * cfg.block_q;
+      run_item(c, cfg, ks, exp_sum, bb, kh, t0, kpack + bh * k_elems, vpack + bh * v_elems);
+    });
+  }
+
+ private:
+  static std::string fmt_config(const AttentionNativeConfig& c) {
+    return "dot_product_attention native config " + canonical_dump(c.to_json());
+  }
+  static int64_t packed_floats(const AttentionCall& c, const k::KernelSet& ks) {
+    const int64_t nr = ks.nr;
+    return c.b * c.nk * (((c.s + nr - 1) / nr) * c.h * nr + ((c.hv + nr - 1) / nr) * c.s * nr);
+  }
+  static int64_t item_rows(const AttentionCall& c, const AttentionNativeConfig& cfg) {
+    return static_cast<int64_t>(cfg.block_q) * std::max<int64_t>(c.group(), 1);
+  }
+  // Q block, S/P tile, O tile, row max and sum.
+  static int64_t item_floats(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                             const k::KernelSet& ks) {
+    const int64_t rows = item_rows(c, cfg);
+    return rows * (c.h + cfg.block_kv + round_up(std::max<int64_t>(c.hv, 1), ks.nr) + 2);
+  }
+
+  static void run_item(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                       const k::KernelSet& ks, k::ExpShiftSum exp_sum, int64_t bb, int64_t kh,
+                       int64_t t0, const float* kpanels, const float* vpanels) {
+    const int64_t G = c.group(), nr = ks.nr, mr = ks.max_mr;
+    const int64_t tq = std::min<int64_t>(cfg.block_q, c.t - t0);
+    const int64_t rows = tq * G;
+    const int64_t ldo = round_up(std::max<int64_t>(c.hv, 1), nr), lds = cfg.block_kv;
+    float* Q = thread_scratch(item_floats(c, cfg, ks));
+    float* S = Q + rows * c.h;
+    float* O = S + rows * lds;
+    float* m = O + rows * ldo;
+    float* l = m + rows;
+    // Rows (t, g): query position t0 + r / G, head kh * G + r % G; q widened to f32.
+    int64_t lo = c.s, hi = 0;
+    std::vector<int64_t> rs0(static_cast<size_t>(rows)), rs1(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t tt = t0 + r / G, nn = kh * G + r % G;
+      const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.h;
+      for (int64_t d = 0; d < c.h; ++d) Q[r * c.h + d] = load(c.q, base + d);
+      c.s_range(bb, tt, &rs0[r], &rs1[r]);
+      if (rs1[r] > rs0[r]) {
+        lo = std::min(lo, rs0[r]);
+        hi = std::max(hi, rs1[r]);
+      }
+      m[r] = kNegInf;
+      l[r] = 0;
+    }
+    std::fill(O, O + rows * ldo, 0.0f);
+    const bool elementwise = c.bias || c.mask || c.logits_soft_cap;
+    for (int64_t sb = lo / cfg.block_kv * cfg.block_kv; sb < hi; sb += cfg.block_kv) {
+      const int64_t se = std::min<int64_t>(sb + cfg.block_kv, c.s);
+      const int64_t width = se - sb, panels = (width + nr - 1) / nr;
+      // S = q k^T for the block.
+      for (int64_t i = 0; i < rows; i += mr) {
+        const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+        for (int64_t p = 0; p < panels; ++p) {
+          float* cp = S + i * lds + p * nr;
+          if (c.h == 0) {
+            for (int r = 0; r < tile; ++r) std::fill(cp + r * lds, cp + r * lds + nr, 0.0f);
+          } else {
+            ks.f32(tile, c.h, Q + i * c.h, c.h, 1, kpanels + (sb / nr + p) * c.h * nr, cp, lds,
+                   false);
+          }
+        }
+      }
+      // Logits, masks and the online softmax, row by row.
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = S + r * lds;
+        const int64_t tt = t0 + r / G, nn = kh * G + r % G;
+        const int64_t a = std::clamp(rs0[r], sb, se), b = std::clamp(rs1[r], sb, se);
+        if (a >= b) {
+          std::fill(row, row + width, 0.0f);
+          continue;
+        }
+        float mx = kNegInf;
+        for (int64_t j = 0; j < width; ++j) {
+          const int64_t ss = sb + j;
+          float x = kNegInf;
+          if (ss >= a && ss < b) {
+            if (!elementwise) {
+              x = row[j] * c.scale_value;
+            } else if (c.mask_allows(bb, nn, tt, ss)) {
+              x = c.logit(row[j], bb, nn, tt, ss);
+            }
+          }
+          row[j] = x;
+          mx = std::max(mx, x);
+        }
+        const float m_new = std::max(m[r], mx);
+        if (m_new == kNegInf) {
+          std::fill(row, row + width, 0.0f);
+          continue;
+        }
+        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
+        const float sum = exp_sum(row, width, m_new);
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+        if (alpha != 1.0f) {
+          float* o = O + r * ldo;
+          for (int64_t d = 0; d < ldo; ++d) o[d] *= alpha;
+        }
+      }
+      // O += P v.
+      for (int64_t i = 0; i < rows; i += mr) {
+        const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+        for (int64_t q = 0; q < ldo / nr; ++q) {
+          ks.f32(tile, width, S + i * lds, lds, 1, vpanels + q * c.s * nr + sb * nr,
+                 O + i * ldo + q * nr, ldo, true);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t tt = t0 + r / G, nn = kh * G + r % G;
+      const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+      const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.hv;
+      for (int64_t d = 0; d < c.hv; ++d) store(c.out(), base + d, O[r * ldo + d] * inv);
+      if (c.lse()) {
+        c.lse()->data_as<float>()[(bb * c.n + nn) * c.t + tt] =
+            l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
+
+}  // namespace attn
+}  // namespace tokamax
