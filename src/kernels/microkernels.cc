@@ -41,16 +41,16 @@ inline float src_at(const void* src, bool is_bf16, int64_t idx) {
 
 const KernelSet& portable_kernels() { return kPortable; }
 
-ExpShiftSum exp_shift_sum(Isa isa) {
+RowKernels row_kernels(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
-      return exp_shift_sum_avx512;
+      return {exp_shift_sum_avx512, scale_max_avx512};
     case Isa::kAvx2:
-      return exp_shift_sum_avx2;
+      return {exp_shift_sum_avx2, scale_max_avx2};
     case Isa::kPortable:
       break;
   }
-  return exp_shift_sum_impl;
+  return {expf_poly::exp_shift_sum_portable, expf_poly::scale_max_portable};
 }
 
 const KernelSet& best_kernels() {

@@ -80,11 +80,18 @@ struct KernelSet {
   PackBBf16 pack_b_bf16 = nullptr;     // vector pair packing of bf16 [K,N] weights
 };
 
-// x[i] = exp(x[i] - shift) for i < n, returning the sum (kernels/exp_sum.h), at an ISA's width.
-using ExpShiftSum = float (*)(float* x, int64_t n, float shift);
-ExpShiftSum exp_shift_sum(Isa isa);
-float exp_shift_sum_avx2(float* x, int64_t n, float shift);    // microkernels_avx2.cc
+// The softmax's row loops (kernels/exp_sum.h) at an ISA's width:
+//   exp_shift_sum: x[i] = exp(x[i] - shift) for i < n, returning the sum;
+//   scale_max:     x[i] *= scale for i < n, returning the max (-inf when n = 0).
+struct RowKernels {
+  float (*exp_shift_sum)(float* x, int64_t n, float shift);
+  float (*scale_max)(float* x, int64_t n, float scale);
+};
+RowKernels row_kernels(Isa isa);
+float exp_shift_sum_avx2(float* x, int64_t n, float shift);  // microkernels_avx2.cc
+float scale_max_avx2(float* x, int64_t n, float scale);
 float exp_shift_sum_avx512(float* x, int64_t n, float shift);  // microkernels_avx512.cc
+float scale_max_avx512(float* x, int64_t n, float scale);
 
 const KernelSet& portable_kernels();
 const KernelSet* avx2_kernels();    // defined in microkernels_avx2.cc

@@ -35,6 +35,7 @@ namespace {
 
 namespace k = kernels;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kMaxRows = 256;  // row ranges on the stack up to this many rows per item
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -58,19 +59,21 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     }
   }
 
-  // Rows per item of about 64 (block_q query positions times the group's heads) keep each
-  // packed K/V panel reused by many rows while the item's tiles stay in L2; enough items to
-  // balance the threads; kv blocks of 256.
+  // Rows per item (block_q query positions times the group's heads) of about six tiles, a
+  // whole number of them where the group allows: each packed K/V panel is reused by that many
+  // rows while the item's tiles stay in L2. Enough items to balance the threads; kv blocks of
+  // 256.
   AttentionNativeConfig heuristics(const AttentionCall& c) const override {
-    const int nr = k::best_kernels().nr;
+    const auto& ks = k::best_kernels();
     AttentionNativeConfig cfg;
     const int64_t g = std::max<int64_t>(c.group(), 1);
-    int64_t bq = std::clamp<int64_t>(64 / g, 1, std::max<int64_t>(c.t, 1));
+    const int64_t target_rows = 6 * ks.max_mr;
+    int64_t bq = std::clamp<int64_t>(target_rows / g, 1, std::max<int64_t>(c.t, 1));
     const int64_t want = 4 * std::max(1, c.num_threads);
     while (bq > 1 && c.b * c.nk * ((c.t + bq - 1) / bq) < want) bq /= 2;
     cfg.block_q = static_cast<int>(bq);
     cfg.block_kv =
-        static_cast<int>(std::min<int64_t>(256, round_up(std::max<int64_t>(c.s, 1), nr)));
+        static_cast<int>(std::min<int64_t>(256, round_up(std::max<int64_t>(c.s, 1), ks.nr)));
     return cfg;
   }
 
@@ -78,7 +81,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int nr = k::best_kernels().nr;
     const int64_t s_max = round_up(std::max<int64_t>(c.s, 1), nr);
     std::vector<AttentionNativeConfig> out;
-    for (int bq : {8, 16, 32, 64, 128}) {
+    for (int bq : {6, 12, 24, 48, 72, 96}) {
       if (bq > std::max<int64_t>(c.t, 1) * 2 && bq != 8) continue;
       for (int bkv : {64, 128, 256, 512}) {
         const AttentionNativeConfig cfg{
@@ -100,6 +103,75 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
                 const Prepared*) const override {
     const auto& ks = k::best_kernels();
     check_config(cfg);
+    if (streams(c, cfg, ks))
+      run_streamed(c, cfg, ks);
+    else
+      run_packed(c, cfg, ks);
+  }
+
+ private:
+  // Decode: all of T's rows of a kv head's group fit one weight-streaming tile, so K and V are
+  // read in place, once, rather than packed (which would read them twice and write them once).
+  static bool streams(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                      const k::KernelSet& ks) {
+    return ks.stream && ks.stream_t && c.t >= 1 && c.t <= cfg.block_q &&
+           c.t * c.group() <= k::kStreamMaxMr;
+  }
+
+  // Items (batch, kv head, kv chunk): with few (batch, kv head) pairs the kv positions are split
+  // into chunks so every thread streams (flash-decoding); each chunk leaves its unnormalized
+  // O, m and l, and the chunks of a row are merged at the end.
+  static void run_streamed(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                           const k::KernelSet& ks) {
+    const int threads = std::min(c.num_threads, ThreadPool::global().size());
+    const int64_t rows = c.t * c.group(), ldo = round_up(std::max<int64_t>(c.hv, 1), ks.nr);
+    const int64_t pairs = c.b * c.nk;
+    const int64_t max_chunks = std::max<int64_t>(1, (c.s + cfg.block_kv - 1) / cfg.block_kv);
+    const int64_t chunks =
+        pairs == 0 ? 1 : std::clamp<int64_t>((4 * threads + pairs - 1) / pairs, 1, max_chunks);
+    const int64_t chunk_len = round_up((c.s + chunks - 1) / chunks, ks.nr);
+    const int64_t part = rows * (ldo + 2);  // O, m, l of one chunk
+    Tensor parts({std::max<int64_t>(1, pairs * chunks * part)}, DType::kF32);
+    const k::RowKernels rk = k::row_kernels(ks.isa);
+    const int64_t es = dtype_size(c.q.dtype());
+    parallel_for(pairs * chunks, threads, [&](int64_t item, int) {
+      const int64_t bh = item / chunks, ch = item % chunks, bb = bh / c.nk, kh = bh % c.nk;
+      KvSource src;
+      src.k = static_cast<const char*>(c.k.data()) + (bb * c.s * c.nk + kh) * c.h * es;
+      src.v = static_cast<const char*>(c.v.data()) + (bb * c.s * c.nk + kh) * c.hv * es;
+      src.bf16 = c.q.dtype() == DType::kBF16;
+      const int64_t s0 = std::min(c.s, ch * chunk_len), s1 = std::min(c.s, s0 + chunk_len);
+      const float* scratch = attend(c, cfg, ks, rk, bb, kh, 0, s0, s1, src);
+      const float* O = scratch + rows * c.h + rows * cfg.block_kv;
+      float* dst = parts.data_as<float>() + item * part;
+      std::copy(O, O + rows * ldo + 2 * rows, dst);  // O, then m and l
+    });
+    // Merge the chunks of each (batch, kv head): m = max m_c, l = sum l_c e^(m_c - m), O alike.
+    parallel_for(pairs, threads, [&](int64_t bh, int) {
+      std::vector<float> O(static_cast<size_t>(rows * ldo), 0.0f), m(rows, kNegInf), l(rows, 0.0f);
+      const float* first = parts.data_as<float>() + bh * chunks * part;
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const float* po = first + ch * part;
+        const float* pm = po + rows * ldo;
+        for (int64_t r = 0; r < rows; ++r) m[r] = std::max(m[r], pm[r]);
+      }
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const float* po = first + ch * part;
+        const float* pm = po + rows * ldo;
+        const float* pl = pm + rows;
+        for (int64_t r = 0; r < rows; ++r) {
+          if (pl[r] == 0) continue;
+          const float w = std::exp(pm[r] - m[r]);
+          l[r] += pl[r] * w;
+          for (int64_t d = 0; d < ldo; ++d) O[r * ldo + d] += po[r * ldo + d] * w;
+        }
+      }
+      finish(c, bh / c.nk, bh % c.nk, 0, rows, O.data(), ldo, m.data(), l.data());
+    });
+  }
+
+  static void run_packed(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                         const k::KernelSet& ks) {
     const int threads = std::min(c.num_threads, ThreadPool::global().size());
     // K and V panels for every (batch, kv head).
     const int nr = ks.nr;
@@ -139,16 +211,22 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       std::stable_sort(order.begin(), order.end(),
                        [&](int64_t a, int64_t b) { return a % tb > b % tb; });
     }
-    const k::ExpShiftSum exp_sum = k::exp_shift_sum(ks.isa);
+    const k::RowKernels rk = k::row_kernels(ks.isa);
+    const int64_t ldo = round_up(std::max<int64_t>(c.hv, 1), nr);
     parallel_for(static_cast<int64_t>(order.size()), threads, [&](int64_t idx, int) {
       const int64_t item = order[idx];
       const int64_t bh = item / tb, bb = bh / c.nk, kh = bh % c.nk;
       const int64_t t0 = (item % tb) * cfg.block_q;
-      run_item(c, cfg, ks, exp_sum, bb, kh, t0, kpack + bh * k_elems, vpack + bh * v_elems);
+      KvSource src;
+      src.kpanels = kpack + bh * k_elems;
+      src.vpanels = vpack + bh * v_elems;
+      const int64_t rows = std::min<int64_t>(cfg.block_q, c.t - t0) * c.group();
+      const float* scratch = attend(c, cfg, ks, rk, bb, kh, t0, 0, c.s, src);
+      const float* O = scratch + rows * c.h + rows * cfg.block_kv;
+      finish(c, bb, kh, t0, rows, O, ldo, O + rows * ldo, O + rows * ldo + rows);
     });
   }
 
- private:
   static std::string fmt_config(const AttentionNativeConfig& c) {
     return "dot_product_attention native config " + canonical_dump(c.to_json());
   }
@@ -163,12 +241,25 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   static int64_t item_floats(const AttentionCall& c, const AttentionNativeConfig& cfg,
                              const k::KernelSet& ks) {
     const int64_t rows = item_rows(c, cfg);
-    return rows * (c.h + cfg.block_kv + round_up(std::max<int64_t>(c.hv, 1), ks.nr) + 2);
+    return rows * (c.h + cfg.block_kv + 2 * round_up(std::max<int64_t>(c.hv, 1), ks.nr) + 2);
   }
 
-  static void run_item(const AttentionCall& c, const AttentionNativeConfig& cfg,
-                       const k::KernelSet& ks, k::ExpShiftSum exp_sum, int64_t bb, int64_t kh,
-                       int64_t t0, const float* kpanels, const float* vpanels) {
+  // Where an item's K and V come from: packed panels (prefill), or the caller's arrays read
+  // in place by the weight-streaming kernels (decode: a few rows, each K/V byte used once).
+  struct KvSource {
+    const float* kpanels = nullptr;  // packed: [S/nr][H][nr]
+    const float* vpanels = nullptr;  // packed: [Hv/nr][S][nr]
+    const char* k = nullptr;         // streamed: position 0 of the item's kv head
+    const char* v = nullptr;
+    bool bf16 = false;
+  };
+
+  // The online softmax of one item (rows: block_q query positions x the kv head's G query
+  // heads) over kv positions [s_begin, s_end). Leaves in the thread's scratch the unnormalized
+  // O (rows x ldo), the row max m and sum l; returns the scratch.
+  static float* attend(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                       const k::KernelSet& ks, const k::RowKernels& rk, int64_t bb, int64_t kh,
+                       int64_t t0, int64_t s_begin, int64_t s_end, const KvSource& src) {
     const int64_t G = c.group(), nr = ks.nr, mr = ks.max_mr;
     const int64_t tq = std::min<int64_t>(cfg.block_q, c.t - t0);
     const int64_t rows = tq * G;
@@ -178,36 +269,57 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     float* O = S + rows * lds;
     float* m = O + rows * ldo;
     float* l = m + rows;
+    float* otmp = l + rows;  // streamed P v, before it is added to O
     // Rows (t, g): query position t0 + r / G, head kh * G + r % G; q widened to f32.
-    int64_t lo = c.s, hi = 0;
-    std::vector<int64_t> rs0(static_cast<size_t>(rows)), rs1(static_cast<size_t>(rows));
+    int64_t lo = s_end, hi = s_begin;
+    int64_t rs0[kMaxRows], rs1[kMaxRows];
+    std::vector<int64_t> rs0v, rs1v;
+    int64_t* r0 = rs0;
+    int64_t* r1 = rs1;
+    if (rows > kMaxRows) {
+      rs0v.resize(static_cast<size_t>(rows));
+      rs1v.resize(static_cast<size_t>(rows));
+      r0 = rs0v.data();
+      r1 = rs1v.data();
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.h;
       for (int64_t d = 0; d < c.h; ++d) Q[r * c.h + d] = load(c.q, base + d);
-      c.s_range(bb, tt, &rs0[r], &rs1[r]);
-      if (rs1[r] > rs0[r]) {
-        lo = std::min(lo, rs0[r]);
-        hi = std::max(hi, rs1[r]);
+      c.s_range(bb, tt, &r0[r], &r1[r]);
+      r0[r] = std::max(r0[r], s_begin);
+      r1[r] = std::min(r1[r], s_end);
+      if (r1[r] > r0[r]) {
+        lo = std::min(lo, r0[r]);
+        hi = std::max(hi, r1[r]);
       }
       m[r] = kNegInf;
       l[r] = 0;
     }
     std::fill(O, O + rows * ldo, 0.0f);
     const bool elementwise = c.bias || c.mask || c.logits_soft_cap;
-    for (int64_t sb = lo / cfg.block_kv * cfg.block_kv; sb < hi; sb += cfg.block_kv) {
-      const int64_t se = std::min<int64_t>(sb + cfg.block_kv, c.s);
+    const bool stream = src.kpanels == nullptr;
+    const int64_t es = src.bf16 ? 2 : 4;
+    // Blocks span [lo, hi), the positions some row of the item sees, from a panel boundary:
+    // what causality or a window masks for every row is never computed.
+    for (int64_t sb = lo / nr * nr; sb < hi; sb += cfg.block_kv) {
+      const int64_t se = std::min<int64_t>(sb + cfg.block_kv, hi);
       const int64_t width = se - sb, panels = (width + nr - 1) / nr;
       // S = q k^T for the block.
-      for (int64_t i = 0; i < rows; i += mr) {
-        const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
-        for (int64_t p = 0; p < panels; ++p) {
-          float* cp = S + i * lds + p * nr;
-          if (c.h == 0) {
-            for (int r = 0; r < tile; ++r) std::fill(cp + r * lds, cp + r * lds + nr, 0.0f);
-          } else {
-            ks.f32(tile, c.h, Q + i * c.h, c.h, 1, kpanels + (sb / nr + p) * c.h * nr, cp, lds,
-                   false);
+      if (stream) {
+        ks.stream_t(static_cast<int>(rows), c.h, Q, c.h, src.k + sb * c.nk * c.h * es, src.bf16,
+                    c.nk * c.h, width, S, lds);
+      } else {
+        for (int64_t i = 0; i < rows; i += mr) {
+          const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+          for (int64_t p = 0; p < panels; ++p) {
+            float* cp = S + i * lds + p * nr;
+            if (c.h == 0) {
+              for (int r = 0; r < tile; ++r) std::fill(cp + r * lds, cp + r * lds + nr, 0.0f);
+            } else {
+              ks.f32(tile, c.h, Q + i * c.h, c.h, 1, src.kpanels + (sb / nr + p) * c.h * nr, cp,
+                     lds, false);
+            }
           }
         }
       }
@@ -215,24 +327,24 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       for (int64_t r = 0; r < rows; ++r) {
         float* row = S + r * lds;
         const int64_t tt = t0 + r / G, nn = kh * G + r % G;
-        const int64_t a = std::clamp(rs0[r], sb, se), b = std::clamp(rs1[r], sb, se);
+        const int64_t a = std::clamp(r0[r], sb, se), b = std::clamp(r1[r], sb, se);
         if (a >= b) {
           std::fill(row, row + width, 0.0f);
           continue;
         }
+        // Outside [a, b) of the block: masked. Inside: scaled (and with a bias, mask or cap,
+        // element by element).
+        std::fill(row, row + (a - sb), kNegInf);
+        std::fill(row + (b - sb), row + width, kNegInf);
         float mx = kNegInf;
-        for (int64_t j = 0; j < width; ++j) {
-          const int64_t ss = sb + j;
-          float x = kNegInf;
-          if (ss >= a && ss < b) {
-            if (!elementwise) {
-              x = row[j] * c.scale_value;
-            } else if (c.mask_allows(bb, nn, tt, ss)) {
-              x = c.logit(row[j], bb, nn, tt, ss);
-            }
+        if (!elementwise) {
+          mx = rk.scale_max(row + (a - sb), b - a, c.scale_value);
+        } else {
+          for (int64_t ss = a; ss < b; ++ss) {
+            float& x = row[ss - sb];
+            x = c.mask_allows(bb, nn, tt, ss) ? c.logit(x, bb, nn, tt, ss) : kNegInf;
+            mx = std::max(mx, x);
           }
-          row[j] = x;
-          mx = std::max(mx, x);
         }
         const float m_new = std::max(m[r], mx);
         if (m_new == kNegInf) {
@@ -240,7 +352,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
           continue;
         }
         const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
-        const float sum = exp_sum(row, width, m_new);
+        const float sum = rk.exp_shift_sum(row, width, m_new);
         l[r] = l[r] * alpha + sum;
         m[r] = m_new;
         if (alpha != 1.0f) {
@@ -249,14 +361,30 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         }
       }
       // O += P v.
-      for (int64_t i = 0; i < rows; i += mr) {
-        const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
-        for (int64_t q = 0; q < ldo / nr; ++q) {
-          ks.f32(tile, width, S + i * lds, lds, 1, vpanels + q * c.s * nr + sb * nr,
-                 O + i * ldo + q * nr, ldo, true);
+      if (stream) {
+        ks.stream(static_cast<int>(rows), width, S, lds, src.v + sb * c.nk * c.hv * es, src.bf16,
+                  c.nk * c.hv, c.hv, otmp, ldo);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t d = 0; d < c.hv; ++d) O[r * ldo + d] += otmp[r * ldo + d];
+        }
+      } else {
+        for (int64_t i = 0; i < rows; i += mr) {
+          const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+          for (int64_t q = 0; q < ldo / nr; ++q) {
+            ks.f32(tile, width, S + i * lds, lds, 1, src.vpanels + q * c.s * nr + sb * nr,
+                   O + i * ldo + q * nr, ldo, true);
+          }
         }
       }
     }
+    return Q;
+  }
+
+  // out = O / l and the log-sum-exp m + log l for the item's rows (a row without a logit: 0
+  // and -inf).
+  static void finish(const AttentionCall& c, int64_t bb, int64_t kh, int64_t t0, int64_t rows,
+                     const float* O, int64_t ldo, const float* m, const float* l) {
+    const int64_t G = c.group();
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;

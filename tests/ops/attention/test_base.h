@@ -251,6 +251,9 @@ TYPED_TEST_P(AttentionImpl, Bf16) {
   c.causal = true;
   c.bias = Shape{1, 4, 37, 70};
   check_case(this->impl(), c);
+  Case decode{1, 1, 517, 8, 2, 64, 64, DType::kBF16};
+  decode.kv_lengths = true;
+  check_case(this->impl(), decode);
 }
 
 REGISTER_TYPED_TEST_SUITE_P(AttentionImpl, ShapesAndGroups, MasksAndCausal, Bf16);
