@@ -19,6 +19,7 @@ void register_builtin_families() {
   install_autotuning_backend();
   register_family(unowned(rdot::family()));
   register_family(unowned(attn::family()));
+  register_family(unowned(attn::vjp_family()));
 }
 
 }  // namespace tokamax

@@ -51,14 +51,15 @@ TEST_F(Cli, OpsSpecsExplain) {
   ASSERT_EQ(ops[0]["op"], "ragged_dot");
   EXPECT_EQ(ops[0]["implementations"][0]["name"], "native");
   EXPECT_EQ(ops[0]["implementations"][0]["config_fields"].size(), 4u);
-  ASSERT_EQ(ops.size(), 2u);
+  ASSERT_EQ(ops.size(), 3u);
   EXPECT_EQ(ops[1]["op"], "dot_product_attention");
+  EXPECT_EQ(ops[2]["op"], "dot_product_attention_vjp");
   r = run("specs --op ragged_dot --tag smoke --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out).size(), 3u);
   r = run("specs --tag smoke --json");  // every family's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_EQ(Json::parse(r.out).size(), 6u);
+  EXPECT_EQ(Json::parse(r.out).size(), 8u);  // ragged_dot 3, attention 3, its backward 2
   r = run("explain --spec smoke_masked --json");  // the family is the spec's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out)["op"], "dot_product_attention");

@@ -50,6 +50,18 @@ AttentionResult dot_product_attention_with_residuals(const TensorView& q, const 
                                                      const TensorView& v,
                                                      const AttentionOptions& options = {});
 
+struct AttentionGrads {
+  Tensor dq, dk, dv;  // q's, k's and v's shapes and dtypes (dk, dv summed over a group's heads)
+  Tensor dbias;       // the bias's shape, f32; empty without a bias
+};
+// Gradients of dot_product_attention(q, k, v, options) for the cotangent dout [B,T,N,Hv], from
+// the forward's output and log-sum-exp (dot_product_attention_with_residuals). An op of its own
+// ("dot_product_attention_vjp"): its own implementations, configs and cache entries.
+AttentionGrads dot_product_attention_vjp(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out,
+                                         const TensorView& lse, const TensorView& dout,
+                                         const AttentionOptions& options = {});
+
 // The native implementation's config.
 struct AttentionNativeConfig {
   int block_q = 64;    // query rows per work item (a multiple of the tile height)
@@ -57,6 +69,16 @@ struct AttentionNativeConfig {
   Json to_json() const;
   static AttentionNativeConfig from_json(const Json& j);
   friend bool operator==(const AttentionNativeConfig&, const AttentionNativeConfig&) = default;
+};
+
+// The native backward's config.
+struct AttentionVjpNativeConfig {
+  int block_q = 64;    // query rows per work item
+  int block_kv = 128;  // kv positions per block (a multiple of the panel width)
+  Json to_json() const;
+  static AttentionVjpNativeConfig from_json(const Json& j);
+  friend bool operator==(const AttentionVjpNativeConfig&,
+                         const AttentionVjpNativeConfig&) = default;
 };
 
 }  // namespace tokamax

@@ -44,7 +44,7 @@ void broadcast_strides(const char* name, const TensorView& x, const Shape& targe
 }
 
 // Made calls: lengths uniform in [0, size], masks mostly true.
-A::Fill lengths_within(bool queries) {
+auto lengths_within(bool queries) {
   return [queries](const AttentionCall& c, const TensorView& v, uint64_t seed) {
     const int64_t size = queries ? c.q.dim(1) : c.k.dim(1);
     Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
@@ -54,19 +54,20 @@ A::Fill lengths_within(bool queries) {
     }
   };
 }
-void mostly_true(const AttentionCall&, const TensorView& v, uint64_t seed) {
+void mostly_true(const CallBase&, const TensorView& v, uint64_t seed) {
   Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
   for (int64_t i = 0; i < v.size(); ++i) v.data_as<uint8_t>()[i] = u.data_as<double>()[i] < 0.8;
 }
 
-ArgField<AttentionCall> window_field() {
-  return A::custom(
+template <class CallT>
+ArgField<CallT> window_field() {
+  return Args<CallT>::custom(
       "local_window_size",
-      [](const AttentionCall& c) {
+      [](const CallT& c) {
         if (c.window_left < 0 && c.window_right < 0) return Json();
         return Json::array({c.window_left, c.window_right});
       },
-      [](AttentionCall& c, const Json& j) {
+      [](CallT& c, const Json& j) {
         if (j.is_null()) return;
         if (!j.is_array() || j.size() != 2 || !j[0].is_number_integer() ||
             !j[1].is_number_integer())
@@ -76,7 +77,7 @@ ArgField<AttentionCall> window_field() {
         if (c.window_left < 0 || c.window_right < 0)
           throw InvalidArgument("expected left, right >= 0");
       },
-      [](const AttentionCall& c, Signature& sig) {
+      [](const CallT& c, Signature& sig) {
         sig.push_back(c.window_left);
         sig.push_back(c.window_right);
       });
@@ -84,27 +85,64 @@ ArgField<AttentionCall> window_field() {
 
 }  // namespace
 
+template <class CallT>
+std::vector<ArgField<CallT>> option_fields() {
+  using F = Args<CallT>;
+  using C = AttentionCall;
+  return {F::optional_input("bias", &C::bias),
+          F::optional_input("mask", &C::mask, mostly_true),
+          F::optional_input("q_seq_lengths", &C::q_seq_lengths, lengths_within(true)),
+          F::optional_input("kv_seq_lengths", &C::kv_seq_lengths, lengths_within(false)),
+          F::optional_real("scale", &C::scale),
+          F::template value<bool>("is_causal", &C::is_causal, false),
+          window_field<CallT>(),
+          F::optional_real("logits_soft_cap", &C::logits_soft_cap)};
+}
+template std::vector<ArgField<AttentionCall>> option_fields<AttentionCall>();
+template std::vector<ArgField<AttentionVjpCall>> option_fields<AttentionVjpCall>();
+
+namespace {
+std::vector<ArgField<AttentionCall>> forward_fields() {
+  std::vector<ArgField<AttentionCall>> f = {A::input("q", &AttentionCall::q),
+                                            A::input("k", &AttentionCall::k),
+                                            A::input("v", &AttentionCall::v)};
+  for (auto& o : option_fields<AttentionCall>()) f.push_back(std::move(o));
+  f.push_back(A::value("return_residuals", &AttentionCall::return_residuals, false));
+  return f;
+}
+}  // namespace
+
 Family::Family()
-    : TypedFamily(
-          kFamily,
-          {A::input("q", &AttentionCall::q), A::input("k", &AttentionCall::k),
-           A::input("v", &AttentionCall::v), A::optional_input("bias", &AttentionCall::bias),
-           A::optional_input("mask", &AttentionCall::mask, mostly_true),
-           A::optional_input("q_seq_lengths", &AttentionCall::q_seq_lengths, lengths_within(true)),
-           A::optional_input("kv_seq_lengths", &AttentionCall::kv_seq_lengths,
-                             lengths_within(false)),
-           A::optional_real("scale", &AttentionCall::scale),
-           A::value("is_causal", &AttentionCall::is_causal, false), window_field(),
-           A::optional_real("logits_soft_cap", &AttentionCall::logits_soft_cap),
-           A::value("return_residuals", &AttentionCall::return_residuals, false)},
-          std::make_shared<Reference>(), {make_native(), make_composed()}) {}
+    : TypedFamily(kFamily, forward_fields(), std::make_shared<Reference>(),
+                  {make_native(), make_composed()}) {}
+
+void set_options(AttentionCall& c, const AttentionOptions& o) {
+  c.bias = o.bias;
+  c.mask = o.mask;
+  c.q_seq_lengths = o.q_seq_lengths;
+  c.kv_seq_lengths = o.kv_seq_lengths;
+  c.scale = o.scale;
+  c.is_causal = o.is_causal;
+  if (o.local_window_size) {
+    c.window_left = o.local_window_size->first;
+    c.window_right = o.local_window_size->second;
+    if (c.window_left < 0 || c.window_right < 0) {
+      throw bad(fmt::format("local_window_size ({}, {}); expected both >= 0", c.window_left,
+                            c.window_right));
+    }
+  }
+  c.logits_soft_cap = o.logits_soft_cap;
+  c.num_threads = 0;
+}
 
 const Family& family() {
   static const std::shared_ptr<const Family> f = std::make_shared<Family>();
   return *f;
 }
 
-void Family::bind(AttentionCall& c) const {
+void Family::bind(AttentionCall& c) const { bind_forward(c); }
+
+void bind_forward(AttentionCall& c) {
   for (const auto& [name, x] : {std::pair{"q", &c.q}, std::pair{"k", &c.k}, std::pair{"v", &c.v}}) {
     if (x->rank() != 4) {
       throw bad(fmt::format("{} has shape {}; expected rank 4 ({})", name, x->spec().str(),

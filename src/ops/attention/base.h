@@ -90,7 +90,39 @@ class Reference : public TypedImplementation<AttentionCall, void> {
   void run_call(AttentionCall& call, const Prepared* prepared) const override;
 };
 
+// The backward: the forward's arguments and options plus its output, log-sum-exp and the
+// cotangent; outputs dq, dk, dv (and dbias with a bias).
+struct AttentionVjpCall : AttentionCall {
+  TensorView o, lse_in, dout;  // [B,T,N,Hv], [B,N,T] f32, [B,T,N,Hv]
+  const TensorView& dq() const { return outputs.at(0); }
+  const TensorView& dk() const { return outputs.at(1); }
+  const TensorView& dv() const { return outputs.at(2); }
+  const TensorView* dbias() const { return bias ? &outputs.at(3) : nullptr; }
+  // Row (b, n, t)'s probabilities' log normalizer.
+  float lse_at(int64_t bb, int64_t nn, int64_t tt) const {
+    return lse_in.data_as<const float>()[(bb * n + nn) * t + tt];
+  }
+  // dx -> dz through the soft cap (x = cap tanh(z / cap)): 1 - (x / cap)^2; 1 without a cap.
+  float cap_grad(float x) const {
+    if (!logits_soft_cap) return 1.0f;
+    const float u = x / static_cast<float>(*logits_soft_cap);
+    return 1.0f - u * u;
+  }
+  // Where dbias element (b, n, t, s) accumulates (its broadcast index).
+  int64_t bias_index(int64_t bb, int64_t nn, int64_t tt, int64_t ss) const {
+    return bb * bias_strides[0] + nn * bias_strides[1] + tt * bias_strides[2] +
+           ss * bias_strides[3];
+  }
+};
+
+class VjpReference : public TypedImplementation<AttentionVjpCall, void> {
+ public:
+  std::string name() const override { return "reference"; }
+  void run_call(AttentionVjpCall& call, const Prepared* prepared) const override;
+};
+
 std::shared_ptr<const Implementation> make_native();
+std::shared_ptr<const Implementation> make_vjp_native();
 std::shared_ptr<const Implementation> make_composed();
 std::vector<ArgSpec> arg_specs();
 
@@ -106,6 +138,26 @@ class Family : public TypedFamily<AttentionCall> {
 };
 
 const Family& family();
+
+// The attention options' argument fields (shared by the forward and the backward).
+template <class CallT>
+std::vector<ArgField<CallT>> option_fields();
+// The public options onto a call (forward or backward); InvalidArgument for a negative window.
+void set_options(AttentionCall& call, const AttentionOptions& options);
+// Validation of the forward's arguments (the backward's bind calls it first).
+void bind_forward(AttentionCall& call);
+
+class VjpFamily : public TypedFamily<AttentionVjpCall> {
+ public:
+  VjpFamily();
+  void bind(AttentionVjpCall& call) const override;
+  std::vector<ShapeDtype> output_specs(const AttentionVjpCall& call) const override;
+  Tolerance tolerance_of(const AttentionVjpCall& call) const override;
+  std::vector<ArgSpec> arg_specs() const override;
+  CallCost cost_of(const AttentionVjpCall& call) const override;
+};
+inline constexpr const char* kVjpFamily = "dot_product_attention_vjp";
+const VjpFamily& vjp_family();
 
 // Useful flops: 4 * B * N * H-ish per allowed logit (q.k and p.v), counting only logits that
 // causality and the window leave (halved for causal, as the figure).

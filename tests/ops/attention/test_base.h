@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -203,6 +204,87 @@ inline void check_case(const std::string& impl, const Case& c) {
   ASSERT_EQ(std::memcmp(again.data(), got.out.data(), got.out.nbytes()), 0) << "rerun " << what;
 }
 
+// A tensor's values as f64 (finite differences perturb them).
+inline Tensor as_f64(const Tensor& t) {
+  Tensor out(t.shape(), DType::kF64);
+  for (int64_t i = 0; i < t.size(); ++i) out.data_as<double>()[i] = t.get(i);
+  return out;
+}
+
+// sum(dout * attention(q, k, v)) in double precision, with q, k or v replaced by `x` (which = 0,
+// 1, 2).
+inline double f64_loss(const Case& c, const Inputs& in, int which, const Tensor& x,
+                       const Tensor& dout) {
+  Inputs p;
+  p.q = which == 0 ? x.clone() : as_f64(in.q);
+  p.k = which == 1 ? x.clone() : as_f64(in.k);
+  p.v = which == 2 ? x.clone() : as_f64(in.v);
+  if (c.bias) p.bias = in.bias.clone();
+  if (c.mask) p.mask = in.mask.clone();
+  if (c.q_lengths) p.q_len = in.q_len.clone();
+  if (c.kv_lengths) p.kv_len = in.kv_len.clone();
+  std::vector<double> out, lse;
+  f64_attention(c, p, &out, &lse);
+  double l = 0;
+  for (size_t i = 0; i < out.size(); ++i) l += out[i] * dout.get(static_cast<int64_t>(i));
+  return l;
+}
+
+// The backward through `impl` against the reference backward (the family's tolerance), and the
+// reference's dq, dk, dv against central differences of the double-precision forward along a
+// random direction.
+inline void check_vjp(const std::string& impl, const Case& c) {
+  const Inputs in = make_inputs(c);
+  AttentionOptions o = in.options;
+  o.implementation = "reference";
+  const AttentionResult fwd = dot_product_attention_with_residuals(in.q, in.k, in.v, o);
+  const Tensor dout = Tensor::randn(fwd.out.shape(), c.dtype, fresh_seed());
+  const AttentionGrads ref = dot_product_attention_vjp(in.q, in.k, in.v, fwd.out, fwd.lse, dout, o);
+  o.implementation = impl;
+  const AttentionGrads got = dot_product_attention_vjp(in.q, in.k, in.v, fwd.out, fwd.lse, dout, o);
+  attn::AttentionVjpCall call;
+  call.q = in.q;
+  call.k = in.k;
+  call.v = in.v;
+  call.o = fwd.out;
+  call.lse_in = fwd.lse;
+  call.dout = dout;
+  call.bias = in.options.bias;
+  call.is_causal = c.causal;
+  attn::vjp_family().bind(call);
+  const Tolerance tol = attn::vjp_family().tolerance_of(call);
+  const std::string what = impl + " vjp " + c.str();
+  auto values = [](const Tensor& t) {
+    std::vector<double> v(static_cast<size_t>(t.size()));
+    for (int64_t i = 0; i < t.size(); ++i) v[i] = t.get(i);
+    return v;
+  };
+  expect_close(got.dq, values(ref.dq), tol, "dq " + what);
+  expect_close(got.dk, values(ref.dk), tol, "dk " + what);
+  expect_close(got.dv, values(ref.dv), tol, "dv " + what);
+  if (c.bias) expect_close(got.dbias, values(ref.dbias), tol, "dbias " + what);
+  if (impl != "reference" || c.dtype != DType::kF32) return;
+  const Tensor* grads[3] = {&ref.dq, &ref.dk, &ref.dv};
+  const Tensor* xs[3] = {&in.q, &in.k, &in.v};
+  for (int which = 0; which < 3; ++which) {
+    const Tensor u = Tensor::randn(xs[which]->shape(), DType::kF64, fresh_seed());
+    Tensor plus = as_f64(*xs[which]), minus = as_f64(*xs[which]);
+    const double eps = 1e-4;
+    double analytic = 0;
+    for (int64_t i = 0; i < u.size(); ++i) {
+      const double d = u.data_as<double>()[i];
+      plus.data_as<double>()[i] += eps * d;
+      minus.data_as<double>()[i] -= eps * d;
+      analytic += grads[which]->get(i) * d;
+    }
+    const double fd =
+        (f64_loss(c, in, which, plus, dout) - f64_loss(c, in, which, minus, dout)) / (2 * eps);
+    EXPECT_NEAR(analytic, fd, 2e-4 * (1 + std::abs(fd)))
+        << "reference d"
+        << "qkv"[which] << " vs finite differences " << c.str();
+  }
+}
+
 template <class Impl>
 class AttentionImpl : public ::testing::Test {
  protected:
@@ -256,6 +338,31 @@ TYPED_TEST_P(AttentionImpl, Bf16) {
   check_case(this->impl(), decode);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(AttentionImpl, ShapesAndGroups, MasksAndCausal, Bf16);
+TYPED_TEST_P(AttentionImpl, Vjp) {
+  const auto names = attn::vjp_family().implementation_names();
+  if (std::find(names.begin(), names.end(), this->impl()) == names.end())
+    GTEST_SKIP() << "no backward named " << this->impl();
+  for (Case c : {Case{}, Case{2, 33, 70, 4, 2, 16, 24}, Case{1, 1, 40, 8, 2, 32, 32},
+                 Case{1, 50, 1, 3, 3, 5, 7}, Case{1, 70, 130, 4, 4, 64, 48}}) {
+    check_vjp(this->impl(), c);
+  }
+  Case c{2, 45, 60, 4, 2, 16, 16};
+  c.causal = true;
+  check_vjp(this->impl(), c);
+  c.causal = false;
+  c.window = std::pair<int64_t, int64_t>{5, 2};
+  c.q_lengths = c.kv_lengths = true;
+  check_vjp(this->impl(), c);
+  c.window.reset();
+  c.q_lengths = c.kv_lengths = false;
+  c.mask = Shape{2, 1, 45, 60};
+  c.bias = Shape{4, 1, 60};
+  c.soft_cap = 2.0;
+  c.scale = 0.7;
+  check_vjp(this->impl(), c);
+  check_vjp(this->impl(), Case{1, 37, 70, 4, 2, 32, 16, DType::kBF16});
+}
+
+REGISTER_TYPED_TEST_SUITE_P(AttentionImpl, ShapesAndGroups, MasksAndCausal, Bf16, Vjp);
 
 }  // namespace tokamax::attention_test

@@ -1,0 +1,304 @@
+// The native attention backward: flash attention's backward on the f32 microkernels, the
+// probabilities recomputed per block from the saved log-sum-exp (the T x S matrix never exists).
+// Work items are (batch, kv head, block of query positions) with the group's query heads as rows,
+// as in the forward. Per kv block of an item:
+//   S = q k^T, P = exp(x - lse);  dP = do v^T;  dS = P (dP - D) (through the soft cap);
+//   dq += dS k (the item's own rows);  dv += P^T do and dk += dS^T q into the thread's
+//   accumulators (rows of several items meet there), summed over the threads at the end.
+// K and V are packed once per call in the three panel layouts the products read.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/thread_pool.h"
+#include "kernels/microkernels.h"
+#include "ops/attention/base.h"
+
+namespace tokamax {
+
+namespace {
+constexpr ConfigFields<AttentionVjpNativeConfig, 2> kVjpFields{
+    "dot_product_attention_vjp native config",
+    {{{"block_q", &AttentionVjpNativeConfig::block_q},
+      {"block_kv", &AttentionVjpNativeConfig::block_kv}}}};
+}  // namespace
+
+Json AttentionVjpNativeConfig::to_json() const { return kVjpFields.to_json(*this); }
+AttentionVjpNativeConfig AttentionVjpNativeConfig::from_json(const Json& j) {
+  return kVjpFields.from_json(j);
+}
+
+namespace attn {
+namespace {
+
+namespace k = kernels;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+float* thread_scratch(int64_t floats) {
+  thread_local Tensor buffer;
+  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
+  return buffer.data_as<float>();
+}
+
+class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativeConfig> {
+ public:
+  std::string name() const override { return "native"; }
+  std::vector<std::string> config_fields() const override { return kVjpFields.names(); }
+
+  void check_config(const AttentionVjpNativeConfig& c) const override {
+    const int nr = k::best_kernels().nr;
+    if (c.block_q < 1 || c.block_kv < nr || c.block_kv % nr != 0) {
+      throw InvalidArgument(
+          "dot_product_attention_vjp native config " + canonical_dump(c.to_json()) +
+          ": expected block_q >= 1 and block_kv a multiple of " + std::to_string(nr));
+    }
+  }
+
+  // About 48 rows per item (block_q query positions times the group's heads), kv blocks of 128.
+  AttentionVjpNativeConfig heuristics(const AttentionVjpCall& c) const override {
+    const auto& ks = k::best_kernels();
+    AttentionVjpNativeConfig cfg;
+    const int64_t g = std::max<int64_t>(c.group(), 1);
+    cfg.block_q =
+        static_cast<int>(std::clamp<int64_t>(4 * ks.max_mr / g, 1, std::max<int64_t>(c.t, 1)));
+    cfg.block_kv =
+        static_cast<int>(std::min<int64_t>(128, round_up(std::max<int64_t>(c.s, 1), ks.nr)));
+    return cfg;
+  }
+
+  std::vector<AttentionVjpNativeConfig> search_space(const AttentionVjpCall& c) const override {
+    const int nr = k::best_kernels().nr;
+    const int64_t s_max = round_up(std::max<int64_t>(c.s, 1), nr);
+    std::vector<AttentionVjpNativeConfig> out;
+    for (int bq : {12, 24, 48, 96}) {
+      for (int bkv : {64, 128, 256}) {
+        const AttentionVjpNativeConfig cfg{
+            static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1))),
+            static_cast<int>(std::min<int64_t>(round_up(bkv, nr), s_max))};
+        if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
+      }
+    }
+    return out;
+  }
+
+  void run_call(AttentionVjpCall& c, const AttentionVjpNativeConfig& cfg,
+                const Prepared*) const override {
+    const auto& ks = k::best_kernels();
+    check_config(cfg);
+    const int threads = std::max(1, std::min(c.num_threads, ThreadPool::global().size()));
+    const int64_t nr = ks.nr, pairs = c.b * c.nk;
+    const int64_t hp = round_up(std::max<int64_t>(c.h, 1), nr),
+                  hvp = round_up(std::max<int64_t>(c.hv, 1), nr);
+    const int64_t sp = (c.s + nr - 1) / nr;  // kv panels
+    // Per (batch, kv head): kT [S/nr][H][nr] (S = q k^T), vT [S/nr][Hv][nr] (dP = do v^T),
+    // kF [H/nr][S][nr] (dq += dS k).
+    const int64_t kt_elems = sp * c.h * nr, vt_elems = sp * c.hv * nr, kf_elems = hp * c.s;
+    const int64_t per_pair = kt_elems + vt_elems + kf_elems;
+    Tensor packed({std::max<int64_t>(1, pairs * per_pair)}, DType::kF32);
+    float* base = packed.data_as<float>();
+    parallel_for(pairs, threads, [&](int64_t bh, int) {
+      const int64_t bb = bh / c.nk, kh = bh % c.nk;
+      float* kt = base + bh * per_pair;
+      float* vt = kt + kt_elems;
+      float* kf = vt + vt_elems;
+      for (int64_t ss = 0; ss < sp * nr; ++ss) {
+        const int64_t row = (bb * c.s + ss) * c.nk + kh, p = ss / nr, j = ss % nr;
+        for (int64_t d = 0; d < c.h; ++d)
+          kt[(p * c.h + d) * nr + j] = ss < c.s ? load(c.k, row * c.h + d) : 0.0f;
+        for (int64_t d = 0; d < c.hv; ++d)
+          vt[(p * c.hv + d) * nr + j] = ss < c.s ? load(c.v, row * c.hv + d) : 0.0f;
+        if (ss < c.s) {
+          for (int64_t d = 0; d < hp; ++d)
+            kf[((d / nr) * c.s + ss) * nr + d % nr] = d < c.h ? load(c.k, row * c.h + d) : 0.0f;
+        }
+      }
+    });
+    // Per-thread dk and dv accumulators (rows (batch, kv head, s), padded columns) and dbias.
+    const int64_t acc_floats = pairs * c.s * (hp + hvp);
+    const int64_t dbias_floats = c.bias ? c.bias->size() : 0;
+    Tensor accs({std::max<int64_t>(1, threads * (acc_floats + dbias_floats))}, DType::kF32);
+    std::fill(accs.data_as<float>(), accs.data_as<float>() + accs.size(), 0.0f);
+    const int64_t tb = (c.t + cfg.block_q - 1) / cfg.block_q;
+    const k::RowKernels rk = k::row_kernels(ks.isa);
+    parallel_for(pairs * tb, threads, [&](int64_t item, int thread) {
+      const int64_t bh = item / tb, t0 = (item % tb) * cfg.block_q;
+      float* acc = accs.data_as<float>() + thread * (acc_floats + dbias_floats);
+      run_item(c, cfg, ks, rk, bh, t0, base + bh * per_pair, acc + bh * c.s * hp,
+               acc + pairs * c.s * hp + bh * c.s * hvp, acc + acc_floats);
+    });
+    // Sum the threads' accumulators into dk, dv (dk scaled) and dbias.
+    parallel_for(pairs * c.s, threads, [&](int64_t row, int) {
+      const int64_t bh = row / c.s, ss = row % c.s, bb = bh / c.nk, kh = bh % c.nk;
+      const int64_t out_row = (bb * c.s + ss) * c.nk + kh;
+      for (int64_t d = 0; d < c.h; ++d) {
+        float sum = 0;
+        for (int t = 0; t < threads; ++t)
+          sum += accs.data_as<float>()[t * (acc_floats + dbias_floats) + row * hp + d];
+        store(c.dk(), out_row * c.h + d, sum * c.scale_value);
+      }
+      for (int64_t d = 0; d < c.hv; ++d) {
+        float sum = 0;
+        for (int t = 0; t < threads; ++t) {
+          sum += accs.data_as<float>()[t * (acc_floats + dbias_floats) + pairs * c.s * hp +
+                                       row * hvp + d];
+        }
+        store(c.dv(), out_row * c.hv + d, sum);
+      }
+    });
+    if (c.dbias()) {
+      float* db = c.dbias()->data_as<float>();
+      for (int64_t i = 0; i < dbias_floats; ++i) {
+        float sum = 0;
+        for (int t = 0; t < threads; ++t)
+          sum += accs.data_as<float>()[t * (acc_floats + dbias_floats) + acc_floats + i];
+        db[i] = sum;
+      }
+    }
+  }
+
+ private:
+  static void run_item(const AttentionVjpCall& c, const AttentionVjpNativeConfig& cfg,
+                       const k::KernelSet& ks, const k::RowKernels& rk, int64_t bh, int64_t t0,
+                       const float* panels, float* dk_acc, float* dv_acc, float* dbias_acc) {
+    const int64_t G = c.group(), nr = ks.nr, mr = ks.max_mr;
+    const int64_t bb = bh / c.nk, kh = bh % c.nk;
+    const int64_t hp = round_up(std::max<int64_t>(c.h, 1), nr),
+                  hvp = round_up(std::max<int64_t>(c.hv, 1), nr);
+    const int64_t sp = (c.s + nr - 1) / nr;
+    const float* kt = panels;
+    const float* vt = kt + sp * c.h * nr;
+    const float* kf = vt + sp * c.hv * nr;
+    const int64_t rows = std::min<int64_t>(cfg.block_q, c.t - t0) * G;
+    const int64_t rp = round_up(rows, 16), lds = cfg.block_kv;
+    // Scratch regions (each a multiple of 16 floats: panels stay 64-byte aligned).
+    const bool cap = c.logits_soft_cap.has_value();
+    float* Q = thread_scratch(rp * (c.h + c.hv + 2 * hp + 2 * hvp + (cap ? 3 : 2) * lds + 2) + 16);
+    float* dO = Q + rp * c.h;
+    float* qpan = dO + rp * c.hv;   // [H/nr][rows][nr]
+    float* dopan = qpan + rp * hp;  // [Hv/nr][rows][nr]
+    float* dQ = dopan + rp * hvp;   // [rows][hp]
+    float* P = dQ + rp * hp;        // [rows][lds]
+    float* dS = P + rp * lds;       // [rows][lds]
+    float* capg = dS + rp * lds;    // [rows][lds], with a soft cap
+    float* D = capg + (cap ? rp * lds : 0);
+    float* lse = D + rp;
+    int64_t lo = c.s, hi = 0;
+    std::vector<int64_t> r0(static_cast<size_t>(rows)), r1(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t tt = t0 + r / G, nn = kh * G + r % G;
+      const int64_t qrow = (bb * c.t + tt) * c.n + nn;
+      for (int64_t d = 0; d < c.h; ++d) Q[r * c.h + d] = load(c.q, qrow * c.h + d);
+      float dd = 0;
+      for (int64_t d = 0; d < c.hv; ++d) {
+        dO[r * c.hv + d] = load(c.dout, qrow * c.hv + d);
+        dd += dO[r * c.hv + d] * load(c.o, qrow * c.hv + d);
+      }
+      D[r] = dd;
+      lse[r] = c.lse_at(bb, nn, tt);
+      for (int64_t d = 0; d < hp; ++d)
+        qpan[((d / nr) * rows + r) * nr + d % nr] = d < c.h ? Q[r * c.h + d] : 0.0f;
+      for (int64_t d = 0; d < hvp; ++d)
+        dopan[((d / nr) * rows + r) * nr + d % nr] = d < c.hv ? dO[r * c.hv + d] : 0.0f;
+      c.s_range(bb, tt, &r0[r], &r1[r]);
+      if (lse[r] == kNegInf) r1[r] = r0[r];  // no probability anywhere: no gradient
+      if (r1[r] > r0[r]) {
+        lo = std::min(lo, r0[r]);
+        hi = std::max(hi, r1[r]);
+      }
+    }
+    std::fill(dQ, dQ + rows * hp, 0.0f);
+    const bool elementwise = c.bias || c.mask || cap;
+    for (int64_t sb = lo / nr * nr; sb < hi; sb += cfg.block_kv) {
+      const int64_t se = std::min<int64_t>(sb + cfg.block_kv, hi);
+      const int64_t width = se - sb, panels_w = (width + nr - 1) / nr, wp = panels_w * nr;
+      // S = q k^T and dP = do v^T for the block.
+      for (int64_t i = 0; i < rows; i += mr) {
+        const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+        for (int64_t p = 0; p < panels_w; ++p) {
+          const int64_t panel = sb / nr + p;
+          if (c.h > 0) {
+            ks.f32(tile, c.h, Q + i * c.h, c.h, 1, kt + panel * c.h * nr, P + i * lds + p * nr, lds,
+                   false);
+          } else {
+            for (int r = 0; r < tile; ++r) std::fill_n(P + (i + r) * lds + p * nr, nr, 0.0f);
+          }
+          if (c.hv > 0) {
+            ks.f32(tile, c.hv, dO + i * c.hv, c.hv, 1, vt + panel * c.hv * nr,
+                   dS + i * lds + p * nr, lds, false);
+          } else {
+            for (int r = 0; r < tile; ++r) std::fill_n(dS + (i + r) * lds + p * nr, nr, 0.0f);
+          }
+        }
+      }
+      // P = exp(x - lse), dS = P (dP - D) (times the cap's derivative); zero where masked.
+      for (int64_t r = 0; r < rows; ++r) {
+        float* pr = P + r * lds;
+        float* ds = dS + r * lds;
+        const int64_t tt = t0 + r / G, nn = kh * G + r % G;
+        const int64_t a = std::clamp(r0[r], sb, se), b = std::clamp(r1[r], sb, se);
+        if (a >= b) {
+          std::fill(pr, pr + wp, 0.0f);
+          std::fill(ds, ds + wp, 0.0f);
+          continue;
+        }
+        std::fill(pr, pr + (a - sb), kNegInf);
+        std::fill(pr + (b - sb), pr + wp, kNegInf);
+        if (!elementwise) {
+          rk.scale_max(pr + (a - sb), b - a, c.scale_value);
+        } else {
+          for (int64_t ss = a; ss < b; ++ss) {
+            float& x = pr[ss - sb];
+            x = c.mask_allows(bb, nn, tt, ss) ? c.logit(x, bb, nn, tt, ss) : kNegInf;
+            if (cap) capg[r * lds + ss - sb] = c.cap_grad(x);
+          }
+        }
+        rk.exp_shift_sum(pr, wp, lse[r]);
+        for (int64_t j = 0; j < wp; ++j) {
+          ds[j] = pr[j] * (ds[j] - D[r]);
+          if (cap && pr[j] != 0.0f) ds[j] *= capg[r * lds + j];
+        }
+        if (c.bias) {
+          for (int64_t ss = a; ss < b; ++ss) dbias_acc[c.bias_index(bb, nn, tt, ss)] += ds[ss - sb];
+        }
+      }
+      // dq += dS k (rows of the item).
+      for (int64_t i = 0; i < rows; i += mr) {
+        const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+        for (int64_t q = 0; q < hp / nr; ++q) {
+          ks.f32(tile, width, dS + i * lds, lds, 1, kf + q * c.s * nr + sb * nr,
+                 dQ + i * hp + q * nr, hp, true);
+        }
+      }
+      // dv += P^T do and dk += dS^T q for the block's positions (A read transposed).
+      if (rows > 0) {
+        for (int64_t i = 0; i < width; i += mr) {
+          const int tile = static_cast<int>(std::min<int64_t>(mr, width - i));
+          for (int64_t q = 0; q < hvp / nr; ++q) {
+            ks.f32(tile, rows, P + i, 1, lds, dopan + q * rows * nr,
+                   dv_acc + (sb + i) * hvp + q * nr, hvp, true);
+          }
+          for (int64_t q = 0; q < hp / nr; ++q) {
+            ks.f32(tile, rows, dS + i, 1, lds, qpan + q * rows * nr,
+                   dk_acc + (sb + i) * hp + q * nr, hp, true);
+          }
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t tt = t0 + r / G, nn = kh * G + r % G;
+      const int64_t qrow = (bb * c.t + tt) * c.n + nn;
+      for (int64_t d = 0; d < c.h; ++d)
+        store(c.dq(), qrow * c.h + d, dQ[r * hp + d] * c.scale_value);
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_vjp_native() { return std::make_shared<VjpNative>(); }
+
+}  // namespace attn
+}  // namespace tokamax
