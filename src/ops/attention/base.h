@@ -123,6 +123,7 @@ class VjpReference : public TypedImplementation<AttentionVjpCall, void> {
 
 std::shared_ptr<const Implementation> make_native();
 std::shared_ptr<const Implementation> make_vjp_native();
+std::shared_ptr<const Implementation> make_vjp_composed();
 std::shared_ptr<const Implementation> make_composed();
 std::vector<ArgSpec> arg_specs();
 

@@ -92,8 +92,102 @@ class Composed : public TypedImplementation<AttentionCall, void> {
   }
 };
 
+// The backward the same way: per (batch, head) the [T,S] probabilities recomputed with a GEMM
+// and the log-sum-exp, dP = do v^T by GEMM, dS = P (dP - D) in a pass, then three GEMMs for dq,
+// dk and dv (dk, dv accumulated over the heads of a group).
+class ComposedVjp : public TypedImplementation<AttentionVjpCall, void> {
+ public:
+  std::string name() const override { return "composed"; }
+  void run_call(AttentionVjpCall& c, const Prepared*) const override {
+    openblas_set_num_threads(std::max(1, c.num_threads));
+    Tensor qs, ks, vs, os, ds;
+    const float* Q = as_f32(c.q, &qs);
+    const float* K = as_f32(c.k, &ks);
+    const float* V = as_f32(c.v, &vs);
+    const float* O = as_f32(c.o, &os);
+    const float* dO = as_f32(c.dout, &ds);
+    const int64_t G = c.group(), T = c.t, S = c.s, H = c.h, Hv = c.hv;
+    const float kNegInf = -std::numeric_limits<float>::infinity();
+    Tensor p_t({std::max<int64_t>(1, T * S)}, DType::kF32),
+        dp_t({std::max<int64_t>(1, T * S)}, DType::kF32);
+    Tensor dq_t({std::max<int64_t>(1, T * H)}, DType::kF32);
+    Tensor dk_t({std::max<int64_t>(1, c.b * S * c.nk * H)}, DType::kF32),
+        dv_t({std::max<int64_t>(1, c.b * S * c.nk * Hv)}, DType::kF32);
+    float *P = p_t.data_as<float>(), *dP = dp_t.data_as<float>(), *dQ = dq_t.data_as<float>();
+    float *dK = dk_t.data_as<float>(), *dV = dv_t.data_as<float>();
+    std::fill(dK, dK + dk_t.size(), 0.0f);
+    std::fill(dV, dV + dv_t.size(), 0.0f);
+    if (c.dbias()) fill_value(*c.dbias(), 0.0);
+    for (int64_t bb = 0; bb < c.b; ++bb) {
+      for (int64_t nn = 0; nn < c.n; ++nn) {
+        const int64_t kh = nn / G;
+        const float* q = Q + (bb * T * c.n + nn) * H;
+        const float* k = K + (bb * S * c.nk + kh) * H;
+        const float* v = V + (bb * S * c.nk + kh) * Hv;
+        const float* g = dO + (bb * T * c.n + nn) * Hv;
+        float* dk = dK + (bb * S * c.nk + kh) * H;
+        float* dv = dV + (bb * S * c.nk + kh) * Hv;
+        if (T == 0 || S == 0) continue;
+        gemm(false, true, T, S, H, q, c.n * H, k, c.nk * H, P, S, 0.0f);
+        gemm(false, true, T, S, Hv, g, c.n * Hv, v, c.nk * Hv, dP, S, 0.0f);
+        parallel_for(T, c.num_threads, [&](int64_t tt, int) {
+          int64_t s0, s1;
+          c.s_range(bb, tt, &s0, &s1);
+          const float lse = c.lse_at(bb, nn, tt);
+          const int64_t row = (bb * T + tt) * c.n + nn;
+          float D = 0;
+          for (int64_t d = 0; d < Hv; ++d) D += dO[row * Hv + d] * O[row * Hv + d];
+          for (int64_t ss = 0; ss < S; ++ss) {
+            float p = 0, dz = 0;
+            if (lse != kNegInf && ss >= s0 && ss < s1 && c.mask_allows(bb, nn, tt, ss)) {
+              const float x = c.logit(P[tt * S + ss], bb, nn, tt, ss);
+              p = std::exp(x - lse);
+              dz = p * (dP[tt * S + ss] - D) * c.cap_grad(x);
+            }
+            P[tt * S + ss] = p;
+            dP[tt * S + ss] = dz;
+          }
+        });
+        if (c.dbias()) {  // one head at a time: broadcast dbias elements are summed in order
+          for (int64_t tt = 0; tt < T; ++tt) {
+            for (int64_t ss = 0; ss < S; ++ss)
+              c.dbias()->data_as<float>()[c.bias_index(bb, nn, tt, ss)] += dP[tt * S + ss];
+          }
+        }
+        gemm(false, false, T, H, S, dP, S, k, c.nk * H, dQ, H, 0.0f);
+        for (int64_t tt = 0; tt < T; ++tt) {
+          for (int64_t d = 0; d < H; ++d)
+            store(c.dq(), ((bb * T + tt) * c.n + nn) * H + d, dQ[tt * H + d] * c.scale_value);
+        }
+        gemm(true, false, S, H, T, dP, S, q, c.n * H, dk, c.nk * H, 1.0f);
+        gemm(true, false, S, Hv, T, P, S, g, c.n * Hv, dv, c.nk * Hv, 1.0f);
+      }
+    }
+    for (int64_t i = 0; i < dk_t.size() && i < c.dk().size(); ++i)
+      store(c.dk(), i, dK[i] * c.scale_value);
+    for (int64_t i = 0; i < dv_t.size() && i < c.dv().size(); ++i) store(c.dv(), i, dV[i]);
+  }
+
+ private:
+  static void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t kk, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float* out, int64_t ldc, float beta) {
+    if (m == 0 || n == 0) return;
+    if (kk == 0) {
+      if (beta == 0.0f) {
+        for (int64_t i = 0; i < m; ++i) std::fill(out + i * ldc, out + i * ldc + n, 0.0f);
+      }
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+                kk, 1.0f, a, lda, b, ldb, beta, out, ldc);
+  }
+};
+
 }  // namespace
 
 std::shared_ptr<const Implementation> make_composed() { return std::make_shared<Composed>(); }
+std::shared_ptr<const Implementation> make_vjp_composed() {
+  return std::make_shared<ComposedVjp>();
+}
 
 }  // namespace tokamax::attn

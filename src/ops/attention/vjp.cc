@@ -39,8 +39,8 @@ InvalidArgument bad(const std::string& what) {
 }  // namespace
 
 VjpFamily::VjpFamily()
-    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(), {make_vjp_native()}) {
-}
+    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
+                  {make_vjp_native(), make_vjp_composed()}) {}
 
 const VjpFamily& vjp_family() {
   static const std::shared_ptr<const VjpFamily> f = std::make_shared<VjpFamily>();
