@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/scratch.h"
 
 namespace tokamax::kernels {
 
@@ -14,20 +15,6 @@ namespace {
 struct Item {
   int64_t g, m0, rows, n0, cols;
 };
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// Per-thread scratch, kept between calls: pool threads are persistent, so steady-state calls
-// allocate nothing. Each slot grows to the largest request seen on the thread.
-// Slots: C tile + packed A; an item's packed weight strip; the strip a call's threads share
-// (held by the calling thread, which may run items too, hence its own slot).
-enum ScratchSlot { kTileSlot = 0, kStripSlot = 1, kSharedStripSlot = 2 };
-float* thread_scratch(ScratchSlot slot, int64_t floats) {
-  thread_local Tensor buffers[3];
-  Tensor& buffer = buffers[slot];
-  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
-  return buffer.data_as<float>();
-}
 
 // Unpacked weights are packed one item's columns at a time into a per-thread strip of K rows
 // (BLIS's packed B block, reused by every row block of the item). Items are narrowed so that

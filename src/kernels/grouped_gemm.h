@@ -50,9 +50,9 @@ struct PackedPanels {
 using StoreTile = std::function<void(const float* C, int64_t ldc, int64_t r0, int64_t rows,
                                      int64_t n0, int64_t cols)>;
 
-// For every group g: C[rows of g] = A[rows of g] x B_g, where group g owns rows
-// [offsets[g], offsets[g+1]) of A and of the output. Rows past offsets[groups] are not touched.
-struct GroupedGemm {
+// What both grouped products share: groups of rows, A, B and the store of the results. Group g
+// owns rows [offsets[g], offsets[g+1]) of A (and of B in the ragged contraction).
+struct GroupedOperands {
   int64_t groups = 0;
   const int64_t* offsets = nullptr;  // groups + 1 ascending row offsets
   int64_t k = 0, n = 0;
@@ -61,16 +61,20 @@ struct GroupedGemm {
   const void* a = nullptr;
   bool a_bf16 = false;
   bool round_a_to_bf16 = false;
-  // B: packed panels, or the caller's weights, group g at b + g * k * n elements, [k, n] or, with
-  // b_trans, [n, k]; f32 or bf16. bf16_dot: unpacked bf16 weights run on the bf16 dot as pairs
-  // (else they are widened to f32 panels for the f32 FMA).
-  const PackedPanels* packed = nullptr;
-  const void* b = nullptr;
+  const void* b = nullptr;  // see each product
   bool b_bf16 = false;
-  bool b_trans = false;
-  bool bf16_dot = false;
   StoreTile store;
   int threads = 1;  // at most the pool's
+};
+
+// For every group g: C[rows of g] = A[rows of g] x B_g. Rows past offsets[groups] are not
+// touched. B: packed panels, or the caller's weights, group g at b + g * k * n elements, [k, n]
+// or, with b_trans, [n, k]; f32 or bf16. bf16_dot: unpacked bf16 weights run on the bf16 dot as
+// pairs (else they are widened to f32 panels for the f32 FMA).
+struct GroupedGemm : GroupedOperands {
+  const PackedPanels* packed = nullptr;
+  bool b_trans = false;
+  bool bf16_dot = false;
 };
 
 // Runs the product. Unpacked weights: groups of at most kStreamMaxMr rows stream them from
@@ -85,18 +89,7 @@ int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, co
 // The ragged contraction: for every group g, out_g[K, N] = A[rows of g]^T x B[rows of g], A
 // row-major [rows, k] (f32 or bf16, rounded as above), B row-major [rows, n] (f32 or bf16).
 // store receives rows g * k + i of the stacked [groups * k, n] result; an empty group's are zero.
-struct GroupedGemmTn {
-  int64_t groups = 0;
-  const int64_t* offsets = nullptr;
-  int64_t k = 0, n = 0;
-  const void* a = nullptr;
-  bool a_bf16 = false;
-  bool round_a_to_bf16 = false;
-  const void* b = nullptr;
-  bool b_bf16 = false;
-  StoreTile store;
-  int threads = 1;
-};
+struct GroupedGemmTn : GroupedOperands {};
 void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSet& ks);
 
 // The f32 values the f32 kernels multiply for A: A itself when it already is (f32, no

@@ -14,6 +14,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
+#include "kernels/scratch.h"
 #include "ops/attention/base.h"
 
 namespace tokamax {
@@ -36,15 +37,6 @@ namespace {
 namespace k = kernels;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxRows = 256;  // row ranges on the stack up to this many rows per item
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// Per-thread scratch that persists between calls (pool threads are persistent).
-float* thread_scratch(int64_t floats) {
-  thread_local Tensor buffer;
-  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
-  return buffer.data_as<float>();
-}
 
 class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> {
  public:
@@ -73,20 +65,20 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     while (bq > 1 && c.b * c.nk * ((c.t + bq - 1) / bq) < want) bq /= 2;
     cfg.block_q = static_cast<int>(bq);
     cfg.block_kv =
-        static_cast<int>(std::min<int64_t>(256, round_up(std::max<int64_t>(c.s, 1), ks.nr)));
+        static_cast<int>(std::min<int64_t>(256, k::round_up(std::max<int64_t>(c.s, 1), ks.nr)));
     return cfg;
   }
 
   std::vector<AttentionNativeConfig> search_space(const AttentionCall& c) const override {
     const int nr = k::best_kernels().nr;
-    const int64_t s_max = round_up(std::max<int64_t>(c.s, 1), nr);
+    const int64_t s_max = k::round_up(std::max<int64_t>(c.s, 1), nr);
     std::vector<AttentionNativeConfig> out;
     for (int bq : {6, 12, 24, 48, 72, 96}) {
       if (bq > std::max<int64_t>(c.t, 1) * 2 && bq != 8) continue;
       for (int bkv : {64, 128, 256, 512}) {
         const AttentionNativeConfig cfg{
             static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1))),
-            static_cast<int>(std::min<int64_t>(round_up(bkv, nr), s_max))};
+            static_cast<int>(std::min<int64_t>(k::round_up(bkv, nr), s_max))};
         if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
       }
     }
@@ -124,12 +116,12 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   static void run_streamed(const AttentionCall& c, const AttentionNativeConfig& cfg,
                            const k::KernelSet& ks) {
     const int threads = std::min(c.num_threads, ThreadPool::global().size());
-    const int64_t rows = c.t * c.group(), ldo = round_up(std::max<int64_t>(c.hv, 1), ks.nr);
+    const int64_t rows = c.t * c.group(), ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
     const int64_t pairs = c.b * c.nk;
     const int64_t max_chunks = std::max<int64_t>(1, (c.s + cfg.block_kv - 1) / cfg.block_kv);
     const int64_t chunks =
         pairs == 0 ? 1 : std::clamp<int64_t>((4 * threads + pairs - 1) / pairs, 1, max_chunks);
-    const int64_t chunk_len = round_up((c.s + chunks - 1) / chunks, ks.nr);
+    const int64_t chunk_len = k::round_up((c.s + chunks - 1) / chunks, ks.nr);
     const int64_t part = rows * (ldo + 2);  // O, m, l of one chunk
     Tensor parts({std::max<int64_t>(1, pairs * chunks * part)}, DType::kF32);
     const k::RowKernels rk = k::row_kernels(ks.isa);
@@ -212,7 +204,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
                        [&](int64_t a, int64_t b) { return a % tb > b % tb; });
     }
     const k::RowKernels rk = k::row_kernels(ks.isa);
-    const int64_t ldo = round_up(std::max<int64_t>(c.hv, 1), nr);
+    const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), nr);
     parallel_for(static_cast<int64_t>(order.size()), threads, [&](int64_t idx, int) {
       const int64_t item = order[idx];
       const int64_t bh = item / tb, bb = bh / c.nk, kh = bh % c.nk;
@@ -241,7 +233,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   static int64_t item_floats(const AttentionCall& c, const AttentionNativeConfig& cfg,
                              const k::KernelSet& ks) {
     const int64_t rows = item_rows(c, cfg);
-    return rows * (c.h + cfg.block_kv + 2 * round_up(std::max<int64_t>(c.hv, 1), ks.nr) + 2);
+    return rows * (c.h + cfg.block_kv + 2 * k::round_up(std::max<int64_t>(c.hv, 1), ks.nr) + 2);
   }
 
   // Where an item's K and V come from: packed panels (prefill), or the caller's arrays read
@@ -263,8 +255,8 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int64_t G = c.group(), nr = ks.nr, mr = ks.max_mr;
     const int64_t tq = std::min<int64_t>(cfg.block_q, c.t - t0);
     const int64_t rows = tq * G;
-    const int64_t ldo = round_up(std::max<int64_t>(c.hv, 1), nr), lds = cfg.block_kv;
-    float* Q = thread_scratch(item_floats(c, cfg, ks));
+    const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), nr), lds = cfg.block_kv;
+    float* Q = k::thread_scratch(k::kAttentionSlot, item_floats(c, cfg, ks));
     float* S = Q + rows * c.h;
     float* O = S + rows * lds;
     float* m = O + rows * ldo;

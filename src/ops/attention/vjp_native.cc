@@ -13,6 +13,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
+#include "kernels/scratch.h"
 #include "ops/attention/base.h"
 
 namespace tokamax {
@@ -34,14 +35,6 @@ namespace {
 
 namespace k = kernels;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-float* thread_scratch(int64_t floats) {
-  thread_local Tensor buffer;
-  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
-  return buffer.data_as<float>();
-}
 
 class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativeConfig> {
  public:
@@ -65,19 +58,19 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     cfg.block_q =
         static_cast<int>(std::clamp<int64_t>(4 * ks.max_mr / g, 1, std::max<int64_t>(c.t, 1)));
     cfg.block_kv =
-        static_cast<int>(std::min<int64_t>(128, round_up(std::max<int64_t>(c.s, 1), ks.nr)));
+        static_cast<int>(std::min<int64_t>(128, k::round_up(std::max<int64_t>(c.s, 1), ks.nr)));
     return cfg;
   }
 
   std::vector<AttentionVjpNativeConfig> search_space(const AttentionVjpCall& c) const override {
     const int nr = k::best_kernels().nr;
-    const int64_t s_max = round_up(std::max<int64_t>(c.s, 1), nr);
+    const int64_t s_max = k::round_up(std::max<int64_t>(c.s, 1), nr);
     std::vector<AttentionVjpNativeConfig> out;
     for (int bq : {12, 24, 48, 96}) {
       for (int bkv : {64, 128, 256}) {
         const AttentionVjpNativeConfig cfg{
             static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1))),
-            static_cast<int>(std::min<int64_t>(round_up(bkv, nr), s_max))};
+            static_cast<int>(std::min<int64_t>(k::round_up(bkv, nr), s_max))};
         if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
       }
     }
@@ -90,8 +83,8 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     check_config(cfg);
     const int threads = std::max(1, std::min(c.num_threads, ThreadPool::global().size()));
     const int64_t nr = ks.nr, pairs = c.b * c.nk;
-    const int64_t hp = round_up(std::max<int64_t>(c.h, 1), nr),
-                  hvp = round_up(std::max<int64_t>(c.hv, 1), nr);
+    const int64_t hp = k::round_up(std::max<int64_t>(c.h, 1), nr),
+                  hvp = k::round_up(std::max<int64_t>(c.hv, 1), nr);
     const int64_t sp = (c.s + nr - 1) / nr;  // kv panels
     // Per (batch, kv head): kT [S/nr][H][nr] (S = q k^T), vT [S/nr][Hv][nr] (dP = do v^T),
     // kF [H/nr][S][nr] (dq += dS k).
@@ -165,17 +158,18 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
                        const float* panels, float* dk_acc, float* dv_acc, float* dbias_acc) {
     const int64_t G = c.group(), nr = ks.nr, mr = ks.max_mr;
     const int64_t bb = bh / c.nk, kh = bh % c.nk;
-    const int64_t hp = round_up(std::max<int64_t>(c.h, 1), nr),
-                  hvp = round_up(std::max<int64_t>(c.hv, 1), nr);
+    const int64_t hp = k::round_up(std::max<int64_t>(c.h, 1), nr),
+                  hvp = k::round_up(std::max<int64_t>(c.hv, 1), nr);
     const int64_t sp = (c.s + nr - 1) / nr;
     const float* kt = panels;
     const float* vt = kt + sp * c.h * nr;
     const float* kf = vt + sp * c.hv * nr;
     const int64_t rows = std::min<int64_t>(cfg.block_q, c.t - t0) * G;
-    const int64_t rp = round_up(rows, 16), lds = cfg.block_kv;
+    const int64_t rp = k::round_up(rows, 16), lds = cfg.block_kv;
     // Scratch regions (each a multiple of 16 floats: panels stay 64-byte aligned).
     const bool cap = c.logits_soft_cap.has_value();
-    float* Q = thread_scratch(rp * (c.h + c.hv + 2 * hp + 2 * hvp + (cap ? 3 : 2) * lds + 2) + 16);
+    float* Q = k::thread_scratch(
+        k::kAttentionSlot, rp * (c.h + c.hv + 2 * hp + 2 * hvp + (cap ? 3 : 2) * lds + 2) + 16);
     float* dO = Q + rp * c.h;
     float* qpan = dO + rp * c.hv;   // [H/nr][rows][nr]
     float* dopan = qpan + rp * hp;  // [Hv/nr][rows][nr]

@@ -7,12 +7,14 @@
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
+#include "kernels/scratch.h"
 #include "ops/ragged_dot/base.h"
 
 namespace tokamax {
 
 using rdot::RaggedDotCall;
 namespace k = kernels;
+using kernels::round_up;
 
 struct PackedRhs::Rep {
   ShapeDtype logical;
@@ -123,8 +125,6 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
           ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(ks.nr));
     }
   }
-
-  static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
   // Rows and columns that the kernel's "M" and "N" mean for this call.
   static void problem(const RaggedDotCall& c, int64_t* max_rows, int64_t* cols, int64_t* depth,
@@ -242,17 +242,7 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
     char* out = static_cast<char*>(c.out().data());
     if (c.dims == RaggedDimNums::kRaggedContracting) {
       k::GroupedGemmTn p;
-      p.groups = c.g;
-      p.offsets = c.offsets.data();
-      p.k = c.k;
-      p.n = c.n;
-      p.a = c.lhs.data();
-      p.a_bf16 = c.lhs.dtype() == DType::kBF16;
-      p.round_a_to_bf16 = c.lhs_as_bf16();
-      p.b = c.rhs.data();
-      p.b_bf16 = c.rhs.dtype() == DType::kBF16;
-      p.store = epilogue(c, out);
-      p.threads = c.num_threads;
+      operands(c, out, p);
       k::grouped_gemm_tn(p, blocking(cfg), ks);
       return;
     }
@@ -271,6 +261,18 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
   // view when there are some.
   static k::GroupedGemm gemm(const RaggedDotCall& c, char* out, k::PackedPanels* panels) {
     k::GroupedGemm p;
+    operands(c, out, p);
+    if (!c.packed.empty()) {
+      *panels = c.packed.rep()->panels_view();
+      p.packed = panels;
+    }
+    p.b_trans = c.dims == RaggedDimNums::kTransposedRhs;
+    p.bf16_dot = native_uses_bf16_dot(c);
+    return p;
+  }
+
+  // The call's groups, operands and epilogue (none without an output: scratch sizing).
+  static void operands(const RaggedDotCall& c, char* out, k::GroupedOperands& p) {
     p.groups = c.g;
     p.offsets = c.offsets.data();
     p.k = c.k;
@@ -278,17 +280,10 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
     p.a = c.lhs.data();
     p.a_bf16 = c.lhs.dtype() == DType::kBF16;
     p.round_a_to_bf16 = c.lhs_as_bf16();
-    if (!c.packed.empty()) {
-      *panels = c.packed.rep()->panels_view();
-      p.packed = panels;
-    }
     p.b = c.rhs.data();
     p.b_bf16 = c.rhs.dtype() == DType::kBF16;
-    p.b_trans = c.dims == RaggedDimNums::kTransposedRhs;
-    p.bf16_dot = native_uses_bf16_dot(c);
     if (out) p.store = epilogue(c, out);
     p.threads = c.num_threads;
-    return p;
   }
 
   // Activation on the f32 accumulator, conversion, store into the [rows, N] output.

@@ -1,6 +1,7 @@
 // dot_product_attention's public functions: bad input is a clear error naming the argument.
 #include <gtest/gtest.h>
 
+#include "tests/expect_error.h"
 #include "tests/ops/attention/test_base.h"
 
 namespace tokamax::attention_test {
@@ -10,13 +11,8 @@ TEST(Attention, BadInputIsAClearError) {
   Tensor q = Tensor::randn({2, 5, 4, 8}, DType::kF32, 1),
          k = Tensor::randn({2, 7, 2, 8}, DType::kF32, 2),
          v = Tensor::randn({2, 7, 2, 8}, DType::kF32, 3);
-  auto expect_error = [](auto fn, const char* needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected " << needle;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+  const auto expect_error = [](auto fn, const char* needle) {
+    testing::expect_invalid_argument(fn, needle);
   };
   expect_error(
       [&] {

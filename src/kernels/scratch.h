@@ -1,0 +1,30 @@
+// Per-thread scratch for kernels, kept between calls: pool threads are persistent, so
+// steady-state calls allocate nothing. Each slot grows to the largest request seen on its
+// thread; callers own distinct slots (a kernel may hold several at once).
+#pragma once
+
+#include <cstdint>
+
+#include "tokamax/core/tensor.h"
+
+namespace tokamax::kernels {
+
+enum ScratchSlot {
+  kTileSlot = 0,         // grouped GEMM: C tile + packed A
+  kStripSlot = 1,        // grouped GEMM: an item's packed weight strip
+  kSharedStripSlot = 2,  // grouped GEMM: the strip a call's threads share (caller's thread)
+  kAttentionSlot = 3,    // attention forward / backward: an item's tiles
+  kNumScratchSlots = 4,
+};
+
+// 64-byte aligned, at least `floats` floats.
+inline float* thread_scratch(ScratchSlot slot, int64_t floats) {
+  thread_local Tensor buffers[kNumScratchSlots];
+  Tensor& buffer = buffers[slot];
+  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
+  return buffer.data_as<float>();
+}
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace tokamax::kernels
