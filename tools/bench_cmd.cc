@@ -217,6 +217,19 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       these.push_back(r);
       runners.push_back(std::move(run));
     }
+    // One untimed run each, counting what it allocates (the outputs already exist).
+    for (size_t i = 0; i < runners.size(); ++i) {
+      Runner& run = runners[i];
+      if (!run.impl) continue;
+      try {
+        const TensorAllocations before = tensor_allocations();
+        run.impl->run(*run.call, run.config, run.prepared.get());
+        these[i].allocated_bytes = tensor_allocations().bytes - before.bytes;
+      } catch (const std::exception& e) {
+        these[i].rung = std::string("error: ") + e.what();
+        run.impl = nullptr;
+      }
+    }
     if (mem && !probe) probe = std::make_unique<ReadProbe>(roof.threads);
     const bool probing = mem && probe->available();
     std::vector<double> probe_samples;

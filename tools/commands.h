@@ -32,6 +32,9 @@ struct BenchRow {
   // GB/s for memory-bound ones (a streaming read timed in the same rounds as the row).
   double peak_value = 0;
   std::string peak_kind, baseline;
+  // Bytes the call allocated beyond its inputs and outputs (tensor_allocations() around its
+  // first run here: its per-call buffers, and per-thread scratch it had to grow).
+  int64_t allocated_bytes = 0;
 };
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls, double min_time_s);

@@ -326,22 +326,26 @@ int cmd_bench(Args& a) {
                      {"peak", r.peak_kind},
                      {"peak_value", r.peak_value},
                      {"baseline", r.baseline},
-                     {"speedup_vs_baseline", r.speedup_vs_baseline}});
+                     {"speedup_vs_baseline", r.speedup_vs_baseline},
+                     {"allocated_bytes", r.allocated_bytes}});
     }
     std::cout << arr.dump(2) << "\n";
   } else {
     // "peak" names the ceiling and its value: GFLOP/s, or for memory-bound specs the GB/s
     // of a streaming read timed in the same rounds as the row.
     // "vs other": the ratio to the fastest row of another implementation, which it names.
-    fmt::print("{:<37} {:<18} {:>10} {:>9} {:>8} {:>7} {:>14} {:>19}  {}\n", "spec", "impl",
-               "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs other", "config (source)");
+    // "alloc MB": what the call allocated beyond its inputs and outputs, measured.
+    fmt::print("{:<37} {:<18} {:>10} {:>9} {:>8} {:>7} {:>14} {:>19} {:>9}  {}\n", "spec", "impl",
+               "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs other", "alloc MB",
+               "config (source)");
     for (const auto& r : rows) {
-      fmt::print("{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19}  {} ({})\n",
-                 r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
-                 fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
-                 r.baseline.empty() ? std::string("-")
-                                    : fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline),
-                 r.config, r.rung);
+      fmt::print(
+          "{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19} {:>9.1f}  {} ({})\n",
+          r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
+          fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
+          r.baseline.empty() ? std::string("-")
+                             : fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline),
+          r.allocated_bytes / 1e6, r.config, r.rung);
     }
   }
 

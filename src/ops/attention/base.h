@@ -55,6 +55,41 @@ struct AttentionCall : CallBase {
         bb * mask_strides[0] + nn * mask_strides[1] + tt * mask_strides[2] + ss * mask_strides[3];
     return mask->data_as<const uint8_t>()[i] != 0;
   }
+  // The logits of row (bb, nn, tt) for positions [s0, s0 + count) from their raw dot products,
+  // in place: scaled, biased, soft-capped, and -inf where the mask says no; returns their max.
+  // The row's bias and mask are walked with their own strides (no per-element index or dtype
+  // work), so a broadcast or contiguous row is a plain loop.
+  float logits_row(float* x, int64_t bb, int64_t nn, int64_t tt, int64_t s0, int64_t count) const {
+    const float sc = scale_value;
+    if (bias) {
+      const int64_t base = bb * bias_strides[0] + nn * bias_strides[1] + tt * bias_strides[2] +
+                           s0 * bias_strides[3];
+      const int64_t st = bias_strides[3];
+      if (bias->dtype() == DType::kF32) {
+        const float* bp = bias->data_as<const float>() + base;
+        for (int64_t j = 0; j < count; ++j) x[j] = x[j] * sc + bp[j * st];
+      } else {
+        const uint16_t* bp = bias->data_as<const uint16_t>() + base;
+        for (int64_t j = 0; j < count; ++j) x[j] = x[j] * sc + bf16_to_f32(bp[j * st]);
+      }
+    } else {
+      for (int64_t j = 0; j < count; ++j) x[j] *= sc;
+    }
+    if (logits_soft_cap) {
+      const float cap = static_cast<float>(*logits_soft_cap), inv = 1.0f / cap;
+      for (int64_t j = 0; j < count; ++j) x[j] = cap * std::tanh(x[j] * inv);
+    }
+    if (mask) {
+      const uint8_t* mp = mask->data_as<const uint8_t>() + bb * mask_strides[0] +
+                          nn * mask_strides[1] + tt * mask_strides[2] + s0 * mask_strides[3];
+      const int64_t st = mask_strides[3];
+      for (int64_t j = 0; j < count; ++j) x[j] = mp[j * st] ? x[j] : -INFINITY;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < count; ++j) mx = x[j] > mx ? x[j] : mx;
+    return mx;
+  }
+
   // The logit from the raw dot product q.k: scaled, biased, soft-capped.
   float logit(float dot, int64_t bb, int64_t nn, int64_t tt, int64_t ss) const {
     float x = dot * scale_value;

@@ -332,11 +332,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         if (!elementwise) {
           mx = rk.scale_max(row + (a - sb), b - a, c.scale_value);
         } else {
-          for (int64_t ss = a; ss < b; ++ss) {
-            float& x = row[ss - sb];
-            x = c.mask_allows(bb, nn, tt, ss) ? c.logit(x, bb, nn, tt, ss) : kNegInf;
-            mx = std::max(mx, x);
-          }
+          mx = c.logits_row(row + (a - sb), bb, nn, tt, a, b - a);
         }
         const float m_new = std::max(m[r], mx);
         if (m_new == kNegInf) {

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/thread_pool.h"
@@ -20,15 +21,41 @@ namespace {
 
 using V = Args<AttentionVjpCall>;
 
+// The forward's options of a (made) backward call, to recompute its residuals.
+AttentionOptions options_of(const AttentionVjpCall& c) {
+  AttentionOptions o;
+  o.bias = c.bias;
+  o.mask = c.mask;
+  o.q_seq_lengths = c.q_seq_lengths;
+  o.kv_seq_lengths = c.kv_seq_lengths;
+  o.scale = c.scale;
+  o.is_causal = c.is_causal;
+  if (c.window_left >= 0) o.local_window_size = std::pair{c.window_left, c.window_right};
+  o.logits_soft_cap = c.logits_soft_cap;
+  o.implementation = "native";
+  return o;
+}
+
+// A made call's out and lse are the forward's, not random values: random residuals make
+// probabilities far from normalized, and the gradients' sums cancel badly (every
+// implementation then disagrees with the reference by more than the tolerance).
+V::Fill forward_residual(bool lse) {
+  return [lse](const AttentionVjpCall& c, const TensorView& dst, uint64_t) {
+    const AttentionResult r = dot_product_attention_with_residuals(c.q, c.k, c.v, options_of(c));
+    const Tensor& src = lse ? r.lse : r.out;
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+  };
+}
+
 std::vector<ArgField<AttentionVjpCall>> vjp_fields() {
   using C = AttentionCall;
-  std::vector<ArgField<AttentionVjpCall>> f = {V::input("q", &C::q),
-                                               V::input("k", &C::k),
-                                               V::input("v", &C::v),
-                                               V::input("out", &AttentionVjpCall::o),
-                                               V::input("lse", &AttentionVjpCall::lse_in),
-                                               V::input("dout", &AttentionVjpCall::dout)};
+  // Options before out and lse: their fills run the forward with the options filled.
+  std::vector<ArgField<AttentionVjpCall>> f = {V::input("q", &C::q), V::input("k", &C::k),
+                                               V::input("v", &C::v)};
   for (auto& o : option_fields<AttentionVjpCall>()) f.push_back(std::move(o));
+  f.push_back(V::input("out", &AttentionVjpCall::o, forward_residual(false)));
+  f.push_back(V::input("lse", &AttentionVjpCall::lse_in, forward_residual(true)));
+  f.push_back(V::input("dout", &AttentionVjpCall::dout));
   return f;
 }
 

@@ -243,10 +243,9 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         if (!elementwise) {
           rk.scale_max(pr + (a - sb), b - a, c.scale_value);
         } else {
-          for (int64_t ss = a; ss < b; ++ss) {
-            float& x = pr[ss - sb];
-            x = c.mask_allows(bb, nn, tt, ss) ? c.logit(x, bb, nn, tt, ss) : kNegInf;
-            if (cap) capg[r * lds + ss - sb] = c.cap_grad(x);
+          c.logits_row(pr + (a - sb), bb, nn, tt, a, b - a);
+          if (cap) {
+            for (int64_t ss = a; ss < b; ++ss) capg[r * lds + ss - sb] = c.cap_grad(pr[ss - sb]);
           }
         }
         rk.exp_shift_sum(pr, wp, lse[r]);
