@@ -277,7 +277,12 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.h;
-      for (int64_t d = 0; d < c.h; ++d) Q[r * c.h + d] = load(c.q, base + d);
+      if (c.q.dtype() == DType::kF32) {
+        std::memcpy(Q + r * c.h, c.q.data_as<const float>() + base, c.h * sizeof(float));
+      } else {
+        const uint16_t* src = c.q.data_as<const uint16_t>() + base;
+        for (int64_t d = 0; d < c.h; ++d) Q[r * c.h + d] = bf16_to_f32(src[d]);
+      }
       c.s_range(bb, tt, &r0[r], &r1[r]);
       r0[r] = std::max(r0[r], s_begin);
       r1[r] = std::min(r1[r], s_end);
@@ -377,7 +382,14 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
       const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.hv;
-      for (int64_t d = 0; d < c.hv; ++d) store(c.out(), base + d, O[r * ldo + d] * inv);
+      const float* o = O + r * ldo;
+      if (c.out().dtype() == DType::kF32) {
+        float* dst = c.out().data_as<float>() + base;
+        for (int64_t d = 0; d < c.hv; ++d) dst[d] = o[d] * inv;
+      } else {
+        uint16_t* dst = c.out().data_as<uint16_t>() + base;
+        for (int64_t d = 0; d < c.hv; ++d) dst[d] = f32_to_bf16(o[d] * inv);
+      }
       if (c.lse()) {
         c.lse()->data_as<float>()[(bb * c.n + nn) * c.t + tt] =
             l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
