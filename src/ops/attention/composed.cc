@@ -9,18 +9,16 @@
 #include <limits>
 
 #include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
 #include "ops/attention/base.h"
 
 namespace tokamax::attn {
 namespace {
 
-// An f32 view of x: x itself, or a widened copy in *storage.
-const float* as_f32(const TensorView& x, Tensor* storage) {
-  if (x.dtype() == DType::kF32) return x.data_as<const float>();
-  *storage = Tensor(x.shape(), DType::kF32);
-  for (int64_t i = 0; i < x.size(); ++i)
-    storage->data_as<float>()[i] = bf16_to_f32(x.data_as<const uint16_t>()[i]);
-  return storage->data_as<float>();
+// An f32 view of x: x itself, or a widened copy in *storage (the kernels' parallel widening, so
+// that the baseline is not slowed by a scalar loop of its own).
+const float* as_f32(const TensorView& x, int threads, Tensor* storage) {
+  return kernels::a_as_f32(x.data(), x.dtype() == DType::kBF16, false, x.size(), threads, storage);
 }
 
 class Composed : public TypedImplementation<AttentionCall, void> {
@@ -29,9 +27,9 @@ class Composed : public TypedImplementation<AttentionCall, void> {
   void run_call(AttentionCall& c, const Prepared*) const override {
     openblas_set_num_threads(std::max(1, c.num_threads));
     Tensor qs, ks, vs;
-    const float* Q = as_f32(c.q, &qs);
-    const float* K = as_f32(c.k, &ks);
-    const float* V = as_f32(c.v, &vs);
+    const float* Q = as_f32(c.q, c.num_threads, &qs);
+    const float* K = as_f32(c.k, c.num_threads, &ks);
+    const float* V = as_f32(c.v, c.num_threads, &vs);
     const int64_t G = c.group();
     const float kNegInf = -std::numeric_limits<float>::infinity();
     Tensor logits({std::max<int64_t>(1, c.t * c.s)}, DType::kF32);
@@ -101,11 +99,11 @@ class ComposedVjp : public TypedImplementation<AttentionVjpCall, void> {
   void run_call(AttentionVjpCall& c, const Prepared*) const override {
     openblas_set_num_threads(std::max(1, c.num_threads));
     Tensor qs, ks, vs, os, ds;
-    const float* Q = as_f32(c.q, &qs);
-    const float* K = as_f32(c.k, &ks);
-    const float* V = as_f32(c.v, &vs);
-    const float* O = as_f32(c.o, &os);
-    const float* dO = as_f32(c.dout, &ds);
+    const float* Q = as_f32(c.q, c.num_threads, &qs);
+    const float* K = as_f32(c.k, c.num_threads, &ks);
+    const float* V = as_f32(c.v, c.num_threads, &vs);
+    const float* O = as_f32(c.o, c.num_threads, &os);
+    const float* dO = as_f32(c.dout, c.num_threads, &ds);
     const int64_t G = c.group(), T = c.t, S = c.s, H = c.h, Hv = c.hv;
     const float kNegInf = -std::numeric_limits<float>::infinity();
     Tensor p_t({std::max<int64_t>(1, T * S)}, DType::kF32),
