@@ -246,7 +246,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       if (probing) {
         TimingOptions t = round_timing(round);
         t.warmup = round == 0 ? 1 : 0;  // its buffer defeats the caches on its own
-        const SampleStats st = time_callable([&] { probe->run_pass(); }, t);
+        const SampleStats st = time_callable(
+            [&] { cost.read_write ? probe->run_copy_pass() : probe->run_pass(); }, t);
         probe_samples.insert(probe_samples.end(), st.samples_ms.begin(), st.samples_ms.end());
       }
       for (size_t i = 0; i < runners.size(); ++i) {
@@ -264,9 +265,11 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         }
       }
     }
+    // A copy pass moves its buffer's bytes twice (read and written).
+    const double probe_bytes = probing ? probe->bytes_per_pass() * (cost.read_write ? 2 : 1) : 0;
     const double read_gbps =
-        probing ? probe->bytes_per_pass() / (SampleStats::of(probe_samples).median_ms * 1e-3) / 1e9
-                : roof.read_gbps_all;
+        probing ? probe_bytes / (SampleStats::of(probe_samples).median_ms * 1e-3) / 1e9
+                : (cost.read_write ? roof.copy_gbps_all : roof.read_gbps_all);
     for (size_t i = 0; i < runners.size(); ++i) {
       if (!runners[i].impl) continue;
       BenchRow& r = these[i];
@@ -276,7 +279,7 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       r.gflops = cost.flops / (st.median_ms * 1e-3) / 1e9;
       r.gbps = cost.bytes / (st.median_ms * 1e-3) / 1e9;
       if (mem) {
-        r.peak_kind = "mem_read";
+        r.peak_kind = cost.read_write ? "mem_copy" : "mem_read";
         r.peak_value = read_gbps;
       } else {
         const bool bf16_dot = runners[i].bf16_dot;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <vector>
 
 #include "autotuning/roofline_kernels.h"
@@ -43,6 +44,8 @@ double rate(int threads, double work_per_thread, Body body) {
 struct ReadProbe::Buffer {
   int64_t floats_per_thread = 0;
   Tensor data;
+  Tensor copy_dst;  // run_copy_pass's destination
+  std::once_flag copy_once;
   std::atomic<float> sink{0};  // keeps the sums (and so the reads) alive
 };
 
@@ -78,6 +81,18 @@ void ReadProbe::run_pass_on(int thread) const {
 
 void ReadProbe::run_pass() const {
   ThreadPool::global().run(threads_, [&](int t) { run_pass_on(t); });
+}
+
+void ReadProbe::run_copy_pass() const {
+  if (!available()) return;
+  const int64_t n = buf_->floats_per_thread;
+  std::call_once(buf_->copy_once, [&] {
+    buf_->copy_dst = Tensor::zeros({n * threads_}, DType::kF32);
+  });
+  float* dst = buf_->copy_dst.data_as<float>();
+  ThreadPool::global().run(threads_, [&](int t) {
+    roofline::copy_f32_avx2(thread_buffer(t), dst + n * t, n);
+  });
 }
 
 Json Roofline::to_json() const {

@@ -2,6 +2,7 @@
 // (op/builtins.h says why explicitly). A new family adds one line here.
 #include "op/builtins.h"
 #include "ops/attention/base.h"
+#include "ops/norm/base.h"
 #include "ops/ragged_dot/base.h"
 #include "tokamax/op/op.h"
 
@@ -20,6 +21,8 @@ void register_builtin_families() {
   register_family(unowned(rdot::family()));
   register_family(unowned(attn::family()));
   register_family(unowned(attn::vjp_family()));
+  register_family(unowned(norm::family()));
+  register_family(unowned(norm::vjp_family()));
 }
 
 }  // namespace tokamax

@@ -51,15 +51,18 @@ TEST_F(Cli, OpsSpecsExplain) {
   ASSERT_EQ(ops[0]["op"], "ragged_dot");
   EXPECT_EQ(ops[0]["implementations"][0]["name"], "native");
   EXPECT_EQ(ops[0]["implementations"][0]["config_fields"].size(), 4u);
-  ASSERT_EQ(ops.size(), 3u);
+  ASSERT_EQ(ops.size(), 5u);
   EXPECT_EQ(ops[1]["op"], "dot_product_attention");
   EXPECT_EQ(ops[2]["op"], "dot_product_attention_vjp");
+  EXPECT_EQ(ops[3]["op"], "layer_norm");
+  EXPECT_EQ(ops[4]["op"], "layer_norm_vjp");
   r = run("specs --op ragged_dot --tag smoke --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out).size(), 3u);
   r = run("specs --tag smoke --json");  // every family's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_EQ(Json::parse(r.out).size(), 8u);  // ragged_dot 3, attention 3, its backward 2
+  // ragged_dot 3, attention 3, its backward 2, layer_norm 2, its backward 2
+  EXPECT_EQ(Json::parse(r.out).size(), 12u);
   r = run("explain --spec smoke_masked --json");  // the family is the spec's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out)["op"], "dot_product_attention");

@@ -44,6 +44,10 @@ class ReadProbe {
   const float* thread_buffer(int t) const;
   int64_t floats_per_thread() const;
   void run_pass() const;  // one read of every thread's buffer, threads in parallel
+  // One copy of every thread's buffer into a destination of the same size (allocated on first
+  // use), threads in parallel: the ceiling of ops that read and write (bytes_per_pass() read
+  // and as many written).
+  void run_copy_pass() const;
   // One thread's pass over its own buffer (for a one-core measurement).
   void run_pass_on(int thread) const;
 

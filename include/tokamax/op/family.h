@@ -116,6 +116,28 @@ struct Args {
     return f;
   }
 
+  // A real static with a default for when the spec leaves it out.
+  static Field real(std::string name, double CallT::*member, double fallback) {
+    Field f;
+    f.name = std::move(name);
+    f.to_json = [member](const CallT& c) { return Json(c.*member); };
+    f.from_json = [member, fallback](CallT& c, const Json& j) {
+      if (j.is_null()) {
+        c.*member = fallback;
+        return;
+      }
+      if (!j.is_number()) throw InvalidArgument("expected a number");
+      c.*member = j.get<double>();
+    };
+    f.sign = [member](const CallT& c, Signature& sig) {
+      int64_t bits;
+      static_assert(sizeof(bits) == sizeof(double));
+      std::memcpy(&bits, &(c.*member), sizeof(bits));
+      sig.push_back(bits);
+    };
+    return f;
+  }
+
   // An int or bool static with a default for when the spec leaves it out.
   template <class T>
   static Field value(std::string name, T CallT::*member, T fallback) {

@@ -134,6 +134,9 @@ struct CallCost {
   double flops = 0;       // useful arithmetic (a multiply-add is 2)
   double bytes = 0;       // the bytes it must move at least (ragged_dot: the weights it reads)
   bool bf16_dot = false;  // its arithmetic runs on the bf16 dot product (else the f32 FMA)
+  // `bytes` counts bytes read plus bytes written: its ceiling is a streaming copy's (else a
+  // streaming read's).
+  bool read_write = false;
 };
 
 struct ArgSpec {

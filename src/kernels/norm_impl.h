@@ -1,0 +1,172 @@
+// The norm row kernels (norm.h) written once over GCC vector extensions of W floats; each ISA
+// file defines TOKAMAX_NORM_WIDTH (W) and includes this with its own compiler flags, so one
+// source serves every ISA. (A macro, not a template parameter: GCC 12 does not treat a
+// vector_size that depends on a template parameter as a vector in __builtin_convertvector.)
+// Include it only from those files (the functions live in an unnamed namespace).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/norm.h"
+
+namespace tokamax::kernels {
+namespace {
+
+#ifndef TOKAMAX_NORM_WIDTH
+#error "define TOKAMAX_NORM_WIDTH (floats per vector) before including norm_impl.h"
+#endif
+
+struct NormRows {
+  static constexpr int W = TOKAMAX_NORM_WIDTH;
+  typedef float vf __attribute__((vector_size(TOKAMAX_NORM_WIDTH * 4)));
+  typedef double vd __attribute__((vector_size(TOKAMAX_NORM_WIDTH * 8)));
+  typedef uint32_t vu __attribute__((vector_size(TOKAMAX_NORM_WIDTH * 4)));
+  typedef uint16_t vh __attribute__((vector_size(TOKAMAX_NORM_WIDTH * 2)));
+
+  static float lane_f32(const void* x, bool bf16, int64_t i) {
+    if (!bf16) return static_cast<const float*>(x)[i];
+    const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static void put_f32(void* y, bool bf16, int64_t i, float v) {
+    if (!bf16) {
+      static_cast<float*>(y)[i] = v;
+      return;
+    }
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    uint16_t h = (u & 0x7fffffffu) > 0x7f800000u
+                     ? static_cast<uint16_t>((u >> 16) | 0x40)
+                     : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    static_cast<uint16_t*>(y)[i] = h;
+  }
+  static vf load(const void* x, bool bf16, int64_t i) {
+    vf v;
+    if (!bf16) {
+      std::memcpy(&v, static_cast<const float*>(x) + i, sizeof v);
+      return v;
+    }
+    vh h;
+    std::memcpy(&h, static_cast<const uint16_t*>(x) + i, sizeof h);
+    const vu u = __builtin_convertvector(h, vu) << 16;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  }
+  static vf load_f32(const float* p) {
+    vf v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store_f32(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+  // Rounded to nearest even, as f32_to_bf16 (NaN stays a quiet NaN).
+  static void store(void* y, bool bf16, int64_t i, vf v) {
+    if (!bf16) {
+      std::memcpy(static_cast<float*>(y) + i, &v, sizeof v);
+      return;
+    }
+    vu u;
+    std::memcpy(&u, &v, sizeof u);
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu r = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
+    const vh h = __builtin_convertvector(r, vh);
+    std::memcpy(static_cast<uint16_t*>(y) + i, &h, sizeof h);
+  }
+  template <class T>
+  static double hsum(T v) {
+    double s = 0;
+    for (int l = 0; l < W; ++l) s += v[l];
+    return s;
+  }
+
+  static void stats(const void* x, bool bf16, int64_t n, bool subtract_mean, float eps, float* mean,
+                    float* rstd) {
+    const double k = subtract_mean && n > 0 ? lane_f32(x, bf16, 0) : 0.0;
+    vd s1a = {}, s2a = {}, s1b = {}, s2b = {};  // two chains: the f64 adds' latency
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+      const vd a = __builtin_convertvector(load(x, bf16, i), vd) - k;
+      const vd b = __builtin_convertvector(load(x, bf16, i + W), vd) - k;
+      s1a += a;
+      s2a += a * a;
+      s1b += b;
+      s2b += b * b;
+    }
+    double s1 = hsum(s1a + s1b), s2 = hsum(s2a + s2b);
+    for (; i < n; ++i) {
+      const double d = lane_f32(x, bf16, i) - k;
+      s1 += d;
+      s2 += d * d;
+    }
+    double var = 0, m = 0;
+    if (n > 0) {
+      m = s1 / static_cast<double>(n);
+      var = s2 / static_cast<double>(n) - (subtract_mean ? m * m : 0.0);
+    }
+    var = var > 0 ? var : 0;
+    *mean = subtract_mean ? static_cast<float>(k + m) : 0.0f;
+    *rstd = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+  }
+
+  static void apply(const void* x, bool bf16, int64_t n, float mean, float rstd, const float* scale,
+                    const float* offset, void* y) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      vf v = (load(x, bf16, i) - mean) * rstd;
+      if (scale) v *= load_f32(scale + i);
+      if (offset) v += load_f32(offset + i);
+      store(y, bf16, i, v);
+    }
+    for (; i < n; ++i) {
+      float v = (lane_f32(x, bf16, i) - mean) * rstd;
+      if (scale) v *= scale[i];
+      if (offset) v += offset[i];
+      put_f32(y, bf16, i, v);
+    }
+  }
+
+  static void backward(const void* x, const void* dy, bool bf16, int64_t n, float mean, float rstd,
+                       const float* scale, bool subtract_mean, void* dx, float* dscale_acc,
+                       float* doffset_acc) {
+    vf sg = {}, sgx = {};
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      const vf xh = (load(x, bf16, i) - mean) * rstd, d = load(dy, bf16, i);
+      const vf g = scale ? d * load_f32(scale + i) : d;
+      sg += g;
+      sgx += g * xh;
+      if (dscale_acc) store_f32(dscale_acc + i, load_f32(dscale_acc + i) + d * xh);
+      if (doffset_acc) store_f32(doffset_acc + i, load_f32(doffset_acc + i) + d);
+    }
+    float tg = static_cast<float>(hsum(sg)), tgx = static_cast<float>(hsum(sgx));
+    for (int64_t j = i; j < n; ++j) {
+      const float xh = (lane_f32(x, bf16, j) - mean) * rstd, d = lane_f32(dy, bf16, j);
+      const float g = scale ? d * scale[j] : d;
+      tg += g;
+      tgx += g * xh;
+      if (dscale_acc) dscale_acc[j] += d * xh;
+      if (doffset_acc) doffset_acc[j] += d;
+    }
+    const float inv_n = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
+    const float a = subtract_mean ? tg * inv_n : 0.0f, b = tgx * inv_n;
+    i = 0;
+    for (; i + W <= n; i += W) {
+      const vf xh = (load(x, bf16, i) - mean) * rstd, d = load(dy, bf16, i);
+      const vf g = scale ? d * load_f32(scale + i) : d;
+      store(dx, bf16, i, (g - a - xh * b) * rstd);
+    }
+    for (; i < n; ++i) {
+      const float xh = (lane_f32(x, bf16, i) - mean) * rstd, d = lane_f32(dy, bf16, i);
+      const float g = scale ? d * scale[i] : d;
+      put_f32(dx, bf16, i, (g - a - xh * b) * rstd);
+    }
+  }
+
+  static NormKernels kernels() { return {stats, apply, backward}; }
+};
+
+}  // namespace
+}  // namespace tokamax::kernels

@@ -1,0 +1,159 @@
+// The native layer_norm and its backward: the norm row kernels (kernels/norm.h) over work items
+// of rows_per_item contiguous rows, threads over items. One pass over x for the statistics
+// (shifted sums in f64 lanes), a second over the same row while it is still in L1/L2 for y:
+// memory sees x read once and y written once. The backward likewise reads x and dy once from
+// memory (two passes over each row in cache) and writes dx once; dscale and doffset sum into
+// one f32 accumulator per thread slot, each slot owning a fixed round-robin set of row blocks
+// and the slots added in order, so the result does not depend on scheduling.
+#include <algorithm>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "kernels/norm.h"
+#include "ops/norm/base.h"
+
+namespace tokamax {
+
+namespace {
+constexpr ConfigFields<LayerNormNativeConfig, 1> kFields{
+    "layer_norm native config", {{{"rows_per_item", &LayerNormNativeConfig::rows_per_item}}}};
+}  // namespace
+
+Json LayerNormNativeConfig::to_json() const { return kFields.to_json(*this); }
+LayerNormNativeConfig LayerNormNativeConfig::from_json(const Json& j) {
+  return kFields.from_json(j);
+}
+
+namespace norm {
+namespace {
+
+const kernels::NormKernels& row_kernels() {
+  static const kernels::NormKernels k = kernels::norm_kernels(kernels::best_kernels().isa);
+  return k;
+}
+
+// The config parts both directions share.
+template <class CallT>
+class NativeBase : public TypedImplementation<CallT, LayerNormNativeConfig> {
+ public:
+  std::string name() const override { return "native"; }
+  std::vector<std::string> config_fields() const override { return kFields.names(); }
+  void check_call(const CallT& c) const override {
+    if (c.inner != 1) {
+      throw Unsupported(
+          "native layer_norm normalizes a contiguous axis (the last, or one followed only by "
+          "size-1 dims); x " +
+          shape_str(c.x.shape()) + " along axis " + std::to_string(c.axis) + " is strided");
+    }
+  }
+  void check_config(const LayerNormNativeConfig& cfg) const override {
+    if (cfg.rows_per_item < 1)
+      throw InvalidArgument(kFields.to_json(cfg).dump() + ": expected rows_per_item >= 1");
+  }
+  // Items of about 128 KiB of x (a few microseconds of streaming: the scheduling cost is
+  // negligible and the tail is short), at least 8 per thread where the rows allow.
+  LayerNormNativeConfig heuristics(const CallT& c) const override {
+    const int64_t row_bytes = std::max<int64_t>(1, c.d * dtype_size(c.x.dtype()));
+    int64_t rpi = std::max<int64_t>(1, (128 << 10) / row_bytes);
+    const int64_t want = 8 * std::max(1, c.num_threads);
+    rpi = std::min(rpi, std::max<int64_t>(1, c.rows() / want));
+    return {static_cast<int>(std::min<int64_t>(rpi, 1 << 20))};
+  }
+  std::vector<LayerNormNativeConfig> search_space(const CallT& c) const override {
+    std::vector<LayerNormNativeConfig> out;
+    for (int r = 1; r <= 512; r *= 2) {
+      if (r > std::max<int64_t>(c.rows(), 1) && !out.empty()) break;
+      out.push_back({r});
+    }
+    return out;
+  }
+};
+
+class Native : public NativeBase<NormCall> {
+ public:
+  void run_call(NormCall& c, const LayerNormNativeConfig& cfg, const Prepared*) const override {
+    check_config(cfg);
+    const kernels::NormKernels& k = row_kernels();
+    Tensor scale_store, offset_store;
+    const float* scale = params_f32(c.scale, &scale_store);
+    const float* offset = params_f32(c.offset, &offset_store);
+    const int64_t rpi = cfg.rows_per_item, items = (c.rows() + rpi - 1) / rpi;
+    const int64_t es = dtype_size(c.x.dtype());
+    const char* x = static_cast<const char*>(c.x.data());
+    char* y = static_cast<char*>(c.y().data());
+    float* means = c.mean() ? c.mean()->data_as<float>() : nullptr;
+    float* rstds = c.rstd() ? c.rstd()->data_as<float>() : nullptr;
+    parallel_for(items, c.num_threads, [&](int64_t item, int) {
+      const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
+      for (int64_t r = item * rpi; r < r1; ++r) {
+        float mean, rstd;
+        k.stats(x + r * c.d * es, c.bf16, c.d, c.subtract_mean, static_cast<float>(c.epsilon),
+                &mean, &rstd);
+        k.apply(x + r * c.d * es, c.bf16, c.d, mean, rstd, scale, offset, y + r * c.d * es);
+        if (means) {
+          means[r] = mean;
+          rstds[r] = rstd;
+        }
+      }
+    });
+  }
+};
+
+class VjpNative : public NativeBase<NormVjpCall> {
+ public:
+  int64_t scratch(const NormVjpCall& c, const LayerNormNativeConfig&) const override {
+    return slots(c) * 2 * c.d * 4;
+  }
+  void run_call(NormVjpCall& c, const LayerNormNativeConfig& cfg, const Prepared*) const override {
+    check_config(cfg);
+    const kernels::NormKernels& k = row_kernels();
+    Tensor scale_store;
+    const float* scale = params_f32(c.scale, &scale_store);
+    const int64_t rpi = cfg.rows_per_item, items = (c.rows() + rpi - 1) / rpi;
+    const int64_t es = dtype_size(c.x.dtype()), nslots = slots(c);
+    const bool sums = c.scale || c.offset;
+    // Slot s: dscale partials at [2 s D, (2 s + 1) D), doffset partials after them.
+    Tensor partials =
+        sums ? Tensor::zeros({std::max<int64_t>(1, 2 * nslots * c.d)}, DType::kF32) : Tensor();
+    const char* x = static_cast<const char*>(c.x.data());
+    const char* dy = static_cast<const char*>(c.dy.data());
+    char* dx = static_cast<char*>(c.dx().data());
+    const float* means = c.mean_in.data_as<const float>();
+    const float* rstds = c.rstd_in.data_as<const float>();
+    parallel_for(nslots, c.num_threads, [&](int64_t slot, int) {
+      float* ds = sums && c.scale ? partials.data_as<float>() + 2 * slot * c.d : nullptr;
+      float* dof = sums && c.offset ? partials.data_as<float>() + (2 * slot + 1) * c.d : nullptr;
+      for (int64_t item = slot; item < items; item += nslots) {
+        const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
+        for (int64_t r = item * rpi; r < r1; ++r) {
+          const int64_t at = r * c.d * es;
+          k.backward(x + at, dy + at, c.bf16, c.d, means[r], rstds[r], scale, c.subtract_mean,
+                     dx + at, ds, dof);
+        }
+      }
+    });
+    for (const auto& [out, part] : {std::pair{c.dscale(), 0}, std::pair{c.doffset(), 1}}) {
+      if (!out) continue;
+      float* o = out->data_as<float>();
+      std::fill(o, o + c.d, 0.0f);
+      for (int64_t s = 0; s < nslots; ++s) {
+        const float* p = partials.data_as<const float>() + (2 * s + part) * c.d;
+        for (int64_t j = 0; j < c.d; ++j) o[j] += p[j];
+      }
+    }
+  }
+
+ private:
+  // One accumulator per thread the call may use (fixed for a thread count: deterministic).
+  static int64_t slots(const NormVjpCall& c) {
+    return std::max(1, std::min(c.num_threads, ThreadPool::global().size()));
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
+std::shared_ptr<const Implementation> make_vjp_native() { return std::make_shared<VjpNative>(); }
+
+}  // namespace norm
+}  // namespace tokamax
