@@ -3,8 +3,9 @@
 // every row, then the variance around it (the two-pass formula), then y; x (widened to f32 when
 // it is bf16, as x.astype(f32) would) is read from memory once per pass. The backward: the row
 // sums of g and g xhat, then dx, then dscale and doffset as column sums, each pass reading x
-// and dy again. The reductions keep 16 partial sums in f64 (they vectorize like the rest, and
-// a row's f32 sum would lose the digits of a mean large against the spread).
+// and dy again. The reductions keep 16 partial sums, so that they vectorize like the rest:
+// f64 for the mean (an f32 sum of a row with a mean large against its spread loses the digits
+// the variance then needs), f32 for the variance around it (the two-pass formula is stable).
 #include <algorithm>
 
 #include "core/thread_pool.h"
@@ -19,15 +20,15 @@ const float* as_f32(const TensorView& x, int threads, Tensor* storage) {
   return kernels::a_as_f32(x.data(), x.dtype() == DType::kBF16, false, x.size(), threads, storage);
 }
 
-// sum over j < d of f(p[j * stride]) with 16 partial sums.
-template <class F>
-double row_sum(const float* p, int64_t d, int64_t stride, F f) {
-  double acc[16] = {};
+// sum over j < d of f(p[j * stride]) with 16 partial sums of type T.
+template <class T, class F>
+T row_sum(const float* p, int64_t d, int64_t stride, F f) {
+  T acc[16] = {};
   int64_t j = 0;
   if (stride == 1)
     for (; j + 16 <= d; j += 16)
       for (int l = 0; l < 16; ++l) acc[l] += f(p[j + l]);
-  double s = 0;
+  T s = 0;
   for (int l = 0; l < 16; ++l) s += acc[l];
   for (; j < d; ++j) s += f(p[j * stride]);
   return s;
@@ -45,23 +46,24 @@ class Composed : public TypedImplementation<NormCall, void> {
     const float* scale = params_f32(c.scale, &sc);
     const float* offset = params_f32(c.offset, &of);
     const int64_t rows = c.rows(), st = c.inner;
-    const double inv_d = c.d > 0 ? 1.0 / static_cast<double>(c.d) : 0.0;
+    const float inv_d = c.d > 0 ? 1.0f / static_cast<float>(c.d) : 0.0f;
     Tensor mean_t({std::max<int64_t>(rows, 1)}, DType::kF32),
         rstd_t({std::max<int64_t>(rows, 1)}, DType::kF32);
     float* mean = mean_t.data_as<float>();
     float* rstd = rstd_t.data_as<float>();
     parallel_for(rows, c.num_threads, [&](int64_t r, int) {
       mean[r] = c.subtract_mean
-                    ? static_cast<float>(row_sum(x + row_base(c, r), c.d, st,
-                                                 [](float v) { return static_cast<double>(v); }) *
+                    ? static_cast<float>(row_sum<double>(x + row_base(c, r), c.d, st,
+                                                         [](float v) { return double{v}; }) *
                                          inv_d)
                     : 0.0f;
     });
     parallel_for(rows, c.num_threads, [&](int64_t r, int) {
-      const double m = mean[r];
-      const double var =
-          row_sum(x + row_base(c, r), c.d, st, [m](float v) { return (v - m) * (v - m); }) * inv_d;
-      rstd[r] = static_cast<float>(1.0 / std::sqrt(var + c.epsilon));
+      const float m = mean[r];
+      const float var =
+          row_sum<float>(x + row_base(c, r), c.d, st, [m](float v) { return (v - m) * (v - m); }) *
+          inv_d;
+      rstd[r] = 1.0f / std::sqrt(var + static_cast<float>(c.epsilon));
     });
     parallel_for(rows, c.num_threads, [&](int64_t r, int) {
       const float* p = x + row_base(c, r);

@@ -89,7 +89,8 @@ class Native : public NativeBase<NormCall> {
         float mean, rstd;
         k.stats(x + r * c.d * es, c.bf16, c.d, c.subtract_mean, static_cast<float>(c.epsilon),
                 &mean, &rstd);
-        k.apply(x + r * c.d * es, c.bf16, c.d, mean, rstd, scale, offset, y + r * c.d * es);
+        k.apply(x + r * c.d * es, c.bf16, c.d, mean, rstd, scale, offset, y + r * c.d * es,
+                r + 1 < c.rows() ? x + (r + 1) * c.d * es : nullptr);
         if (means) {
           means[r] = mean;
           rstds[r] = rstd;
@@ -127,8 +128,9 @@ class VjpNative : public NativeBase<NormVjpCall> {
         const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
         for (int64_t r = item * rpi; r < r1; ++r) {
           const int64_t at = r * c.d * es;
+          const int64_t next = r + 1 < r1 ? at + c.d * es : at;  // the item's next row
           k.backward(x + at, dy + at, c.bf16, c.d, means[r], rstds[r], scale, c.subtract_mean,
-                     dx + at, ds, dof);
+                     dx + at, ds, dof, x + next, dy + next);
         }
       }
     });
