@@ -22,6 +22,8 @@
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/attention.h"
+#include "tokamax/ops/glu.h"
+#include "tokamax/ops/loss.h"
 #include "tokamax/ops/norm.h"
 #include "tokamax/ops/ragged_dot.h"
 #include "tokamax/trace/extract.h"

@@ -7,13 +7,14 @@ namespace tokamax {
 
 namespace kernels {
 
-const EnumNames<Activation, 5>& activation_names() {
-  static constexpr EnumNames<Activation, 5> kNames{"activation",
+const EnumNames<Activation, 6>& activation_names() {
+  static constexpr EnumNames<Activation, 6> kNames{"activation",
                                                    {{{Activation::kNone, "none"},
                                                      {Activation::kRelu, "relu"},
                                                      {Activation::kSilu, "silu"},
                                                      {Activation::kGelu, "gelu"},
-                                                     {Activation::kGeluTanh, "gelu_tanh"}}}};
+                                                     {Activation::kGeluTanh, "gelu_tanh"},
+                                                     {Activation::kSigmoid, "sigmoid"}}}};
   return kNames;
 }
 
@@ -30,6 +31,10 @@ double activation_grad(Activation a, double x) {
     case Activation::kGelu:
       return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
              x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+    case Activation::kSigmoid: {
+      const double s = 1 / (1 + std::exp(-x));
+      return s * (1 - s);
+    }
     case Activation::kGeluTanh: {
       const double c = 0.7978845608028654, u = c * (x + 0.044715 * x * x * x);
       const double t = std::tanh(u);

@@ -19,6 +19,8 @@ inline float apply_activation(Activation a, float x) {
       return x / (1.0f + std::exp(-x));
     case Activation::kGelu:
       return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case Activation::kSigmoid:
+      return 1.0f / (1.0f + std::exp(-x));
     case Activation::kGeluTanh:
       return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   }
@@ -26,7 +28,7 @@ inline float apply_activation(Activation a, float x) {
 }
 
 // The names' table (specs, keys, the CLI).
-const EnumNames<Activation, 5>& activation_names();
+const EnumNames<Activation, 6>& activation_names();
 
 // d activation / dx at x, in double (gradients and their tests).
 double activation_grad(Activation a, double x);

@@ -30,8 +30,9 @@ int64_t panel_elems(int64_t K, bool pairs, int nr);
 
 // Panels [p0, p1) of one group's weights (src: [K,N], or [N,K] when trans; f32 or bf16) into
 // dst: bf16 pairs for the bf16 dot, or f32.
+// ld: src's row stride in elements (0: dense).
 void pack_panels(const KernelSet& ks, bool pairs, const void* src, bool src_bf16, bool trans,
-                 int64_t K, int64_t N, void* dst, int64_t p0, int64_t p1);
+                 int64_t K, int64_t N, void* dst, int64_t p0, int64_t p1, int64_t ld = 0);
 
 // Every group's weights packed ahead into panels (pack_panels), groups of equal size one after
 // the other.

@@ -108,7 +108,8 @@ bool bf16_dot_pays() {
 }
 
 void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64_t N, int nr,
-                     float* dst, int64_t p0, int64_t p1) {
+                     float* dst, int64_t p0, int64_t p1, int64_t ld) {
+  if (ld == 0) ld = trans ? K : N;
   for (int64_t p = p0; p < p1; ++p) {
     float* d = dst + (p - p0) * K * nr;
     const int64_t j0 = p * nr;
@@ -116,7 +117,7 @@ void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64
     if (trans) {
       // Column j of the panel is row j0 + j of the [N,K] source: read it along the row.
       for (int64_t j = 0; j < w; ++j) {
-        const int64_t row = (j0 + j) * K;
+        const int64_t row = (j0 + j) * ld;
         for (int64_t k = 0; k < K; ++k) d[k * nr + j] = src_at(src, is_bf16, row + k);
       }
       for (int64_t k = 0; k < K; ++k) std::fill(d + k * nr + w, d + (k + 1) * nr, 0.0f);
@@ -125,9 +126,9 @@ void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64
     for (int64_t k = 0; k < K; ++k) {
       float* dk = d + k * nr;
       if (!is_bf16) {
-        std::memcpy(dk, static_cast<const float*>(src) + k * N + j0, static_cast<size_t>(w) * 4);
+        std::memcpy(dk, static_cast<const float*>(src) + k * ld + j0, static_cast<size_t>(w) * 4);
       } else {
-        const uint16_t* sk = static_cast<const uint16_t*>(src) + k * N + j0;
+        const uint16_t* sk = static_cast<const uint16_t*>(src) + k * ld + j0;
         for (int64_t j = 0; j < w; ++j) dk[j] = bf16_to_f32(sk[j]);
       }
       for (int64_t j = w; j < nr; ++j) dk[j] = 0.0f;
@@ -136,11 +137,12 @@ void pack_panels_f32(const void* src, bool is_bf16, bool trans, int64_t K, int64
 }
 
 void pack_panels_bf16(const void* src, bool is_bf16, bool trans, int64_t K, int64_t N, int nr,
-                      uint32_t* dst, int64_t p0, int64_t p1) {
+                      uint32_t* dst, int64_t p0, int64_t p1, int64_t ld) {
   const int64_t KP = (K + 1) / 2;
+  if (ld == 0) ld = trans ? K : N;
   auto bits = [&](int64_t k, int64_t j) -> uint32_t {
     if (k >= K) return 0;
-    const int64_t idx = trans ? j * K + k : k * N + j;
+    const int64_t idx = trans ? j * ld + k : k * ld + j;
     return is_bf16 ? static_cast<const uint16_t*>(src)[idx]
                    : f32_to_bf16(static_cast<const float*>(src)[idx]);
   };

@@ -106,12 +106,13 @@ bool bf16_dot_pays();
 // [panel_begin, panel_end) go to dst one after the other (dst holds panel_begin's).
 // src_trans: src is [N,K] (transposed rhs) instead of [K,N]. src is f32 or bf16 (is_bf16).
 // f32 panels: dst[p][k][nr] floats, k < K.
+// ld: src's row stride in elements (0: N, or K when src_trans).
 void pack_panels_f32(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr,
-                     float* dst, int64_t panel_begin, int64_t panel_end);
+                     float* dst, int64_t panel_begin, int64_t panel_end, int64_t ld = 0);
 // bf16 pair panels: dst[p][kp][nr] pairs, kp < ceil(K/2); odd K is padded with zero.
 // f32 sources are rounded to bf16.
 void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, int64_t N, int nr,
-                      uint32_t* dst, int64_t panel_begin, int64_t panel_end);
+                      uint32_t* dst, int64_t panel_begin, int64_t panel_end, int64_t ld = 0);
 // Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major f32 matrix (row stride lda) into
 // tiles of mr rows, dst[t][k][mr] (rows past `rows` are zero). The micro-panel of one tile is then
 // one contiguous stream: rows of a row-major lhs are K*4 bytes apart, and for K a multiple of

@@ -3,6 +3,7 @@
 // thread; callers own distinct slots (a kernel may hold several at once).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tokamax/core/tensor.h"
@@ -14,14 +15,18 @@ enum ScratchSlot {
   kStripSlot = 1,        // grouped GEMM: an item's packed weight strip
   kSharedStripSlot = 2,  // grouped GEMM: the strip a call's threads share (caller's thread)
   kAttentionSlot = 3,    // attention forward / backward: an item's tiles
-  kNumScratchSlots = 4,
+  kEpilogueSlot = 4,     // a grouped GEMM's store callback (a row of its tile)
+  kNumScratchSlots = 5,
 };
 
 // 64-byte aligned, at least `floats` floats.
 inline float* thread_scratch(ScratchSlot slot, int64_t floats) {
   thread_local Tensor buffers[kNumScratchSlots];
   Tensor& buffer = buffers[slot];
-  if (buffer.size() < floats) buffer = Tensor({floats}, DType::kF32);
+  // A default Tensor is a rank-0 scalar with no data (size() 1): a 1-float request must still
+  // allocate.
+  if (buffer.rank() == 0 || buffer.size() < floats)
+    buffer = Tensor({std::max<int64_t>(floats, 1)}, DType::kF32);
   return buffer.data_as<float>();
 }
 

@@ -2,6 +2,8 @@
 // (op/builtins.h says why explicitly). A new family adds one line here.
 #include "op/builtins.h"
 #include "ops/attention/base.h"
+#include "ops/glu/base.h"
+#include "ops/loss/base.h"
 #include "ops/norm/base.h"
 #include "ops/ragged_dot/base.h"
 #include "tokamax/op/op.h"
@@ -23,6 +25,10 @@ void register_builtin_families() {
   register_family(unowned(attn::vjp_family()));
   register_family(unowned(norm::family()));
   register_family(unowned(norm::vjp_family()));
+  register_family(unowned(glu::family()));
+  register_family(unowned(glu::vjp_family()));
+  register_family(unowned(loss::family()));
+  register_family(unowned(loss::vjp_family()));
 }
 
 }  // namespace tokamax

@@ -51,18 +51,23 @@ TEST_F(Cli, OpsSpecsExplain) {
   ASSERT_EQ(ops[0]["op"], "ragged_dot");
   EXPECT_EQ(ops[0]["implementations"][0]["name"], "native");
   EXPECT_EQ(ops[0]["implementations"][0]["config_fields"].size(), 4u);
-  ASSERT_EQ(ops.size(), 5u);
+  ASSERT_EQ(ops.size(), 9u);
   EXPECT_EQ(ops[1]["op"], "dot_product_attention");
   EXPECT_EQ(ops[2]["op"], "dot_product_attention_vjp");
   EXPECT_EQ(ops[3]["op"], "layer_norm");
   EXPECT_EQ(ops[4]["op"], "layer_norm_vjp");
+  EXPECT_EQ(ops[5]["op"], "gated_linear_unit");
+  EXPECT_EQ(ops[6]["op"], "gated_linear_unit_vjp");
+  EXPECT_EQ(ops[7]["op"], "linear_softmax_cross_entropy_loss");
+  EXPECT_EQ(ops[8]["op"], "linear_softmax_cross_entropy_loss_vjp");
   r = run("specs --op ragged_dot --tag smoke --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out).size(), 3u);
   r = run("specs --tag smoke --json");  // every family's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  // ragged_dot 3, attention 3, its backward 2, layer_norm 2, its backward 2
-  EXPECT_EQ(Json::parse(r.out).size(), 12u);
+  // ragged_dot 3, attention 3, its backward 2, layer_norm 2, its backward 2, GLU 3, its
+  // backward 2 (the stacked-weight specs), the loss 2, its backward 2
+  EXPECT_EQ(Json::parse(r.out).size(), 21u);
   r = run("explain --spec smoke_masked --json");  // the family is the spec's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out)["op"], "dot_product_attention");

@@ -9,7 +9,7 @@
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
-enum class Activation { kNone, kRelu, kSilu, kGelu, kGeluTanh };
+enum class Activation { kNone, kRelu, kSilu, kGelu, kGeluTanh, kSigmoid };
 
 std::string_view activation_name(Activation a);
 // InvalidArgument listing the names.

@@ -122,11 +122,12 @@ class VjpComposed : public TypedImplementation<NormVjpCall, void> {
         store(c.dx(), base + j * st, rstd[r] * (g - a[r] - xh * b[r]));
       }
     });
-    // Column sums over the rows, columns in blocks of 64 across threads.
+    // Column sums over the rows (in f64: hundreds of thousands of rows), columns in blocks of
+    // 64 across threads.
     if (!c.dscale() && !c.doffset()) return;
     parallel_for((c.d + 63) / 64, c.num_threads, [&](int64_t blk, int) {
       const int64_t j0 = blk * 64, j1 = std::min(c.d, j0 + 64);
-      float ds[64] = {}, dof[64] = {};
+      double ds[64] = {}, dof[64] = {};
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t base = row_base(c, r);
         for (int64_t j = j0; j < j1; ++j) {
@@ -136,8 +137,8 @@ class VjpComposed : public TypedImplementation<NormVjpCall, void> {
         }
       }
       for (int64_t j = j0; j < j1; ++j) {
-        if (c.dscale()) c.dscale()->data_as<float>()[j] = ds[j - j0];
-        if (c.doffset()) c.doffset()->data_as<float>()[j] = dof[j - j0];
+        if (c.dscale()) c.dscale()->data_as<float>()[j] = static_cast<float>(ds[j - j0]);
+        if (c.doffset()) c.doffset()->data_as<float>()[j] = static_cast<float>(dof[j - j0]);
       }
     });
   }

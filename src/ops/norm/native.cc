@@ -2,9 +2,10 @@
 // of rows_per_item contiguous rows, threads over items. One pass over x for the statistics
 // (shifted sums in f64 lanes), a second over the same row while it is still in L1/L2 for y:
 // memory sees x read once and y written once. The backward likewise reads x and dy once from
-// memory (two passes over each row in cache) and writes dx once; dscale and doffset sum into
-// one f32 accumulator per thread slot, each slot owning a fixed round-robin set of row blocks
-// and the slots added in order, so the result does not depend on scheduling.
+// memory (two passes over each row in cache) and writes dx once; dscale and doffset sum in f32
+// over a work item's rows, then into one f64 total per thread slot, each slot owning a fixed
+// round-robin set of items and the slots added in order: the result does not depend on
+// scheduling.
 #include <algorithm>
 #include <cstring>
 
@@ -103,7 +104,7 @@ class Native : public NativeBase<NormCall> {
 class VjpNative : public NativeBase<NormVjpCall> {
  public:
   int64_t scratch(const NormVjpCall& c, const LayerNormNativeConfig&) const override {
-    return slots(c) * 2 * c.d * 4;
+    return slots(c) * 2 * c.d * (4 + 8);
   }
   void run_call(NormVjpCall& c, const LayerNormNativeConfig& cfg, const Prepared*) const override {
     check_config(cfg);
@@ -111,36 +112,46 @@ class VjpNative : public NativeBase<NormVjpCall> {
     Tensor scale_store;
     const float* scale = params_f32(c.scale, &scale_store);
     const int64_t rpi = cfg.rows_per_item, items = (c.rows() + rpi - 1) / rpi;
-    const int64_t es = dtype_size(c.x.dtype()), nslots = slots(c);
+    const int64_t es = dtype_size(c.x.dtype()), nslots = slots(c), D = c.d;
     const bool sums = c.scale || c.offset;
-    // Slot s: dscale partials at [2 s D, (2 s + 1) D), doffset partials after them.
-    Tensor partials =
-        sums ? Tensor::zeros({std::max<int64_t>(1, 2 * nslots * c.d)}, DType::kF32) : Tensor();
+    // Slot s: f32 dscale and doffset sums of its current item at [2 s D, (2 s + 2) D), added
+    // after each item into f64 totals at the same offsets: f32 sums over hundreds of thousands
+    // of rows would drift past the tolerance (the rows' values are summed, not averaged).
+    const int64_t part = sums ? std::max<int64_t>(1, 2 * nslots * D) : 1;
+    Tensor item_sums = Tensor::zeros({part}, DType::kF32);
+    Tensor totals = Tensor::zeros({part}, DType::kF64);
     const char* x = static_cast<const char*>(c.x.data());
     const char* dy = static_cast<const char*>(c.dy.data());
     char* dx = static_cast<char*>(c.dx().data());
     const float* means = c.mean_in.data_as<const float>();
     const float* rstds = c.rstd_in.data_as<const float>();
     parallel_for(nslots, c.num_threads, [&](int64_t slot, int) {
-      float* ds = sums && c.scale ? partials.data_as<float>() + 2 * slot * c.d : nullptr;
-      float* dof = sums && c.offset ? partials.data_as<float>() + (2 * slot + 1) * c.d : nullptr;
+      float* ds = sums ? item_sums.data_as<float>() + 2 * slot * D : nullptr;
+      double* tot = sums ? totals.data_as<double>() + 2 * slot * D : nullptr;
       for (int64_t item = slot; item < items; item += nslots) {
         const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
         for (int64_t r = item * rpi; r < r1; ++r) {
-          const int64_t at = r * c.d * es;
-          const int64_t next = r + 1 < r1 ? at + c.d * es : at;  // the item's next row
-          k.backward(x + at, dy + at, c.bf16, c.d, means[r], rstds[r], scale, c.subtract_mean,
-                     dx + at, ds, dof, x + next, dy + next);
+          const int64_t at = r * D * es;
+          const int64_t next = r + 1 < r1 ? at + D * es : at;  // the item's next row
+          k.backward(x + at, dy + at, c.bf16, D, means[r], rstds[r], scale, c.subtract_mean,
+                     dx + at, c.scale ? ds : nullptr, c.offset ? ds + D : nullptr, x + next,
+                     dy + next);
+        }
+        if (!sums) continue;
+        for (int64_t j = 0; j < 2 * D; ++j) {
+          tot[j] += ds[j];
+          ds[j] = 0.0f;
         }
       }
     });
-    for (const auto& [out, part] : {std::pair{c.dscale(), 0}, std::pair{c.doffset(), 1}}) {
+    for (const auto& [out, half] : {std::pair{c.dscale(), 0}, std::pair{c.doffset(), 1}}) {
       if (!out) continue;
       float* o = out->data_as<float>();
-      std::fill(o, o + c.d, 0.0f);
-      for (int64_t s = 0; s < nslots; ++s) {
-        const float* p = partials.data_as<const float>() + (2 * s + part) * c.d;
-        for (int64_t j = 0; j < c.d; ++j) o[j] += p[j];
+      for (int64_t j = 0; j < D; ++j) {
+        double s = 0;
+        for (int64_t sl = 0; sl < nslots; ++sl)
+          s += totals.data_as<const double>()[(2 * sl + half) * D + j];
+        o[j] = static_cast<float>(s);
       }
     }
   }

@@ -1,0 +1,124 @@
+// The `composed` gated_linear_unit and backward: what a user writes without a fused kernel,
+// and the baseline of `tokamax bench`. Forward: one OpenBLAS GEMM of x with the weights into
+// h [M, 2N] (two GEMMs into its halves when the weights come separate), then an elementwise
+// pass out = act(h_gate) * h_up. Backward: the elementwise pass giving dh [M, 2N], then
+// dx = dh w^T and dw = x^T dh as two GEMMs. bf16 operands are widened to f32 first (Debian's
+// OpenBLAS has no bf16 GEMM).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
+#include "ops/glu/base.h"
+
+namespace tokamax::glu {
+namespace {
+
+const float* as_f32(const void* p, DType dt, int64_t count, int threads, Tensor* storage) {
+  return kernels::a_as_f32(p, dt == DType::kBF16, false, count, threads, storage);
+}
+
+void store(const TensorView& t, int64_t i, float v) {
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = v;
+  else
+    t.data_as<uint16_t>()[i] = f32_to_bf16(v);
+}
+
+class Composed : public TypedImplementation<GluCall, void> {
+ public:
+  std::string name() const override { return "composed"; }
+  void check_call(const GluCall& c) const override {
+    if (!c.w.data() && c.m > 0) throw Unsupported("composed needs the unpacked weights");
+  }
+  void run_call(GluCall& c, const Prepared*) const override {
+    openblas_set_num_threads(std::max(1, c.num_threads));
+    const int64_t M = c.m, K = c.k, N = c.n;
+    if (M == 0 || N == 0) return;
+    Tensor xs, ws, us;
+    const float* X = as_f32(c.x.data(), c.x.dtype(), c.x.size(), c.num_threads, &xs);
+    Tensor h({M, 2 * N}, DType::kF32);
+    float* H = h.data_as<float>();
+    if (K == 0) {
+      std::fill(H, H + M * 2 * N, 0.0f);
+    } else if (!c.w_up) {
+      const float* W = as_f32(c.w.data(), c.w_dtype, c.w.size(), c.num_threads, &ws);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, 2 * N, K, 1.0f, X, K, W, 2 * N,
+                  0.0f, H, 2 * N);
+    } else {
+      const float* G = as_f32(c.w.data(), c.w_dtype, c.w.size(), c.num_threads, &ws);
+      const float* U = as_f32(c.w_up->data(), c.w_dtype, c.w_up->size(), c.num_threads, &us);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, X, K, G, N, 0.0f, H,
+                  2 * N);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, X, K, U, N, 0.0f, H + N,
+                  2 * N);
+    }
+    parallel_for(M, c.num_threads, [&](int64_t r, int) {
+      const float* g = H + r * 2 * N;
+      for (int64_t j = 0; j < N; ++j)
+        store(c.out(), r * N + j, kernels::apply_activation(c.activation, g[j]) * g[N + j]);
+      if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
+    });
+  }
+};
+
+class VjpComposed : public TypedImplementation<GluVjpCall, void> {
+ public:
+  std::string name() const override { return "composed"; }
+  void run_call(GluVjpCall& c, const Prepared*) const override {
+    openblas_set_num_threads(std::max(1, c.num_threads));
+    const int64_t M = c.m, K = c.k, N = c.n;
+    Tensor dh({std::max<int64_t>(1, M * 2 * N)}, DType::kF32), xs, ws, ds;
+    float* DH = dh.data_as<float>();
+    const float* dout = as_f32(c.dout.data(), c.dout.dtype(), c.dout.size(), c.num_threads, &ds);
+    const float* H = c.h_in.data_as<const float>();
+    parallel_for(M, c.num_threads, [&](int64_t r, int) {
+      const float* g = H + r * 2 * N;
+      float* d = DH + r * 2 * N;
+      for (int64_t j = 0; j < N; ++j) {
+        const float go = dout[r * N + j];
+        d[j] = go * g[N + j] * static_cast<float>(kernels::activation_grad(c.activation, g[j]));
+        d[N + j] = go * kernels::apply_activation(c.activation, g[j]);
+      }
+    });
+    const float* X = as_f32(c.x.data(), c.x.dtype(), c.x.size(), c.num_threads, &xs);
+    const float* W = as_f32(c.w.data(), c.w_dtype, c.w.size(), c.num_threads, &ws);
+    Tensor dx32;
+    float* DX = c.dx().dtype() == DType::kF32 ? c.dx().data_as<float>() : nullptr;
+    if (!DX) {
+      dx32 = Tensor({std::max<int64_t>(1, M * K)}, DType::kF32);
+      DX = dx32.data_as<float>();
+    }
+    float* DW = c.dw().data_as<float>();
+    if (N == 0) {
+      std::fill(DX, DX + M * K, 0.0f);
+      std::fill(DW, DW + K * 2 * N, 0.0f);
+    } else {
+      if (M > 0 && K > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, K, 2 * N, 1.0f, DH, 2 * N, W, 2 * N,
+                    0.0f, DX, K);
+      }
+      if (K > 0) {
+        if (M > 0) {
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, 2 * N, M, 1.0f, X, K, DH, 2 * N,
+                      0.0f, DW, 2 * N);
+        } else {
+          std::fill(DW, DW + K * 2 * N, 0.0f);
+        }
+      }
+    }
+    if (dx32.rank() > 0)
+      for (int64_t i = 0; i < M * K; ++i) store(c.dx(), i, DX[i]);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_composed() { return std::make_shared<Composed>(); }
+std::shared_ptr<const Implementation> make_vjp_composed() {
+  return std::make_shared<VjpComposed>();
+}
+
+}  // namespace tokamax::glu

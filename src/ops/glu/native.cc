@@ -1,0 +1,245 @@
+// The native gated_linear_unit: one grouped GEMM (src/kernels/grouped_gemm.h) over weights
+// packed with the gate's and the up projection's panels of the same output columns side by
+// side (gate panel j, then up panel j), so every tile the GEMM finishes holds both halves of
+// its output columns; its epilogue applies activation(gate) * up while the tile is in the
+// thread's L1/L2 and writes only the [M, N] output (and, with residuals, x w). No [M, 2N]
+// intermediate exists. Weights are packed per call, or once ahead (pack_glu_weights).
+#include <algorithm>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/microkernels.h"
+#include "kernels/scratch.h"
+#include "ops/glu/base.h"
+
+namespace tokamax {
+
+namespace k = kernels;
+
+struct PackedGluWeights::Rep {
+  int64_t k = 0, n = 0;
+  DType dtype = DType::kF32;
+  const k::KernelSet* ks = nullptr;
+  bool pairs = false;  // bf16 pairs for the bf16 dot, else f32 panels
+  int64_t panels = 0, panel_elems = 0;
+  Tensor data;
+  k::PackedPanels view() const { return {data.data(), panels, panel_elems, pairs}; }
+};
+
+int64_t PackedGluWeights::k() const { return rep_->k; }
+int64_t PackedGluWeights::n() const { return rep_->n; }
+DType PackedGluWeights::dtype() const { return rep_->dtype; }
+
+namespace {
+constexpr ConfigFields<GluNativeConfig, 4> kFields{"gated_linear_unit native config",
+                                                   {{{"mr", &GluNativeConfig::mr},
+                                                     {"mc", &GluNativeConfig::mc},
+                                                     {"kc", &GluNativeConfig::kc},
+                                                     {"nc", &GluNativeConfig::nc}}}};
+}  // namespace
+
+Json GluNativeConfig::to_json() const { return kFields.to_json(*this); }
+GluNativeConfig GluNativeConfig::from_json(const Json& j) { return kFields.from_json(j); }
+
+namespace glu {
+
+bool packed_pairs(const PackedGluWeights& p) { return p.rep()->pairs; }
+
+std::shared_ptr<const PackedGluWeights::Rep> pack(const GluCall& c, int threads) {
+  auto r = std::make_shared<PackedGluWeights::Rep>();
+  r->k = c.k;
+  r->n = c.n;
+  r->dtype = c.w_dtype;
+  r->ks = &k::best_kernels();
+  const int nr = r->ks->nr;
+  r->pairs = c.w_dtype == DType::kBF16 && r->ks->bf16 != nullptr && k::bf16_dot_pays();
+  const int64_t per_half = (c.n + nr - 1) / nr;
+  r->panels = 2 * per_half;
+  r->panel_elems = k::panel_elems(c.k, r->pairs, nr);
+  r->data = Tensor({std::max<int64_t>(1, r->panels * r->panel_elems)}, DType::kF32);
+  int64_t ld;
+  const void* halves[2] = {c.weights(0, &ld), c.weights(1, &ld)};
+  const bool bf16 = c.w_dtype == DType::kBF16;
+  parallel_for(r->panels, threads, [&](int64_t p, int) {
+    void* dst = static_cast<char*>(r->data.data()) + p * r->panel_elems * 4;
+    k::pack_panels(*r->ks, r->pairs, halves[p % 2], bf16, false, c.k, c.n, dst, p / 2, p / 2 + 1,
+                   ld);
+  });
+  return r;
+}
+
+namespace {
+
+k::Blocking blocking(const GluNativeConfig& c) { return {c.mr, c.mc, c.kc, c.nc}; }
+
+void check(const GluNativeConfig& c, const k::KernelSet& ks) {
+  if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
+      c.kc % 2 != 0 || c.nc < 2 * ks.nr || c.nc % (2 * ks.nr) != 0) {
+    throw InvalidArgument(
+        "gated_linear_unit native config " + canonical_dump(c.to_json()) + " is invalid for ISA " +
+        ks.name + ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
+        ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(2 * ks.nr));
+  }
+}
+
+class Native : public TypedImplementation<GluCall, GluNativeConfig> {
+ public:
+  std::string name() const override { return "native"; }
+  std::vector<std::string> config_fields() const override { return kFields.names(); }
+  void check_call(const GluCall& c) const override {
+    if (!c.packed.empty() && c.packed.rep()->ks != &k::best_kernels())
+      throw Unsupported("packed GLU weights were packed for another ISA");
+  }
+  void check_config(const GluNativeConfig& c) const override { check(c, k::best_kernels()); }
+
+  // As ragged_dot's compute-bound heuristics: 8-row tiles, items of 32 rows, K blocks of 512,
+  // items as wide as 1024 gate + up columns while there are enough of them for the threads.
+  GluNativeConfig heuristics(const GluCall& c) const override {
+    const auto& ks = k::best_kernels();
+    GluNativeConfig cfg;
+    const int64_t rows = std::max<int64_t>(c.m, 1);
+    cfg.mr = static_cast<int>(std::min<int64_t>(std::min(8, ks.max_mr), rows));
+    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 4));
+    cfg.kc = static_cast<int>(std::min<int64_t>(512, k::round_up(std::max<int64_t>(c.k, 2), 2)));
+    const int64_t cols = 2 * k::round_up(std::max<int64_t>(c.n, 1), ks.nr);
+    const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;
+    const int64_t want = std::clamp<int64_t>(static_cast<int64_t>(call_flops(c) / 1e6), 1,
+                                             4 * std::max(1, c.num_threads));
+    int64_t nc = 1024;
+    while (nc > 2 * ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
+    cfg.nc = static_cast<int>(k::round_up(std::min<int64_t>(nc, cols), 2 * ks.nr));
+    return cfg;
+  }
+
+  std::vector<GluNativeConfig> search_space(const GluCall& c) const override {
+    const auto& ks = k::best_kernels();
+    const int64_t rows = std::max<int64_t>(c.m, 1);
+    const int64_t k2 = k::round_up(std::max<int64_t>(c.k, 2), 2);
+    const int64_t cols = 2 * k::round_up(std::max<int64_t>(c.n, 1), ks.nr);
+    std::vector<GluNativeConfig> out;
+    auto add = [&](int mr, int mc, int kc, int nc) {
+      const GluNativeConfig cfg{
+          mr, mc, static_cast<int>(std::min<int64_t>(kc, k2)),
+          static_cast<int>(k::round_up(std::min<int64_t>(nc, cols), 2 * ks.nr))};
+      if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
+    };
+    const std::vector<int> mrs =
+        ks.max_mr >= 12 ? std::vector<int>{8, 12} : std::vector<int>{4, ks.max_mr};
+    for (int mr0 : mrs) {
+      const int mr = static_cast<int>(std::min<int64_t>(mr0, rows));
+      for (int mcf : {4, 8, 16}) {
+        if (mr * mcf > k::round_up(rows, mr) * 2 && mcf != 4) continue;
+        for (int kc : {256, 512}) {
+          for (int nc : {256, 512, 1024}) add(mr, mr * mcf, kc, nc);
+        }
+      }
+    }
+    return out;
+  }
+
+  int64_t scratch(const GluCall& c, const GluNativeConfig& cfg) const override {
+    const auto& ks = k::best_kernels();
+    const int nr = ks.nr;
+    int64_t packed = 0;
+    if (c.packed.empty())
+      packed = 2 * ((c.n + nr - 1) / nr) * k::panel_elems(c.k, uses_bf16_dot(c), nr) * 4;
+    k::PackedPanels panels;
+    const int64_t offsets[2] = {0, c.m};
+    k::GroupedGemm p = gemm(c, offsets, &panels);
+    return packed + k::grouped_gemm_scratch_bytes(p, blocking(cfg), ks);
+  }
+
+  void run_call(GluCall& c, const GluNativeConfig& cfg, const Prepared*) const override {
+    const auto& ks = k::best_kernels();
+    check(cfg, ks);
+    if (c.m == 0 || c.n == 0) return;
+    std::shared_ptr<const PackedGluWeights::Rep> own;
+    if (c.packed.empty()) own = pack(c, c.num_threads);
+    const PackedGluWeights::Rep& rep = own ? *own : *c.packed.rep();
+    k::PackedPanels panels = rep.view();
+    const int64_t offsets[2] = {0, c.m};
+    k::GroupedGemm p = gemm(c, offsets, &panels);
+    p.packed = &panels;
+    p.store = epilogue(c, ks.nr);
+    k::grouped_gemm(p, blocking(cfg), ks);
+  }
+
+ private:
+  // One group of M rows; the interleaved weights as 2 * ceil(N / nr) panels.
+  static k::GroupedGemm gemm(const GluCall& c, const int64_t* offsets, k::PackedPanels* panels) {
+    const int nr = k::best_kernels().nr;
+    k::GroupedGemm p;
+    p.groups = 1;
+    p.offsets = offsets;
+    p.k = c.k;
+    p.n = 2 * k::round_up(std::max<int64_t>(c.n, 1), nr);
+    p.a = c.x.data();
+    p.a_bf16 = c.x.dtype() == DType::kBF16;
+    p.round_a_to_bf16 = uses_bf16_dot(c);
+    p.b_bf16 = c.w_dtype == DType::kBF16;
+    p.packed = panels;
+    p.bf16_dot = uses_bf16_dot(c);
+    p.threads = c.num_threads;
+    return p;
+  }
+
+  // A tile's columns come in pairs of nr-wide blocks (gate, then up) of output columns
+  // n0 / 2 + q nr onward: out = act(gate) * up, and h = (gate, up) with residuals.
+  static k::StoreTile epilogue(const GluCall& c, int nr) {
+    return
+        [&c, nr](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
+          const Activation act = c.activation;
+          const bool f32 = c.x.dtype() == DType::kF32;
+          float* h = c.h() ? c.h()->data_as<float>() : nullptr;
+          for (int64_t i = 0; i < rows; ++i) {
+            const float* ci = C + i * ldc;
+            const int64_t r = r0 + i;
+            for (int64_t q = 0; 2 * q * nr < cols; ++q) {
+              const float* g = ci + 2 * q * nr;
+              const float* u = g + nr;
+              const int64_t col = n0 / 2 + q * nr;
+              const int64_t w = std::min<int64_t>(nr, c.n - col);
+              if (w <= 0) break;
+              if (f32) {
+                float* o = c.out().data_as<float>() + r * c.n + col;
+                for (int64_t j = 0; j < w; ++j) o[j] = k::apply_activation(act, g[j]) * u[j];
+              } else {
+                uint16_t* o = c.out().data_as<uint16_t>() + r * c.n + col;
+                for (int64_t j = 0; j < w; ++j)
+                  o[j] = f32_to_bf16(k::apply_activation(act, g[j]) * u[j]);
+              }
+              if (h) {
+                std::memcpy(h + (2 * r) * c.n + col, g, static_cast<size_t>(w) * 4);
+                std::memcpy(h + (2 * r + 1) * c.n + col, u, static_cast<size_t>(w) * 4);
+              }
+            }
+          }
+        };
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
+
+}  // namespace glu
+
+PackedGluWeights pack_glu_weights(const TensorView& w) {
+  glu::GluCall c;
+  c.x = TensorView(nullptr, w.dtype(), {1, w.rank() == 3 ? w.dim(0) : 0});
+  c.w = w;
+  glu::bind_forward(c);
+  return PackedGluWeights(glu::pack(c, num_threads()));
+}
+
+PackedGluWeights pack_glu_weights(const TensorView& w_gate, const TensorView& w_up) {
+  glu::GluCall c;
+  c.x = TensorView(nullptr, w_gate.dtype(), {1, w_gate.rank() == 2 ? w_gate.dim(0) : 0});
+  c.w = w_gate;
+  c.w_up = w_up;
+  glu::bind_forward(c);
+  return PackedGluWeights(glu::pack(c, num_threads()));
+}
+
+}  // namespace tokamax

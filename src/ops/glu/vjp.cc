@@ -1,0 +1,240 @@
+// gated_linear_unit_vjp: the backward as an op of its own: its arguments (x, the stacked
+// w [K, 2, N], the residual h = x w [..., M, 2, N] f32, the cotangent dout [..., M, N]), bind,
+// the reference, the native backward and the public function. With g, u the gate's and up's
+// halves of h:
+//   dh_gate = dout * u * act'(g),   dh_up = dout * act(g),
+//   dx = dh w^T ([M, 2N] x [2N, K]),   dw = x^T dh ([K, M] x [M, 2N]).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
+#include "ops/glu/base.h"
+
+namespace tokamax {
+namespace glu {
+
+namespace {
+
+using V = Args<GluVjpCall>;
+
+InvalidArgument bad(const std::string& what) {
+  return InvalidArgument("gated_linear_unit_vjp: " + what);
+}
+
+// A made call's h is the forward's x w (random values would not be the product).
+void forward_residual(const GluVjpCall& c, const TensorView& dst, uint64_t) {
+  GluOptions o;
+  o.activation = c.activation;
+  o.implementation = "native";
+  const GluResult r = gated_linear_unit_with_residuals(c.x, c.w, o);
+  std::memcpy(dst.data(), r.h.data(), r.h.nbytes());
+}
+
+std::vector<ArgField<GluVjpCall>> vjp_fields() {
+  return {V::input("x", &GluCall::x), V::input("w", &GluCall::w),
+          V::enumeration<Activation, 6>("activation", &GluCall::activation,
+                                        kernels::activation_names(), Activation::kSilu),
+          V::input("h", &GluVjpCall::h_in, forward_residual), V::input("dout", &GluVjpCall::dout)};
+}
+
+// dh (f32 [M, 2N], rows of gate then up) from h and dout.
+void compute_dh(const GluVjpCall& c, float* dh) {
+  const int64_t N = c.n;
+  const float* H = c.h_in.data_as<const float>();
+  parallel_for(c.m, c.num_threads, [&](int64_t r, int) {
+    const float* g = H + r * 2 * N;
+    float* d = dh + r * 2 * N;
+    for (int64_t j = 0; j < N; ++j) {
+      const float go = load(c.dout.data(), c.dout.dtype(), r * N + j);
+      d[j] = go * g[N + j] * static_cast<float>(kernels::activation_grad(c.activation, g[j]));
+      d[N + j] = go * kernels::apply_activation(c.activation, g[j]);
+    }
+  });
+}
+
+void store(const TensorView& t, int64_t i, float v) {
+  if (t.dtype() == DType::kF32)
+    t.data_as<float>()[i] = v;
+  else
+    t.data_as<uint16_t>()[i] = f32_to_bf16(v);
+}
+
+}  // namespace
+
+VjpFamily::VjpFamily()
+    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
+                  {make_vjp_native(), make_vjp_composed()}) {}
+
+const VjpFamily& vjp_family() {
+  static const std::shared_ptr<const VjpFamily> f = std::make_shared<VjpFamily>();
+  return *f;
+}
+
+void VjpFamily::bind(GluVjpCall& c) const {
+  bind_forward(c);
+  const ShapeDtype h{c.h_shape(), DType::kF32}, out{c.out_shape(), c.x.dtype()};
+  if (c.h_in.spec() != h || !c.h_in.is_contiguous()) {
+    throw bad(fmt::format("h has spec {}; expected contiguous {} (the forward's residual)",
+                          c.h_in.spec().str(), h.str()));
+  }
+  if (c.dout.spec() != out || !c.dout.is_contiguous()) {
+    throw bad(fmt::format("dout has spec {}; expected contiguous {} (the forward's output)",
+                          c.dout.spec().str(), out.str()));
+  }
+}
+
+std::vector<ShapeDtype> VjpFamily::output_specs(const GluVjpCall& c) const {
+  return {c.x.spec(), {c.w.shape(), DType::kF32}};
+}
+
+Tolerance VjpFamily::tolerance_of(const GluVjpCall& c) const {
+  // dx sums 2N products, dw sums M, each of terms about K (h's size squared for unit inputs).
+  const double depth = static_cast<double>(std::max<int64_t>({c.m, 2 * c.n, 1}));
+  const double k = static_cast<double>(std::max<int64_t>(c.k, 1));
+  if (c.w_dtype == DType::kBF16 || c.x.dtype() == DType::kBF16)
+    return {1e-2 * std::sqrt(depth) * k, 2e-2, 0};
+  return {2e-5 * std::sqrt(depth) * k, 1e-4, 0};
+}
+
+CallCost VjpFamily::cost_of(const GluVjpCall& c) const { return {2 * call_flops(c), 0.0, false}; }
+
+std::vector<ArgSpec> VjpFamily::arg_specs() const {
+  std::vector<ArgSpec> out;
+  for (const ArgSpec& s : glu::arg_specs()) {
+    if (s.arguments.contains("w_up")) continue;  // the backward takes the stacked w
+    GluCall c;
+    const ShapeDtype x = ShapeDtype::parse(s.arguments["x"].get<std::string>());
+    const ShapeDtype w = ShapeDtype::parse(s.arguments["w"].get<std::string>());
+    c.x = TensorView(nullptr, x.dtype, x.shape);
+    c.w = TensorView(nullptr, w.dtype, w.shape);
+    bind_forward(c);
+    Json a = {{"x", x.str()},
+              {"w", w.str()},
+              {"activation", s.arguments.value("activation", "silu")},
+              {"h", ShapeDtype{c.h_shape(), DType::kF32}.str()},
+              {"dout", ShapeDtype{c.out_shape(), x.dtype}.str()}};
+    std::vector<std::string> tags = s.tags;
+    tags.push_back("backward");
+    out.push_back(ArgSpec{kVjpFamily, s.name + "_backward", std::move(a), std::move(tags)});
+  }
+  return out;
+}
+
+// --- reference: f64 sums ---
+
+void VjpReference::run_call(GluVjpCall& c, const Prepared*) const {
+  const int64_t M = c.m, K = c.k, N2 = 2 * c.n;
+  std::vector<float> dh(static_cast<size_t>(std::max<int64_t>(1, M * N2)));
+  compute_dh(c, dh.data());
+  parallel_for(M, c.num_threads, [&](int64_t r, int) {
+    for (int64_t kk = 0; kk < K; ++kk) {
+      double s = 0;
+      for (int64_t j = 0; j < N2; ++j)
+        s += double{dh[r * N2 + j]} * load(c.w.data(), c.w_dtype, kk * N2 + j);
+      store(c.dx(), r * K + kk, static_cast<float>(s));
+    }
+  });
+  parallel_for(K, c.num_threads, [&](int64_t kk, int) {
+    std::vector<double> s(static_cast<size_t>(N2), 0.0);
+    for (int64_t r = 0; r < M; ++r) {
+      const double xv = load(c.x.data(), c.x.dtype(), r * K + kk);
+      for (int64_t j = 0; j < N2; ++j) s[j] += xv * dh[r * N2 + j];
+    }
+    for (int64_t j = 0; j < N2; ++j)
+      c.dw().data_as<float>()[kk * N2 + j] = static_cast<float>(s[j]);
+  });
+}
+
+// --- native: the two products on the grouped GEMM ---
+
+namespace {
+
+class VjpNative : public TypedImplementation<GluVjpCall, GluNativeConfig> {
+ public:
+  std::string name() const override { return "native"; }
+  std::vector<std::string> config_fields() const override { return {"mr", "mc", "kc", "nc"}; }
+  void check_config(const GluNativeConfig& c) const override {
+    family().implementation("native")->config_from_json(c.to_json());
+  }
+  GluNativeConfig heuristics(const GluVjpCall& c) const override {
+    return family().implementation("native")->heuristics_config(c).get<GluNativeConfig>();
+  }
+  std::vector<GluNativeConfig> search_space(const GluVjpCall& c) const override {
+    std::vector<GluNativeConfig> out;
+    for (const Config& cfg : family().implementation("native")->autotuning_configs(c))
+      out.push_back(cfg.get<GluNativeConfig>());
+    return out;
+  }
+  void run_call(GluVjpCall& c, const GluNativeConfig& cfg, const Prepared*) const override {
+    const auto& ks = kernels::best_kernels();
+    const int64_t M = c.m, K = c.k, N2 = 2 * c.n;
+    const kernels::Blocking blk{cfg.mr, cfg.mc, cfg.kc, cfg.nc};
+    Tensor dh({std::max<int64_t>(1, M * N2)}, DType::kF32);
+    compute_dh(c, dh.data_as<float>());
+    const int64_t offsets[2] = {0, M};
+    // dx [M, K] = dh [M, 2N] w^T: w [K, 2N] is the [n, k] form of the product's rhs.
+    kernels::GroupedGemm dx;
+    dx.groups = 1;
+    dx.offsets = offsets;
+    dx.k = N2;
+    dx.n = K;
+    dx.a = dh.data();
+    dx.b = c.w.data();
+    dx.b_bf16 = c.w_dtype == DType::kBF16;
+    dx.b_trans = true;
+    dx.threads = c.num_threads;
+    dx.store = [&c](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
+                    int64_t cols) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) store(c.dx(), (r0 + i) * c.k + n0 + j, C[i * ldc + j]);
+    };
+    if (M > 0 && K > 0) {
+      if (N2 > 0) {
+        kernels::grouped_gemm(dx, blk, ks);
+      } else {
+        fill_value(c.dx(), 0.0);
+      }
+    }
+    // dw [K, 2N] = x^T dh: the ragged contraction over one group of M rows.
+    kernels::GroupedGemmTn dw;
+    dw.groups = 1;
+    dw.offsets = offsets;
+    dw.k = K;
+    dw.n = N2;
+    dw.a = c.x.data();
+    dw.a_bf16 = c.x.dtype() == DType::kBF16;
+    dw.b = dh.data();
+    dw.threads = c.num_threads;
+    float* DW = c.dw().data_as<float>();
+    dw.store = [DW, N2](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
+                        int64_t cols) {
+      for (int64_t i = 0; i < rows; ++i)
+        std::memcpy(DW + (r0 + i) * N2 + n0, C + i * ldc, static_cast<size_t>(cols) * 4);
+    };
+    if (K > 0 && N2 > 0) kernels::grouped_gemm_tn(dw, blk, ks);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_vjp_native() { return std::make_shared<VjpNative>(); }
+
+}  // namespace glu
+
+GluGrads gated_linear_unit_vjp(const TensorView& x, const TensorView& w, const TensorView& h,
+                               const TensorView& dout, const GluOptions& o) {
+  glu::GluVjpCall c;
+  c.x = x;
+  c.w = w;
+  c.h_in = h;
+  c.dout = dout;
+  c.activation = o.activation;
+  c.num_threads = 0;
+  std::vector<Tensor> g = glu::vjp_family().run(c, CallOptions{o.implementation, o.config});
+  return {std::move(g.at(0)), std::move(g.at(1))};
+}
+
+}  // namespace tokamax

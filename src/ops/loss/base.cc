@@ -1,0 +1,158 @@
+// linear_softmax_cross_entropy_loss: arguments, bind (validation), the reference, tolerances
+// and cost.
+#include "ops/loss/base.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/thread_pool.h"
+
+namespace tokamax::loss {
+
+namespace {
+
+using A = Args<LossCall>;
+
+InvalidArgument bad(const std::string& what) {
+  return InvalidArgument("linear_softmax_cross_entropy_loss: " + what);
+}
+
+// Made calls: labels uniform in [0, V).
+void labels_within(const LossCall& c, const TensorView& v, uint64_t seed) {
+  const int64_t vocab = c.w.rank() == 2 ? c.w.dim(1) : 0;
+  Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
+  for (int64_t i = 0; i < v.size(); ++i) {
+    v.data_as<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(
+        std::max<int64_t>(vocab - 1, 0), static_cast<int64_t>(u.data_as<double>()[i] * vocab)));
+  }
+}
+
+}  // namespace
+
+const EnumNames<LossReduction, 3>& reduction_names() {
+  static constexpr EnumNames<LossReduction, 3> kNames{"reduction",
+                                                      {{{LossReduction::kSum, "sum"},
+                                                        {LossReduction::kMean, "mean"},
+                                                        {LossReduction::kNone, "none"}}}};
+  return kNames;
+}
+
+float load(const TensorView& t, int64_t i) {
+  return t.dtype() == DType::kF32 ? t.data_as<const float>()[i]
+                                  : bf16_to_f32(t.data_as<const uint16_t>()[i]);
+}
+
+namespace {
+std::vector<ArgField<LossCall>> forward_fields() {
+  // w before labels: the labels' fill reads V from it.
+  return {
+      A::input("x", &LossCall::x), A::input("w", &LossCall::w),
+      A::input("labels", &LossCall::labels, labels_within),
+      A::enumeration("reduction", &LossCall::reduction, reduction_names(), LossReduction::kMean),
+      A::value("return_residuals", &LossCall::return_residuals, false)};
+}
+}  // namespace
+
+Family::Family()
+    : TypedFamily(kFamily, forward_fields(), std::make_shared<Reference>(),
+                  {make_native(), make_composed()}) {}
+
+const Family& family() {
+  static const std::shared_ptr<const Family> f = std::make_shared<Family>();
+  return *f;
+}
+
+void bind_forward(LossCall& c) {
+  auto f32_or_bf16 = [](DType d) { return d == DType::kF32 || d == DType::kBF16; };
+  if (c.x.rank() != 2 || !f32_or_bf16(c.x.dtype()))
+    throw bad(fmt::format("x has spec {}; expected [B, H], f32 or bf16", c.x.spec().str()));
+  c.b = c.x.dim(0);
+  c.h = c.x.dim(1);
+  if (c.w.rank() != 2 || c.w.dim(0) != c.h || !f32_or_bf16(c.w.dtype())) {
+    throw bad(fmt::format("w has spec {}; expected [H, V] with H = {} (x {}), f32 or bf16",
+                          c.w.spec().str(), c.h, c.x.spec().str()));
+  }
+  c.v = c.w.dim(1);
+  if (c.labels.dtype() != DType::kI32 || c.labels.rank() != 1 || c.labels.dim(0) != c.b) {
+    throw bad(fmt::format("labels has spec {}; expected i32[{}] (one per row of x {})",
+                          c.labels.spec().str(), c.b, c.x.spec().str()));
+  }
+  for (const auto& [name, t] :
+       {std::pair{"x", &c.x}, std::pair{"w", &c.w}, std::pair{"labels", &c.labels}}) {
+    if (t->data() && !t->is_contiguous())
+      throw bad(fmt::format("{} {} must be a contiguous row-major array", name, t->spec().str()));
+  }
+  for (int64_t i = 0; c.labels.data() && i < c.b; ++i) {
+    const int32_t l = c.label(i);
+    if (l < 0 || l >= c.v) {
+      throw bad(fmt::format("labels[{}] = {}; expected in [0, {}) (the vocabulary of w {})", i, l,
+                            c.v, c.w.spec().str()));
+    }
+  }
+}
+
+void LossCall::write_loss(const std::vector<double>& per_row) const {
+  float* out = loss().data_as<float>();
+  if (reduction == LossReduction::kNone) {
+    for (int64_t i = 0; i < b; ++i) out[i] = static_cast<float>(per_row[i]);
+    return;
+  }
+  double s = 0;
+  for (int64_t i = 0; i < b; ++i) s += per_row[i];
+  // The mean over no rows is 0, not NaN: an empty batch contributes nothing.
+  if (reduction == LossReduction::kMean) s = b > 0 ? s / static_cast<double>(b) : 0.0;
+  out[0] = static_cast<float>(s);
+}
+
+float LossVjpCall::row_weight(int64_t row) const {
+  const float* d = dloss.data_as<const float>();
+  if (reduction == LossReduction::kNone) return d[row];
+  return reduction == LossReduction::kMean ? d[0] / static_cast<float>(std::max<int64_t>(b, 1))
+                                           : d[0];
+}
+
+std::vector<ShapeDtype> Family::output_specs(const LossCall& c) const {
+  std::vector<ShapeDtype> out = {{c.loss_shape(), DType::kF32}};
+  if (c.return_residuals) out.push_back({{c.b}, DType::kF32});
+  return out;
+}
+
+Tolerance Family::tolerance_of(const LossCall& c) const {
+  // A logit sums H products in f32 (error about sqrt(H) ulps of its terms); the sum reduction
+  // adds B rows' errors.
+  const double depth = std::sqrt(static_cast<double>(std::max<int64_t>(c.h, 1)));
+  const double rows = c.reduction == LossReduction::kSum ? static_cast<double>(c.b) : 1.0;
+  if (c.x.dtype() == DType::kBF16 || c.w.dtype() == DType::kBF16)
+    return {1e-2 * depth * std::max(rows, 1.0), 1e-2, 0};
+  return {2e-6 * depth * std::max(rows, 1.0), 1e-5, 0};
+}
+
+double call_flops(const LossCall& c) {
+  return 2.0 * static_cast<double>(c.b) * static_cast<double>(c.h) * static_cast<double>(c.v);
+}
+
+CallCost Family::cost_of(const LossCall& c) const { return {call_flops(c), 0.0, false}; }
+
+// --- reference: each row's logits in f64, then its log-sum-exp ---
+
+void Reference::run_call(LossCall& c, const Prepared*) const {
+  std::vector<double> per_row(static_cast<size_t>(c.b));
+  parallel_for(c.b, c.num_threads, [&](int64_t r, int) {
+    std::vector<double> logits(static_cast<size_t>(c.v), 0.0);
+    for (int64_t k = 0; k < c.h; ++k) {
+      const double xv = load(c.x, r * c.h + k);
+      for (int64_t j = 0; j < c.v; ++j) logits[j] += xv * load(c.w, k * c.v + j);
+    }
+    double m = -INFINITY;
+    for (double l : logits) m = std::max(m, l);
+    double s = 0;
+    for (double l : logits) s += std::exp(l - m);
+    const double lse = m + std::log(s);
+    per_row[r] = lse - logits[c.label(r)];
+    if (c.lse()) c.lse()->data_as<float>()[r] = static_cast<float>(lse);
+  });
+  c.write_loss(per_row);
+}
+
+}  // namespace tokamax::loss

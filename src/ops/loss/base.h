@@ -1,0 +1,90 @@
+// The linear_softmax_cross_entropy_loss family: its call, bind (all validation, labels
+// included), the reference, tolerances and cost; and the backward family
+// linear_softmax_cross_entropy_loss_vjp.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "tokamax/core/enum_names.h"
+#include "tokamax/op/family.h"
+#include "tokamax/op/typed.h"
+#include "tokamax/ops/loss.h"
+
+namespace tokamax::loss {
+
+inline constexpr const char* kFamily = "linear_softmax_cross_entropy_loss";
+inline constexpr const char* kVjpFamily = "linear_softmax_cross_entropy_loss_vjp";
+
+const EnumNames<LossReduction, 3>& reduction_names();
+
+struct LossCall : CallBase {
+  TensorView x, labels, w;  // [B, H], i32 [B], [H, V]
+  LossReduction reduction = LossReduction::kMean;
+  bool return_residuals = false;
+
+  // Filled by bind.
+  int64_t b = 0, h = 0, v = 0;
+
+  const TensorView& loss() const { return outputs.at(0); }
+  const TensorView* lse() const { return return_residuals ? &outputs.at(1) : nullptr; }
+  int32_t label(int64_t row) const { return labels.data_as<const int32_t>()[row]; }
+  Shape loss_shape() const { return reduction == LossReduction::kNone ? Shape{b} : Shape{}; }
+  // Writes the per-row losses reduced as asked.
+  void write_loss(const std::vector<double>& per_row) const;
+};
+
+struct LossVjpCall : LossCall {
+  TensorView lse_in, dloss;  // [B] f32, the loss's shape f32
+  const TensorView& dx() const { return outputs.at(0); }
+  const TensorView& dw() const { return outputs.at(1); }
+  // d loss / d loss_b: dloss (per row, or the scalar, over B for the mean).
+  float row_weight(int64_t row) const;
+};
+
+float load(const TensorView& t, int64_t i);
+
+class Reference : public TypedImplementation<LossCall, void> {
+ public:
+  std::string name() const override { return "reference"; }
+  void run_call(LossCall& call, const Prepared* prepared) const override;
+};
+class VjpReference : public TypedImplementation<LossVjpCall, void> {
+ public:
+  std::string name() const override { return "reference"; }
+  void run_call(LossVjpCall& call, const Prepared* prepared) const override;
+};
+
+std::shared_ptr<const Implementation> make_native();
+std::shared_ptr<const Implementation> make_composed();
+std::shared_ptr<const Implementation> make_vjp_native();
+std::shared_ptr<const Implementation> make_vjp_composed();
+std::vector<ArgSpec> arg_specs();
+
+void bind_forward(LossCall& call);
+
+class Family : public TypedFamily<LossCall> {
+ public:
+  Family();
+  void bind(LossCall& call) const override { bind_forward(call); }
+  std::vector<ShapeDtype> output_specs(const LossCall& call) const override;
+  Tolerance tolerance_of(const LossCall& call) const override;
+  std::vector<ArgSpec> arg_specs() const override { return loss::arg_specs(); }
+  CallCost cost_of(const LossCall& call) const override;
+};
+const Family& family();
+
+class VjpFamily : public TypedFamily<LossVjpCall> {
+ public:
+  VjpFamily();
+  void bind(LossVjpCall& call) const override;
+  std::vector<ShapeDtype> output_specs(const LossVjpCall& call) const override;
+  Tolerance tolerance_of(const LossVjpCall& call) const override;
+  std::vector<ArgSpec> arg_specs() const override;
+  CallCost cost_of(const LossVjpCall& call) const override;
+};
+const VjpFamily& vjp_family();
+
+double call_flops(const LossCall& c);  // 2 B H V: the product
+
+}  // namespace tokamax::loss

@@ -1,0 +1,285 @@
+// The native linear_softmax_cross_entropy_loss and its backward, on the grouped GEMM
+// (src/kernels/grouped_gemm.h); neither materializes the [B, V] logits.
+//
+// Forward: one product x w whose epilogue reduces each finished tile (mc rows x nc vocabulary
+// columns, in the thread's L1/L2) to each row's max and sum of exp (SIMD exp) and picks the
+// label's logit when the tile holds it. A row's partials, one per column block, are merged at
+// the end (an online log-sum-exp): B x V / nc pairs of floats instead of B x V logits.
+//
+// Backward: the vocabulary in chunks of block_v columns. Per chunk: the logits [B, block_v]
+// recomputed (packed weights of the chunk), turned in the product's epilogue into
+// d logits = (softmax - onehot) * dloss_b; then dx += d w_chunk^T and dw[:, chunk] = x^T d, two
+// more products. One chunk of logits and the chunk's packed weights exist at a time.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/microkernels.h"
+#include "kernels/scratch.h"
+#include "ops/loss/base.h"
+
+namespace tokamax {
+
+namespace k = kernels;
+
+namespace {
+constexpr ConfigFields<LossNativeConfig, 5> kFields{
+    "linear_softmax_cross_entropy_loss native config",
+    {{{"mr", &LossNativeConfig::mr},
+      {"mc", &LossNativeConfig::mc},
+      {"kc", &LossNativeConfig::kc},
+      {"nc", &LossNativeConfig::nc},
+      {"block_v", &LossNativeConfig::block_v}}}};
+}  // namespace
+
+Json LossNativeConfig::to_json() const { return kFields.to_json(*this); }
+LossNativeConfig LossNativeConfig::from_json(const Json& j) { return kFields.from_json(j); }
+
+namespace loss {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+k::Blocking blocking(const LossNativeConfig& c) { return {c.mr, c.mc, c.kc, c.nc}; }
+
+template <class CallT>
+class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
+ public:
+  std::string name() const override { return "native"; }
+  std::vector<std::string> config_fields() const override { return kFields.names(); }
+  void check_config(const LossNativeConfig& c) const override {
+    const auto& ks = k::best_kernels();
+    if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
+        c.kc % 2 != 0 || c.nc < ks.nr || c.nc % ks.nr != 0 || c.nc > 8192 || c.block_v < ks.nr ||
+        c.block_v % ks.nr != 0) {
+      throw InvalidArgument(kFields.to_json(c).dump() + " is invalid for ISA " + ks.name +
+                            ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
+                            ", mc a multiple of mr, kc even, nc (<= 8192) and block_v multiples"
+                            " of " +
+                            std::to_string(ks.nr));
+    }
+  }
+  // The compute-bound GEMM blocking (8-row tiles, items of 32 rows, K blocks of 512) with wide
+  // vocabulary blocks (fewer partials to merge); backward chunks of 4096 columns.
+  LossNativeConfig heuristics(const CallT& c) const override {
+    const auto& ks = k::best_kernels();
+    LossNativeConfig cfg;
+    const int64_t rows = std::max<int64_t>(c.b, 1);
+    cfg.mr = static_cast<int>(std::min<int64_t>(std::min(8, ks.max_mr), rows));
+    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 4));
+    cfg.kc = static_cast<int>(std::min<int64_t>(512, k::round_up(std::max<int64_t>(c.h, 2), 2)));
+    const int64_t cols = k::round_up(std::max<int64_t>(c.v, 1), ks.nr);
+    const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;
+    const int64_t want = 4 * std::max(1, c.num_threads);
+    int64_t nc = 1024;
+    while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
+    cfg.nc = static_cast<int>(k::round_up(std::min<int64_t>(nc, cols), ks.nr));
+    cfg.block_v = static_cast<int>(std::min<int64_t>(4096, cols));
+    return cfg;
+  }
+  std::vector<LossNativeConfig> search_space(const CallT& c) const override {
+    const auto& ks = k::best_kernels();
+    const int64_t rows = std::max<int64_t>(c.b, 1);
+    const int64_t cols = k::round_up(std::max<int64_t>(c.v, 1), ks.nr);
+    const int64_t h2 = k::round_up(std::max<int64_t>(c.h, 2), 2);
+    std::vector<LossNativeConfig> out;
+    const int mr = static_cast<int>(std::min<int64_t>(std::min(8, ks.max_mr), rows));
+    for (int mcf : {4, 8}) {
+      for (int kc : {256, 512}) {
+        for (int nc : {512, 1024, 2048}) {
+          for (int bv : {2048, 8192}) {
+            const LossNativeConfig cfg{mr, mr * mcf, static_cast<int>(std::min<int64_t>(kc, h2)),
+                                       static_cast<int>(std::min<int64_t>(nc, cols)),
+                                       static_cast<int>(std::min<int64_t>(bv, cols))};
+            if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
+          }
+        }
+      }
+    }
+    return out;
+  }
+};
+
+// Packs the vocabulary columns [v0, v0 + cv) of w [H, V] into f32 panels: as [H, cv] (the
+// product x w_chunk) or, transposed, as [cv, H] (the product d w_chunk^T).
+void pack_chunk(const k::KernelSet& ks, const LossCall& c, int64_t v0, int64_t cv, bool trans,
+                float* dst) {
+  const int nr = ks.nr;
+  const char* src =
+      static_cast<const char*>(c.w.data()) + v0 * static_cast<int64_t>(dtype_size(c.w.dtype()));
+  const bool bf16 = c.w.dtype() == DType::kBF16;
+  const int64_t K = trans ? cv : c.h, N = trans ? c.h : cv;
+  parallel_for((N + nr - 1) / nr, c.num_threads, [&](int64_t i, int) {
+    k::pack_panels(ks, false, src, bf16, trans, K, N, dst + i * K * nr, i, i + 1, c.v);
+  });
+}
+
+// The product of x with one packed chunk, its finished tiles handed to `store`.
+void chunk_product(const k::KernelSet& ks, const LossCall& c, const LossNativeConfig& cfg,
+                   const float* panels, int64_t cv, const int64_t* offsets, k::StoreTile store) {
+  const k::PackedPanels pp{panels, (cv + ks.nr - 1) / ks.nr, c.h * ks.nr, false};
+  k::GroupedGemm p;
+  p.groups = 1;
+  p.offsets = offsets;
+  p.k = c.h;
+  p.n = cv;
+  p.a = c.x.data();
+  p.a_bf16 = c.x.dtype() == DType::kBF16;
+  p.packed = &pp;
+  p.threads = c.num_threads;
+  p.store = std::move(store);
+  k::grouped_gemm(p, blocking(cfg), ks);
+}
+
+// Vocabulary chunks: block_v rounded up to whole column blocks (nc), at most V.
+int64_t chunk_cols(const LossCall& c, const LossNativeConfig& cfg) {
+  return k::round_up(std::min<int64_t>(cfg.block_v, std::max<int64_t>(c.v, 1)), cfg.nc);
+}
+
+class Native : public NativeBase<LossCall> {
+ public:
+  int64_t scratch(const LossCall& c, const LossNativeConfig& cfg) const override {
+    return c.b * ((c.v + cfg.nc - 1) / cfg.nc) * 8 + c.b * 4 + c.h * chunk_cols(c, cfg) * 4;
+  }
+  void run_call(LossCall& c, const LossNativeConfig& cfg, const Prepared*) const override {
+    check_config(cfg);
+    const auto& ks = k::best_kernels();
+    const k::RowKernels rk = k::row_kernels(ks.isa);
+    const int64_t blocks = (c.v + cfg.nc - 1) / cfg.nc, bv = chunk_cols(c, cfg);
+    // Per row and column block: max and sum of exp; per row: the label's logit.
+    Tensor part({std::max<int64_t>(1, c.b * blocks * 2)}, DType::kF32);
+    Tensor picked({std::max<int64_t>(1, c.b)}, DType::kF32);
+    Tensor panels({std::max<int64_t>(1, c.h * k::round_up(bv, ks.nr))}, DType::kF32);
+    float* P = part.data_as<float>();
+    float* L = picked.data_as<float>();
+    const int64_t offsets[2] = {0, c.b};
+    const int nc = cfg.nc;
+    for (int64_t v0 = 0; c.b > 0 && v0 < c.v; v0 += bv) {
+      const int64_t cv = std::min(bv, c.v - v0);
+      pack_chunk(ks, c, v0, cv, false, panels.data_as<float>());
+      chunk_product(
+          ks, c, cfg, panels.data_as<float>(), cv, offsets,
+          [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
+            float* row = k::thread_scratch(k::kEpilogueSlot, cols);
+            for (int64_t i = 0; i < rows; ++i) {
+              const int64_t r = r0 + i, lab = c.label(r) - v0 - n0;
+              std::memcpy(row, C + i * ldc, static_cast<size_t>(cols) * 4);
+              if (lab >= 0 && lab < cols) L[r] = row[lab];
+              const float m = rk.scale_max(row, cols, 1.0f);
+              float* pr = P + (r * blocks + (v0 + n0) / nc) * 2;
+              pr[0] = m;
+              pr[1] = rk.exp_shift_sum(row, cols, m);
+            }
+          });
+    }
+    std::vector<double> per_row(static_cast<size_t>(c.b));
+    for (int64_t r = 0; r < c.b; ++r) {
+      const float* pr = P + r * blocks * 2;
+      float m = kNegInf;
+      for (int64_t bl = 0; bl < blocks; ++bl) m = std::max(m, pr[2 * bl]);
+      double s = 0;
+      for (int64_t bl = 0; bl < blocks; ++bl)
+        s += static_cast<double>(pr[2 * bl + 1]) * std::exp(static_cast<double>(pr[2 * bl] - m));
+      const double lse = m + std::log(s);
+      per_row[r] = lse - L[r];
+      if (c.lse()) c.lse()->data_as<float>()[r] = static_cast<float>(lse);
+    }
+    c.write_loss(per_row);
+  }
+};
+
+class VjpNative : public NativeBase<LossVjpCall> {
+ public:
+  int64_t scratch(const LossVjpCall& c, const LossNativeConfig& cfg) const override {
+    const int64_t bv = chunk_cols(c, cfg);
+    return (c.b * bv + 2 * c.h * k::round_up(bv, k::best_kernels().nr) + c.b * c.h) * 4;
+  }
+  void run_call(LossVjpCall& c, const LossNativeConfig& cfg, const Prepared*) const override {
+    check_config(cfg);
+    const auto& ks = k::best_kernels();
+    const int nr = ks.nr;
+    const int64_t B = c.b, H = c.h, V = c.v, bv = chunk_cols(c, cfg);
+    float* dw = c.dw().data_as<float>();
+    Tensor dx32({std::max<int64_t>(1, B * H)}, DType::kF32);
+    float* DX = dx32.data_as<float>();
+    std::fill(DX, DX + B * H, 0.0f);
+    if (B == 0 || H == 0) std::fill(dw, dw + H * V, 0.0f);
+    Tensor d({std::max<int64_t>(1, B * bv)}, DType::kF32);
+    float* D = d.data_as<float>();
+    Tensor wp({std::max<int64_t>(1, H * k::round_up(bv, nr))}, DType::kF32);
+    Tensor wt({std::max<int64_t>(1, bv * k::round_up(H, nr))}, DType::kF32);
+    const float* lse = c.lse_in.data_as<const float>();
+    const int64_t offsets[2] = {0, B};
+    for (int64_t v0 = 0; B > 0 && H > 0 && v0 < V; v0 += bv) {
+      const int64_t cv = std::min(bv, V - v0);
+      pack_chunk(ks, c, v0, cv, false, wp.data_as<float>());
+      pack_chunk(ks, c, v0, cv, true, wt.data_as<float>());
+      // d = (softmax - onehot) * the row's weight, from the recomputed logits.
+      chunk_product(
+          ks, c, cfg, wp.data_as<float>(), cv, offsets,
+          [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
+            for (int64_t i = 0; i < rows; ++i) {
+              const int64_t r = r0 + i;
+              const float wgt = c.row_weight(r), l = lse[r];
+              float* dr = D + r * cv + n0;
+              const float* ci = C + i * ldc;
+              for (int64_t j = 0; j < cols; ++j) dr[j] = std::exp(ci[j] - l) * wgt;
+              const int64_t lab = c.label(r) - v0 - n0;
+              if (lab >= 0 && lab < cols) dr[lab] -= wgt;
+            }
+          });
+      // dx += d w_chunk^T.
+      const k::PackedPanels t_panels{wt.data(), (H + nr - 1) / nr, cv * nr, false};
+      k::GroupedGemm gx;
+      gx.groups = 1;
+      gx.offsets = offsets;
+      gx.k = cv;
+      gx.n = H;
+      gx.a = D;
+      gx.packed = &t_panels;
+      gx.threads = c.num_threads;
+      gx.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
+                     int64_t cols) {
+        for (int64_t i = 0; i < rows; ++i) {
+          float* o = DX + (r0 + i) * H + n0;
+          const float* ci = C + i * ldc;
+          for (int64_t j = 0; j < cols; ++j) o[j] += ci[j];
+        }
+      };
+      k::grouped_gemm(gx, blocking(cfg), ks);
+      // dw[:, chunk] = x^T d.
+      k::GroupedGemmTn gw;
+      gw.groups = 1;
+      gw.offsets = offsets;
+      gw.k = H;
+      gw.n = cv;
+      gw.a = c.x.data();
+      gw.a_bf16 = c.x.dtype() == DType::kBF16;
+      gw.b = D;
+      gw.threads = c.num_threads;
+      gw.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
+                     int64_t cols) {
+        for (int64_t i = 0; i < rows; ++i)
+          std::memcpy(dw + (r0 + i) * V + v0 + n0, C + i * ldc, static_cast<size_t>(cols) * 4);
+      };
+      k::grouped_gemm_tn(gw, blocking(cfg), ks);
+    }
+    for (int64_t i = 0; i < B * H; ++i) {
+      if (c.dx().dtype() == DType::kF32)
+        c.dx().data_as<float>()[i] = DX[i];
+      else
+        c.dx().data_as<uint16_t>()[i] = f32_to_bf16(DX[i]);
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
+std::shared_ptr<const Implementation> make_vjp_native() { return std::make_shared<VjpNative>(); }
+
+}  // namespace loss
+}  // namespace tokamax

@@ -1,0 +1,153 @@
+// linear_softmax_cross_entropy_loss_vjp: the backward as an op of its own: its arguments (the
+// forward's, its log-sum-exp and the cotangent dloss), bind, the reference and the public
+// function. With p = softmax(x w) per row (exp(logits - lse)) and g_b = d loss / d loss_b:
+//   d logits = (p - onehot(label)) g_b,   dx = d logits w^T,   dw = x^T d logits.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "ops/loss/base.h"
+
+namespace tokamax {
+namespace loss {
+
+namespace {
+
+using V = Args<LossVjpCall>;
+
+InvalidArgument bad(const std::string& what) {
+  return InvalidArgument("linear_softmax_cross_entropy_loss_vjp: " + what);
+}
+
+// A made call's lse is the forward's (any other value is not a normalizer).
+void forward_lse(const LossVjpCall& c, const TensorView& dst, uint64_t) {
+  LossOptions o;
+  o.reduction = c.reduction;
+  o.implementation = "native";
+  const LossResult r = linear_softmax_cross_entropy_loss_with_residuals(c.x, c.labels, c.w, o);
+  std::memcpy(dst.data(), r.lse.data(), r.lse.nbytes());
+}
+
+// Made calls: labels uniform in [0, V) (as the forward's).
+void labels_within(const LossVjpCall& c, const TensorView& v, uint64_t seed) {
+  const int64_t vocab = c.w.rank() == 2 ? c.w.dim(1) : 0;
+  Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
+  for (int64_t i = 0; i < v.size(); ++i) {
+    v.data_as<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(
+        std::max<int64_t>(vocab - 1, 0), static_cast<int64_t>(u.data_as<double>()[i] * vocab)));
+  }
+}
+
+std::vector<ArgField<LossVjpCall>> vjp_fields() {
+  return {V::input("x", &LossCall::x),
+          V::input("w", &LossCall::w),
+          V::input("labels", &LossCall::labels, labels_within),
+          V::enumeration<LossReduction, 3>("reduction", &LossCall::reduction, reduction_names(),
+                                           LossReduction::kMean),
+          V::input("lse", &LossVjpCall::lse_in, forward_lse),
+          V::input("dloss", &LossVjpCall::dloss)};
+}
+
+}  // namespace
+
+VjpFamily::VjpFamily()
+    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
+                  {make_vjp_native(), make_vjp_composed()}) {}
+
+const VjpFamily& vjp_family() {
+  static const std::shared_ptr<const VjpFamily> f = std::make_shared<VjpFamily>();
+  return *f;
+}
+
+void VjpFamily::bind(LossVjpCall& c) const {
+  bind_forward(c);
+  const ShapeDtype lse{{c.b}, DType::kF32}, dl{c.loss_shape(), DType::kF32};
+  if (c.lse_in.spec() != lse || !c.lse_in.is_contiguous()) {
+    throw bad(fmt::format("lse has spec {}; expected contiguous {} (the forward's residual)",
+                          c.lse_in.spec().str(), lse.str()));
+  }
+  if (c.dloss.spec() != dl || !c.dloss.is_contiguous()) {
+    throw bad(fmt::format("dloss has spec {}; expected {} (the loss's, reduction {})",
+                          c.dloss.spec().str(), dl.str(), reduction_names().name(c.reduction)));
+  }
+}
+
+std::vector<ShapeDtype> VjpFamily::output_specs(const LossVjpCall& c) const {
+  return {c.x.spec(), {c.w.shape(), DType::kF32}};
+}
+
+Tolerance VjpFamily::tolerance_of(const LossVjpCall& c) const {
+  const double depth = std::sqrt(static_cast<double>(std::max<int64_t>({c.b, c.v, c.h, 1})));
+  if (c.x.dtype() == DType::kBF16 || c.w.dtype() == DType::kBF16) return {1e-2 * depth, 2e-2, 0};
+  return {1e-5 * depth, 1e-4, 0};
+}
+
+CallCost VjpFamily::cost_of(const LossVjpCall& c) const {
+  return {3 * call_flops(c), 0.0, false};  // the logits again, dx and dw
+}
+
+std::vector<ArgSpec> VjpFamily::arg_specs() const {
+  std::vector<ArgSpec> out;
+  for (const ArgSpec& s : loss::arg_specs()) {
+    LossCall c;
+    const ShapeDtype x = ShapeDtype::parse(s.arguments["x"].get<std::string>());
+    Json a = s.arguments;
+    a["lse"] = ShapeDtype{{x.shape[0]}, DType::kF32}.str();
+    const std::string red = a.value("reduction", "mean");
+    a["dloss"] = ShapeDtype{red == "none" ? Shape{x.shape[0]} : Shape{}, DType::kF32}.str();
+    std::vector<std::string> tags = s.tags;
+    tags.push_back("backward");
+    out.push_back(ArgSpec{kVjpFamily, s.name + "_backward", std::move(a), std::move(tags)});
+  }
+  return out;
+}
+
+// --- reference: per row in f64; dw summed over rows in row order ---
+
+void VjpReference::run_call(LossVjpCall& c, const Prepared*) const {
+  std::vector<double> dw(static_cast<size_t>(c.h * c.v), 0.0);
+  std::vector<double> d(static_cast<size_t>(c.v));
+  for (int64_t r = 0; r < c.b; ++r) {
+    for (int64_t j = 0; j < c.v; ++j) {
+      double l = 0;
+      for (int64_t k = 0; k < c.h; ++k)
+        l += double{load(c.x, r * c.h + k)} * load(c.w, k * c.v + j);
+      d[j] = std::exp(l - c.lse_in.data_as<const float>()[r]) * c.row_weight(r);
+    }
+    d[c.label(r)] -= c.row_weight(r);
+    for (int64_t k = 0; k < c.h; ++k) {
+      double s = 0;
+      const double xv = load(c.x, r * c.h + k);
+      for (int64_t j = 0; j < c.v; ++j) {
+        s += d[j] * load(c.w, k * c.v + j);
+        dw[k * c.v + j] += xv * d[j];
+      }
+      if (c.dx().dtype() == DType::kF32)
+        c.dx().data_as<float>()[r * c.h + k] = static_cast<float>(s);
+      else
+        c.dx().data_as<uint16_t>()[r * c.h + k] = f32_to_bf16(static_cast<float>(s));
+    }
+  }
+  for (size_t i = 0; i < dw.size(); ++i) c.dw().data_as<float>()[i] = static_cast<float>(dw[i]);
+}
+
+}  // namespace loss
+
+LossGrads linear_softmax_cross_entropy_loss_vjp(const TensorView& x, const TensorView& labels,
+                                                const TensorView& w, const TensorView& lse,
+                                                const TensorView& dloss, const LossOptions& o) {
+  loss::LossVjpCall c;
+  c.x = x;
+  c.labels = labels;
+  c.w = w;
+  c.lse_in = lse;
+  c.dloss = dloss;
+  c.reduction = o.reduction;
+  c.num_threads = 0;
+  std::vector<Tensor> g = loss::vjp_family().run(c, CallOptions{o.implementation, o.config});
+  return {std::move(g.at(0)), std::move(g.at(1))};
+}
+
+}  // namespace tokamax
