@@ -1,10 +1,12 @@
 // The mixture-of-experts feed-forward of examples/moe_block and examples/transformer_decoder,
-// written the way a model would be:
+// written the way a model would be (Qwen-MoE's and DeepSeek's, with a shared expert):
 //   h = rms_norm(x) * norm_scale; router logits = h W_r; top-k experts per token with softmax
 //   weights; tokens sorted by expert; per expert: silu(h W_gate) * (h W_up), then W_down;
-//   out = x + sum over the token's experts of weight * expert output.
-// rms_norm is tokamax's; the router and the three expert matmuls are ragged_dot calls (the
-// router as one group), so a trace records every one with its bound arguments and config.
+//   the shared expert: gated_linear_unit(h, W_shared [D, 2, F]) then W_shared_down;
+//   out = x + shared + sum over the token's experts of weight * expert output.
+// rms_norm and the shared expert's SwiGLU are tokamax's; the router and the expert matmuls are
+// ragged_dot calls (the router and the shared down projection as one group), so a trace records
+// every one with its bound arguments and config.
 #pragma once
 
 #include <tokamax/tokamax.h>
@@ -28,17 +30,23 @@ struct Dims {
 struct Weights {
   Tensor norm_scale;              // [D]
   Tensor router, gate, up, down;  // [1,D,E], [E,D,F], [E,D,F], [E,F,D]
-  PackedRhs router_p, gate_p, up_p, down_p;
+  Tensor shared, shared_down;     // [D,2,F], [1,F,D]
+  PackedRhs router_p, gate_p, up_p, down_p, shared_down_p;
+  PackedGluWeights shared_p;
   Weights(const Dims& d, DType dtype, uint64_t seed = 10)
       : norm_scale(Tensor::uniform({d.d_model}, DType::kF32, seed + 4)),
         router(Tensor::randn({1, d.d_model, d.experts}, DType::kF32, seed)),
         gate(Tensor::randn({d.experts, d.d_model, d.d_ff}, dtype, seed + 1)),
         up(Tensor::randn({d.experts, d.d_model, d.d_ff}, dtype, seed + 2)),
         down(Tensor::randn({d.experts, d.d_ff, d.d_model}, dtype, seed + 3)),
+        shared(Tensor::randn({d.d_model, 2, d.d_ff}, dtype, seed + 5)),
+        shared_down(Tensor::randn({1, d.d_ff, d.d_model}, dtype, seed + 6)),
         router_p(pack_rhs(router)),
         gate_p(pack_rhs(gate)),
         up_p(pack_rhs(up)),
-        down_p(pack_rhs(down)) {}
+        down_p(pack_rhs(down)),
+        shared_down_p(pack_rhs(shared_down)),
+        shared_p(pack_glu_weights(shared)) {}
 };
 
 // The packed weights for tokamax's choice of implementation, the plain ones when one is pinned
@@ -95,8 +103,16 @@ inline Tensor moe_block(const Tensor& x, const Weights& w, const Dims& d, const 
   for (int64_t i = 0; i < gate.size(); ++i) gate.data_as<float>()[i] *= up.data_as<float>()[i];
   const Tensor y = matmul(gate, w.down, w.down_p, group_sizes, o);  // [T*K, D]
 
+  // The shared expert, every token: SwiGLU in one fused call, then its down projection.
+  GluOptions glu;
+  glu.implementation = impl;
+  const Tensor s = impl.empty() ? gated_linear_unit(h, w.shared_p, glu)
+                                : gated_linear_unit(h, w.shared, glu);           // [T, F]
+  const Tensor shared = matmul(s, w.shared_down, w.shared_down_p, all_rows, o);  // [T, D]
+
   Tensor out({T, D}, DType::kF32);
-  std::copy_n(x.data_as<float>(), x.size(), out.data_as<float>());
+  for (int64_t i = 0; i < out.size(); ++i)
+    out.data_as<float>()[i] = x.data_as<float>()[i] + shared.data_as<float>()[i];
   for (int i = 0; i < T * K; ++i) {
     float* dst = out.data_as<float>() + int64_t(slot[i] / K) * D;
     const float* src = y.data_as<float>() + int64_t(i) * D;

@@ -4,11 +4,14 @@
 //   k, v appended to the cache [1, S_max, Nk, H];
 //   o = dot_product_attention(q, k_cache, v_cache) with GQA (N query heads over Nk kv heads),
 //       kv_seq_lengths = the positions filled so far, causal over the prompt in the prefill;
-//   x1 = x + o W_o;  out = the mixture-of-experts block of examples/moe_block on x1.
-// Every op (rms_norm, ragged_dot, dot_product_attention) lands in a trace under
-// TOKAMAX_TRACE=path, so the README's trace -> extract -> tune -> apply round trip covers every
-// family the layer calls (tests/trace/transformer_round_trip.sh). Positions are not rotated
-// (no RoPE): the layer shows the ops, not a particular model.
+//   x1 = x + o W_o;  out = the mixture-of-experts block of examples/moe_block on x1 (its
+//   shared expert a gated_linear_unit);
+// and after the prefill, the language-model loss of the prompt's next tokens:
+//   linear_softmax_cross_entropy_loss(rms_norm(out), next tokens, W_lm [D, V]).
+// Every op (rms_norm, ragged_dot, dot_product_attention, gated_linear_unit, the loss) lands in
+// a trace under TOKAMAX_TRACE=path, so the README's trace -> extract -> tune -> apply round trip
+// covers every family the layer calls (tests/trace/transformer_round_trip.sh). Positions are
+// not rotated (no RoPE) and the tokens are random: the layer shows the ops, not a model.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -22,7 +25,7 @@ namespace {
 using namespace tokamax;
 
 struct Dims {
-  int heads = 8, kv_heads = 2, head_dim = 32, prompt = 32, steps = 4;
+  int heads = 8, kv_heads = 2, head_dim = 32, prompt = 32, steps = 4, vocab = 1000;
   moe::Dims ffn{.tokens = 0, .d_model = 256, .d_ff = 512, .experts = 8, .top_k = 2};
   int d_model() const { return ffn.d_model; }
   int max_seq() const { return prompt + steps; }
@@ -47,16 +50,21 @@ struct Projection {
 };
 
 struct Layer {
-  Tensor norm_scale;
+  Tensor norm_scale, final_norm, lm_head;  // [D], [D], [D, V]
   Projection wq, wk, wv, wo;
   moe::Weights ffn;
   explicit Layer(const Dims& d)
       : norm_scale(Tensor::uniform({d.d_model()}, DType::kF32, 20)),
+        final_norm(Tensor::uniform({d.d_model()}, DType::kF32, 25)),
+        lm_head(Tensor::randn({d.d_model(), d.vocab}, DType::kF32, 26)),
         wq(d.d_model(), d.heads * d.head_dim, 21),
         wk(d.d_model(), d.kv_heads * d.head_dim, 22),
         wv(d.d_model(), d.kv_heads * d.head_dim, 23),
         wo(d.heads * d.head_dim, d.d_model(), 24),
-        ffn(d.ffn, DType::kF32, 30) {}
+        ffn(d.ffn, DType::kF32, 30) {
+    const float s = 1.0f / std::sqrt(static_cast<float>(d.d_model()));
+    for (int64_t i = 0; i < lm_head.size(); ++i) lm_head.data_as<float>()[i] *= s;
+  }
 };
 
 struct KvCache {
@@ -97,6 +105,16 @@ Tensor layer_step(const Tensor& x, const Layer& l, KvCache& cache, const Dims& d
   return moe::moe_block(x1, l.ffn, d.ffn, impl);
 }
 
+// The mean next-token loss of the prefill's outputs [T, D] against `next` (i32 [T]).
+Tensor lm_loss(const Tensor& out, const Tensor& next, const Layer& l, const std::string& impl) {
+  LayerNormOptions norm;
+  norm.implementation = impl;
+  const Tensor h = rms_norm(out, l.final_norm.view(), norm);
+  LossOptions o;
+  o.implementation = impl;
+  return linear_softmax_cross_entropy_loss(h, next, l.lm_head, o);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,6 +129,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--head-dim", d.head_dim, "head dim")->check(CLI::PositiveNumber);
   app.add_option("--d-model", d.ffn.d_model, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", d.vocab, "vocabulary of the loss")->check(CLI::PositiveNumber);
   app.add_option("--tuned", tuned, "an AutotuningResult file to apply (AutotuningScope)");
   app.add_flag("--check", check, "compare every step with the reference implementations");
   CLI11_PARSE(app, argc, argv);
@@ -143,6 +162,15 @@ int main(int argc, char** argv) {
       if (check) {
         const Tensor ref = layer_step(x, layer, ref_cache, d, "reference");
         worst = std::max(worst, moe::normwise_error(out, ref));
+      }
+      if (s == 0) {
+        Tensor next({d.prompt}, DType::kI32);
+        for (int t = 0; t < d.prompt; ++t) next.data_as<int32_t>()[t] = (t * 7919 + 13) % d.vocab;
+        const Tensor loss = lm_loss(out, next, layer, "");
+        std::printf("prefill loss: %.4f (log V = %.4f)\n", loss.get(0), std::log(double(d.vocab)));
+        if (check)
+          worst =
+              std::max(worst, moe::normwise_error(loss, lm_loss(out, next, layer, "reference")));
       }
       // The next token's input: the last position's output (a stand-in for sampling and
       // embedding it).

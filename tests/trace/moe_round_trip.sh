@@ -14,14 +14,15 @@ TOKAMAX_DEVICE_KIND=production_box TOKAMAX_TRACE=run1.json "$moe" --steps 2 --ch
 grep -q '"device_kind":"production_box"' run1.json
 "$cli" trace extract run1.json -o bound_args.json --op ragged_dot
 if grep -q production_box bound_args.json; then exit 1; fi
-# --check ran the reference implementation too: 4 keys x {native, reference}.
-test "$(grep -c '"implementation": "native"' bound_args.json)" = 4
+# --check ran the reference implementation too: 5 keys x {native, reference} (the router, the
+# experts' gate, up and down, the shared expert's down projection).
+test "$(grep -c '"implementation": "native"' bound_args.json)" = 5
 "$cli" autotune --bound-args bound_args.json -o result.json --budget-s 120 >/dev/null
 # The traced keys benchmarked side by side: one set of rows per distinct key x {native,
-# native:packed}: the example's 4 pre-packed keys (weights packed at load time) and the 4
+# native:packed}: the example's 5 pre-packed keys (weights packed at load time) and the 5
 # unpacked keys of its --check reference calls.
 "$cli" bench --bound-args bound_args.json --impl native,native:packed --min-time 0.02 --json > bench.json
-test "$(grep -c '"spec"' bench.json)" = 16
+test "$(grep -c '"spec"' bench.json)" = 20
 grep -q '"packed_rhs":true' bound_args.json || grep -q '"packed_rhs": true' bound_args.json
 here=$("$cli" device --json | grep -o '"device_kind": *"[^"]*"' | head -1 | sed 's/.*: *//')
 grep -q "\"device_kind\": *$here" result.json
@@ -30,7 +31,7 @@ TOKAMAX_TRACE=run2.json "$moe" --steps 2 --tuned result.json
 cat summary.json
 native=$(grep -c '"op": "ragged_dot/native"' summary.json)
 scope=$(grep -c '"rung": "scope"' summary.json)
-test "$native" = 4 && test "$scope" = 4 || { echo "expected 4 native keys from the scope"; exit 1; }
+test "$native" = 5 && test "$scope" = 5 || { echo "expected 5 native keys from the scope"; exit 1; }
 
 # "%p" in TOKAMAX_TRACE becomes the process id (one trace per process of a multi-process job).
 TOKAMAX_TRACE=pid_%p.json "$moe" --steps 1 > /dev/null
