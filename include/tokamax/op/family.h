@@ -405,5 +405,12 @@ class TypedFamily : public OpFamily {
   mutable std::unordered_map<Signature, BoundArguments, SignatureHash> keys_;
 };
 
+// A family's one instance for the process (the registry and the public functions share it).
+template <class F>
+const F& family_instance() {
+  static const F f;
+  return f;
+}
+
 }  // namespace tokamax
 TOKAMAX_PUBLIC_END

@@ -135,10 +135,7 @@ void set_options(AttentionCall& c, const AttentionOptions& o) {
   c.num_threads = 0;
 }
 
-const Family& family() {
-  static const std::shared_ptr<const Family> f = std::make_shared<Family>();
-  return *f;
-}
+const Family& family() { return family_instance<Family>(); }
 
 void Family::bind(AttentionCall& c) const { bind_forward(c); }
 

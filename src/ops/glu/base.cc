@@ -65,10 +65,7 @@ Family::Family()
     : TypedFamily(kFamily, forward_fields(), std::make_shared<Reference>(),
                   {make_native(), make_composed()}) {}
 
-const Family& family() {
-  static const std::shared_ptr<const Family> f = std::make_shared<Family>();
-  return *f;
-}
+const Family& family() { return family_instance<Family>(); }
 
 void bind_forward(GluCall& c) {
   if (c.x.rank() < 2 || !f32_or_bf16(c.x.dtype()))

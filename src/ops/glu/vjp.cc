@@ -68,10 +68,7 @@ VjpFamily::VjpFamily()
     : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
                   {make_vjp_native(), make_vjp_composed()}) {}
 
-const VjpFamily& vjp_family() {
-  static const std::shared_ptr<const VjpFamily> f = std::make_shared<VjpFamily>();
-  return *f;
-}
+const VjpFamily& vjp_family() { return family_instance<VjpFamily>(); }
 
 void VjpFamily::bind(GluVjpCall& c) const {
   bind_forward(c);

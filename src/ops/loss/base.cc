@@ -18,16 +18,6 @@ InvalidArgument bad(const std::string& what) {
   return InvalidArgument("linear_softmax_cross_entropy_loss: " + what);
 }
 
-// Made calls: labels uniform in [0, V).
-void labels_within(const LossCall& c, const TensorView& v, uint64_t seed) {
-  const int64_t vocab = c.w.rank() == 2 ? c.w.dim(1) : 0;
-  Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
-  for (int64_t i = 0; i < v.size(); ++i) {
-    v.data_as<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(
-        std::max<int64_t>(vocab - 1, 0), static_cast<int64_t>(u.data_as<double>()[i] * vocab)));
-  }
-}
-
 }  // namespace
 
 const EnumNames<LossReduction, 3>& reduction_names() {
@@ -48,7 +38,7 @@ std::vector<ArgField<LossCall>> forward_fields() {
   // w before labels: the labels' fill reads V from it.
   return {
       A::input("x", &LossCall::x), A::input("w", &LossCall::w),
-      A::input("labels", &LossCall::labels, labels_within),
+      A::input("labels", &LossCall::labels, labels_within<LossCall>),
       A::enumeration("reduction", &LossCall::reduction, reduction_names(), LossReduction::kMean),
       A::value("return_residuals", &LossCall::return_residuals, false)};
 }
@@ -58,10 +48,7 @@ Family::Family()
     : TypedFamily(kFamily, forward_fields(), std::make_shared<Reference>(),
                   {make_native(), make_composed()}) {}
 
-const Family& family() {
-  static const std::shared_ptr<const Family> f = std::make_shared<Family>();
-  return *f;
-}
+const Family& family() { return family_instance<Family>(); }
 
 void bind_forward(LossCall& c) {
   auto f32_or_bf16 = [](DType d) { return d == DType::kF32 || d == DType::kBF16; };

@@ -3,6 +3,7 @@
 // linear_softmax_cross_entropy_loss_vjp.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,17 @@ struct LossVjpCall : LossCall {
 };
 
 float load(const TensorView& t, int64_t i);
+
+// A made call's labels (forward or backward): uniform in [0, V), V read from its w.
+template <class CallT>
+void labels_within(const CallT& c, const TensorView& v, uint64_t seed) {
+  const int64_t vocab = c.w.rank() == 2 ? c.w.dim(1) : 0;
+  Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
+  for (int64_t i = 0; i < v.size(); ++i) {
+    v.data_as<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(
+        std::max<int64_t>(vocab - 1, 0), static_cast<int64_t>(u.data_as<double>()[i] * vocab)));
+  }
+}
 
 class Reference : public TypedImplementation<LossCall, void> {
  public:

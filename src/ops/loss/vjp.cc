@@ -30,20 +30,10 @@ void forward_lse(const LossVjpCall& c, const TensorView& dst, uint64_t) {
   std::memcpy(dst.data(), r.lse.data(), r.lse.nbytes());
 }
 
-// Made calls: labels uniform in [0, V) (as the forward's).
-void labels_within(const LossVjpCall& c, const TensorView& v, uint64_t seed) {
-  const int64_t vocab = c.w.rank() == 2 ? c.w.dim(1) : 0;
-  Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
-  for (int64_t i = 0; i < v.size(); ++i) {
-    v.data_as<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(
-        std::max<int64_t>(vocab - 1, 0), static_cast<int64_t>(u.data_as<double>()[i] * vocab)));
-  }
-}
-
 std::vector<ArgField<LossVjpCall>> vjp_fields() {
   return {V::input("x", &LossCall::x),
           V::input("w", &LossCall::w),
-          V::input("labels", &LossCall::labels, labels_within),
+          V::input("labels", &LossCall::labels, labels_within<LossVjpCall>),
           V::enumeration<LossReduction, 3>("reduction", &LossCall::reduction, reduction_names(),
                                            LossReduction::kMean),
           V::input("lse", &LossVjpCall::lse_in, forward_lse),
@@ -56,10 +46,7 @@ VjpFamily::VjpFamily()
     : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
                   {make_vjp_native(), make_vjp_composed()}) {}
 
-const VjpFamily& vjp_family() {
-  static const std::shared_ptr<const VjpFamily> f = std::make_shared<VjpFamily>();
-  return *f;
-}
+const VjpFamily& vjp_family() { return family_instance<VjpFamily>(); }
 
 void VjpFamily::bind(LossVjpCall& c) const {
   bind_forward(c);

@@ -31,10 +31,7 @@ Family::Family()
     : TypedFamily(kFamily, forward_fields(), std::make_shared<Reference>(),
                   {make_native(), make_composed()}) {}
 
-const Family& family() {
-  static const std::shared_ptr<const Family> f = std::make_shared<Family>();
-  return *f;
-}
+const Family& family() { return family_instance<Family>(); }
 
 void set_options(NormCall& c, const LayerNormOptions& o) {
   c.axis = o.axis;

@@ -289,10 +289,7 @@ Family::Family()
            A::value("packed_rhs", &RaggedDotCall::packed_rhs, false)},
           std::make_shared<Reference>(), {make_native(), make_blas()}) {}
 
-const Family& family() {
-  static const std::shared_ptr<const Family> f = std::make_shared<Family>();
-  return *f;
-}
+const Family& family() { return family_instance<Family>(); }
 
 // Packed once here, outside any timing, as a program packs its weights at load time. The
 // unpacked rhs stays too: the reference and the other implementations read it.

@@ -14,10 +14,16 @@
 #include <vector>
 
 #include "ops/attention/base.h"
+#include "tests/ops/common.h"
 #include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax::attention_test {
+
+using op_test::as_f64;
+using op_test::expect_close;
+using op_test::expect_gradient;
+using op_test::values;
 
 struct Case {
   int64_t b = 1, t = 5, s = 7, n = 2, nk = 1, h = 8, hv = 8;
@@ -144,28 +150,6 @@ inline void f64_attention(const Case& c, const Inputs& in, std::vector<double>* 
   }
 }
 
-inline void expect_close(const Tensor& got, const std::vector<double>& want, const Tolerance& tol,
-                         const std::string& what) {
-  ASSERT_EQ(static_cast<size_t>(got.size()), want.size()) << what;
-  int bad = 0;
-  double e2 = 0, r2 = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double g = got.get(i), w = want[i];
-    if (std::isinf(w)) {
-      ASSERT_EQ(g, w) << what << " at " << i;
-      continue;
-    }
-    ASSERT_TRUE(std::isfinite(g)) << what << " non-finite at " << i;
-    e2 += (g - w) * (g - w);
-    r2 += w * w;
-    if (std::abs(g - w) > tol.atol + tol.rtol * std::abs(w) && bad++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " got " << g << " want " << w;
-  }
-  if (tol.normwise > 0 && r2 > 0) {
-    EXPECT_LE(std::sqrt(e2 / r2), tol.normwise) << what;
-  }
-}
-
 // One case through `impl`: against the reference (the family's tolerance), the reference
 // against doubles, the residuals, and a second run bit-identical.
 inline void check_case(const std::string& impl, const Case& c) {
@@ -193,22 +177,12 @@ inline void check_case(const std::string& impl, const Case& c) {
   call.kv_seq_lengths = in.options.kv_seq_lengths;
   call.is_causal = c.causal;
   attn::family().bind(call);
-  std::vector<double> refd(static_cast<size_t>(ref.out.size())), ref_lse(ref.lse.size());
-  for (int64_t i = 0; i < ref.out.size(); ++i) refd[i] = ref.out.get(i);
-  for (int64_t i = 0; i < ref.lse.size(); ++i) ref_lse[i] = ref.lse.get(i);
-  expect_close(got.out, refd, attn::family().tolerance_of(call), what);
-  expect_close(got.lse, ref_lse, {1e-4, 1e-5, 0}, "lse " + what);
+  expect_close(got.out, values(ref.out), attn::family().tolerance_of(call), what);
+  expect_close(got.lse, values(ref.lse), {1e-4, 1e-5, 0}, "lse " + what);
   // Determinism: the same inputs, config and threads give the same bits.
   o.implementation = impl;
   const Tensor again = dot_product_attention(in.q, in.k, in.v, o);
   ASSERT_EQ(std::memcmp(again.data(), got.out.data(), got.out.nbytes()), 0) << "rerun " << what;
-}
-
-// A tensor's values as f64 (finite differences perturb them).
-inline Tensor as_f64(const Tensor& t) {
-  Tensor out(t.shape(), DType::kF64);
-  for (int64_t i = 0; i < t.size(); ++i) out.data_as<double>()[i] = t.get(i);
-  return out;
 }
 
 // sum(dout * attention(q, k, v)) in double precision, with q, k or v replaced by `x` (which = 0,
@@ -254,11 +228,6 @@ inline void check_vjp(const std::string& impl, const Case& c) {
   attn::vjp_family().bind(call);
   const Tolerance tol = attn::vjp_family().tolerance_of(call);
   const std::string what = impl + " vjp " + c.str();
-  auto values = [](const Tensor& t) {
-    std::vector<double> v(static_cast<size_t>(t.size()));
-    for (int64_t i = 0; i < t.size(); ++i) v[i] = t.get(i);
-    return v;
-  };
   expect_close(got.dq, values(ref.dq), tol, "dq " + what);
   expect_close(got.dk, values(ref.dk), tol, "dk " + what);
   expect_close(got.dv, values(ref.dv), tol, "dv " + what);
@@ -267,21 +236,9 @@ inline void check_vjp(const std::string& impl, const Case& c) {
   const Tensor* grads[3] = {&ref.dq, &ref.dk, &ref.dv};
   const Tensor* xs[3] = {&in.q, &in.k, &in.v};
   for (int which = 0; which < 3; ++which) {
-    const Tensor u = Tensor::randn(xs[which]->shape(), DType::kF64, fresh_seed());
-    Tensor plus = as_f64(*xs[which]), minus = as_f64(*xs[which]);
-    const double eps = 1e-4;
-    double analytic = 0;
-    for (int64_t i = 0; i < u.size(); ++i) {
-      const double d = u.data_as<double>()[i];
-      plus.data_as<double>()[i] += eps * d;
-      minus.data_as<double>()[i] -= eps * d;
-      analytic += grads[which]->get(i) * d;
-    }
-    const double fd =
-        (f64_loss(c, in, which, plus, dout) - f64_loss(c, in, which, minus, dout)) / (2 * eps);
-    EXPECT_NEAR(analytic, fd, 2e-4 * (1 + std::abs(fd)))
-        << "reference d"
-        << "qkv"[which] << " vs finite differences " << c.str();
+    expect_gradient(
+        *grads[which], *xs[which], [&](const Tensor& p) { return f64_loss(c, in, which, p, dout); },
+        1e-4, 2e-4, std::string("reference d") + "qkv"[which] + " " + c.str());
   }
 }
 

@@ -13,10 +13,16 @@
 #include <vector>
 
 #include "ops/glu/base.h"
+#include "tests/ops/common.h"
 #include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax::glu_test {
+
+using op_test::as_f64;
+using op_test::expect_close;
+using op_test::expect_gradient;
+using op_test::values;
 
 constexpr Activation kAll[] = {Activation::kNone, Activation::kRelu,     Activation::kSilu,
                                Activation::kGelu, Activation::kGeluTanh, Activation::kSigmoid};
@@ -96,24 +102,6 @@ inline std::vector<double> f64_glu(const Case& c, const Tensor& x, const Tensor&
   return out;
 }
 
-inline std::vector<double> values(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.size()));
-  for (int64_t i = 0; i < t.size(); ++i) v[i] = t.get(i);
-  return v;
-}
-
-inline void expect_close(const Tensor& got, const std::vector<double>& want, const Tolerance& tol,
-                         const std::string& what) {
-  ASSERT_EQ(static_cast<size_t>(got.size()), want.size()) << what;
-  int bad = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double g = got.get(i), w = want[i];
-    ASSERT_TRUE(std::isfinite(g)) << what << " non-finite at " << i;
-    if (std::abs(g - w) > tol.atol + tol.rtol * std::abs(w) && bad++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " got " << g << " want " << w;
-  }
-}
-
 inline glu::GluCall bound_call(const Inputs& in) {
   glu::GluCall call;
   call.x = in.x;
@@ -171,12 +159,6 @@ inline void check_case(const std::string& impl, Case c) {
   }
 }
 
-inline Tensor as_f64(const Tensor& t) {
-  Tensor out(t.shape(), DType::kF64);
-  for (int64_t i = 0; i < t.size(); ++i) out.data_as<double>()[i] = t.get(i);
-  return out;
-}
-
 inline void check_vjp(const std::string& impl, const Case& c) {
   const Inputs in = make_inputs(c);
   const std::string what = impl + " vjp " + c.str();
@@ -204,18 +186,6 @@ inline void check_vjp(const std::string& impl, const Case& c) {
     return;
   // The reference backward against central differences of the f64 forward.
   for (int which = 0; which < 2; ++which) {
-    const Tensor& base = which == 0 ? in.x : in.w;
-    const Tensor& grad = which == 0 ? ref.dx : ref.dw;
-    const Tensor u = Tensor::randn(base.shape(), DType::kF64, fresh_seed());
-    Tensor plus = as_f64(base), minus = as_f64(base);
-    const double eps = 1e-5;
-    double analytic = 0;
-    for (int64_t i = 0; i < u.size(); ++i) {
-      const double d = u.data_as<double>()[i];
-      plus.data_as<double>()[i] += eps * d;
-      minus.data_as<double>()[i] -= eps * d;
-      analytic += grad.get(i) * d;
-    }
     auto loss = [&](const Tensor& p) {
       const std::vector<double> y =
           which == 0 ? f64_glu(c, p, as_f64(in.w)) : f64_glu(c, as_f64(in.x), p);
@@ -223,9 +193,8 @@ inline void check_vjp(const std::string& impl, const Case& c) {
       for (size_t i = 0; i < y.size(); ++i) l += y[i] * dout.get(static_cast<int64_t>(i));
       return l;
     };
-    const double fd = (loss(plus) - loss(minus)) / (2 * eps);
-    EXPECT_NEAR(analytic, fd, 1e-4 * (1 + std::abs(fd)))
-        << "reference d" << (which == 0 ? "x" : "w") << " vs finite differences " << c.str();
+    expect_gradient(which == 0 ? ref.dx : ref.dw, which == 0 ? in.x : in.w, loss, 1e-5, 1e-4,
+                    std::string("reference d") + (which == 0 ? "x " : "w ") + c.str());
   }
 }
 

@@ -13,10 +13,16 @@
 #include <vector>
 
 #include "ops/loss/base.h"
+#include "tests/ops/common.h"
 #include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax::loss_test {
+
+using op_test::as_f64;
+using op_test::expect_close;
+using op_test::expect_gradient;
+using op_test::values;
 
 struct Case {
   int64_t b = 7, h = 19, v = 45;
@@ -76,24 +82,6 @@ inline std::vector<double> reduced(const Case& c, const std::vector<double>& per
   return {s};
 }
 
-inline std::vector<double> values(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.size()));
-  for (int64_t i = 0; i < t.size(); ++i) v[i] = t.get(i);
-  return v;
-}
-
-inline void expect_close(const Tensor& got, const std::vector<double>& want, const Tolerance& tol,
-                         const std::string& what) {
-  ASSERT_EQ(static_cast<size_t>(got.size()), want.size()) << what;
-  int bad = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double g = got.get(i), w = want[i];
-    ASSERT_TRUE(std::isfinite(g)) << what << " non-finite at " << i;
-    if (std::abs(g - w) > tol.atol + tol.rtol * std::abs(w) && bad++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " got " << g << " want " << w;
-  }
-}
-
 inline loss::LossCall bound_call(const Case& c, const Inputs& in) {
   loss::LossCall call;
   call.x = in.x;
@@ -129,12 +117,6 @@ inline void check_case(const std::string& impl, const Case& c) {
   ASSERT_EQ(std::memcmp(again.data(), got.loss.data(), got.loss.nbytes()), 0) << "rerun " << what;
 }
 
-inline Tensor as_f64(const Tensor& t) {
-  Tensor out(t.shape(), DType::kF64);
-  for (int64_t i = 0; i < t.size(); ++i) out.data_as<double>()[i] = t.get(i);
-  return out;
-}
-
 inline void check_vjp(const std::string& impl, const Case& c) {
   const Inputs in = make_inputs(c);
   const std::string what = impl + " vjp " + c.str();
@@ -164,18 +146,6 @@ inline void check_vjp(const std::string& impl, const Case& c) {
   ASSERT_EQ(std::memcmp(again.dw.data(), got.dw.data(), got.dw.nbytes()), 0) << "rerun " << what;
   if (impl != "reference" || c.dtype != DType::kF32 || c.x_scale != 1) return;
   for (int which = 0; which < 2; ++which) {
-    const Tensor& base = which == 0 ? in.x : in.w;
-    const Tensor& grad = which == 0 ? ref.dx : ref.dw;
-    const Tensor u = Tensor::randn(base.shape(), DType::kF64, fresh_seed());
-    Tensor plus = as_f64(base), minus = as_f64(base);
-    const double eps = 1e-5;
-    double analytic = 0;
-    for (int64_t i = 0; i < u.size(); ++i) {
-      const double d = u.data_as<double>()[i];
-      plus.data_as<double>()[i] += eps * d;
-      minus.data_as<double>()[i] -= eps * d;
-      analytic += grad.get(i) * d;
-    }
     auto loss_of = [&](const Tensor& p) {
       std::vector<double> per_row, lse;
       if (which == 0)
@@ -187,9 +157,8 @@ inline void check_vjp(const std::string& impl, const Case& c) {
       for (size_t i = 0; i < l.size(); ++i) s += l[i] * dloss.get(static_cast<int64_t>(i));
       return s;
     };
-    const double fd = (loss_of(plus) - loss_of(minus)) / (2 * eps);
-    EXPECT_NEAR(analytic, fd, 1e-4 * (1 + std::abs(fd)))
-        << "reference d" << (which == 0 ? "x" : "w") << " vs finite differences " << c.str();
+    expect_gradient(which == 0 ? ref.dx : ref.dw, which == 0 ? in.x : in.w, loss_of, 1e-5, 1e-4,
+                    std::string("reference d") + (which == 0 ? "x " : "w ") + c.str());
   }
 }
 

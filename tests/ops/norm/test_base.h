@@ -13,10 +13,16 @@
 #include <vector>
 
 #include "ops/norm/base.h"
+#include "tests/ops/common.h"
 #include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax::norm_test {
+
+using op_test::as_f64;
+using op_test::expect_close;
+using op_test::expect_gradient;
+using op_test::values;
 
 using norm::family;
 using norm::NormCall;
@@ -112,24 +118,6 @@ inline void f64_norm(const Case& c, const Tensor& x, const Tensor* scale, const 
   }
 }
 
-inline std::vector<double> values(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.size()));
-  for (int64_t i = 0; i < t.size(); ++i) v[i] = t.get(i);
-  return v;
-}
-
-inline void expect_close(const Tensor& got, const std::vector<double>& want, const Tolerance& tol,
-                         const std::string& what) {
-  ASSERT_EQ(static_cast<size_t>(got.size()), want.size()) << what;
-  int bad = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double g = got.get(i), w = want[i];
-    ASSERT_TRUE(std::isfinite(g)) << what << " non-finite at " << i;
-    if (std::abs(g - w) > tol.atol + tol.rtol * std::abs(w) && bad++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " got " << g << " want " << w;
-  }
-}
-
 inline bool strided(const Case& c) {
   int64_t outer, d, inner;
   split(c, &outer, &d, &inner);
@@ -191,12 +179,6 @@ inline double f64_loss(const Case& c, const Tensor& x, const Tensor* scale, cons
   return l;
 }
 
-inline Tensor as_f64(const Tensor& t) {
-  Tensor out(t.shape(), DType::kF64);
-  for (int64_t i = 0; i < t.size(); ++i) out.data_as<double>()[i] = t.get(i);
-  return out;
-}
-
 inline void check_vjp(const std::string& impl, const Case& c) {
   const Inputs in = make_inputs(c);
   const std::string what = impl + " vjp " + c.str();
@@ -236,28 +218,18 @@ inline void check_vjp(const std::string& impl, const Case& c) {
   const Tensor* xs[3] = {&in.x, c.scale ? &in.scale : nullptr, c.offset ? &in.offset : nullptr};
   for (int which = 0; which < 3; ++which) {
     if (!xs[which]) continue;
-    const Tensor u = Tensor::randn(xs[which]->shape(), DType::kF64, fresh_seed());
-    Tensor plus = as_f64(*xs[which]), minus = as_f64(*xs[which]);
-    const double eps = 1e-5;
-    double analytic = 0;
-    for (int64_t i = 0; i < u.size(); ++i) {
-      const double d = u.data_as<double>()[i];
-      plus.data_as<double>()[i] += eps * d;
-      minus.data_as<double>()[i] -= eps * d;
-      analytic += grads[which]->get(i) * d;
-    }
     auto loss = [&](const Tensor& p) {
       const Tensor x = which == 0 ? p.clone() : as_f64(in.x);
       const Tensor s = c.scale ? (which == 1 ? p.clone() : as_f64(in.scale)) : Tensor();
       const Tensor f = c.offset ? (which == 2 ? p.clone() : as_f64(in.offset)) : Tensor();
       return f64_loss(c, x, c.scale ? &s : nullptr, c.offset ? &f : nullptr, dy);
     };
-    const double fd = (loss(plus) - loss(minus)) / (2 * eps);
-    EXPECT_NEAR(analytic, fd, 1e-4 * (1 + std::abs(fd))) << "reference d"
-                                                         << (which == 0   ? "x"
-                                                             : which == 1 ? "scale"
-                                                                          : "offset")
-                                                         << " vs finite differences " << c.str();
+    expect_gradient(*grads[which], *xs[which], loss, 1e-5, 1e-4,
+                    std::string("reference d") +
+                        (which == 0   ? "x"
+                         : which == 1 ? "scale"
+                                      : "offset") +
+                        " " + c.str());
   }
 }
 

@@ -202,9 +202,8 @@ TYPED_TEST_P(RaggedDotImpl, EdgeSizes) {
 }
 
 TYPED_TEST_P(RaggedDotImpl, Activations) {
-  for (Activation a :
-       {Activation::kRelu, Activation::kSilu, Activation::kGelu, Activation::kGeluTanh,
-        Activation::kSigmoid}) {
+  for (Activation a : {Activation::kRelu, Activation::kSilu, Activation::kGelu,
+                       Activation::kGeluTanh, Activation::kSigmoid}) {
     check_case(this->impl(),
                {DType::kF32, DType::kF32, {}, RaggedDimNums::kForward, 24, 20, {3, 0, 5}, 1, a});
     check_case(this->impl(),
