@@ -8,6 +8,7 @@
 // scheduling.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/thread_pool.h"
 #include "kernels/norm.h"
@@ -51,14 +52,17 @@ class NativeBase : public TypedImplementation<CallT, LayerNormNativeConfig> {
     if (cfg.rows_per_item < 1)
       throw InvalidArgument(kFields.to_json(cfg).dump() + ": expected rows_per_item >= 1");
   }
-  // Items of about 128 KiB of x (a few microseconds of streaming: the scheduling cost is
-  // negligible and the tail is short), at least 8 per thread where the rows allow.
+  // Items of up to 256 rows, at least 8 per thread where the rows allow (tokamax autotune
+  // --tag primary here: the winners were 64-512 rows, and items of 128 KiB of x, 8-32 rows,
+  // 2-7% slower: each item starts its row stream and prefetch anew). The backward's items
+  // also bound how often its f32 parameter sums are flushed into f64 (2 D adds an item):
+  // up to 512 rows, 4 per thread (winners 256-512; 8-32 rows were 6-15% slower).
   LayerNormNativeConfig heuristics(const CallT& c) const override {
-    const int64_t row_bytes = std::max<int64_t>(1, c.d * dtype_size(c.x.dtype()));
-    int64_t rpi = std::max<int64_t>(1, (128 << 10) / row_bytes);
-    const int64_t want = 8 * std::max(1, c.num_threads);
-    rpi = std::min(rpi, std::max<int64_t>(1, c.rows() / want));
-    return {static_cast<int>(std::min<int64_t>(rpi, 1 << 20))};
+    constexpr bool kBackward = std::is_same_v<CallT, NormVjpCall>;
+    const int64_t per_thread = kBackward ? 4 : 8, cap = kBackward ? 512 : 256;
+    const int64_t rpi =
+        std::clamp<int64_t>(c.rows() / (per_thread * std::max(1, c.num_threads)), 1, cap);
+    return {static_cast<int>(rpi)};
   }
   std::vector<LayerNormNativeConfig> search_space(const CallT& c) const override {
     std::vector<LayerNormNativeConfig> out;
