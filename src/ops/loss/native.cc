@@ -119,21 +119,27 @@ void pack_chunk(const k::KernelSet& ks, const LossCall& c, int64_t v0, int64_t c
   });
 }
 
-// The product of x with one packed chunk, its finished tiles handed to `store`.
+// The product of x (as f32: x32) with one packed chunk, its finished tiles handed to `store`.
 void chunk_product(const k::KernelSet& ks, const LossCall& c, const LossNativeConfig& cfg,
-                   const float* panels, int64_t cv, const int64_t* offsets, k::StoreTile store) {
+                   const float* x32, const float* panels, int64_t cv, const int64_t* offsets,
+                   k::StoreTile store) {
   const k::PackedPanels pp{panels, (cv + ks.nr - 1) / ks.nr, c.h * ks.nr, false};
   k::GroupedGemm p;
   p.groups = 1;
   p.offsets = offsets;
   p.k = c.h;
   p.n = cv;
-  p.a = c.x.data();
-  p.a_bf16 = c.x.dtype() == DType::kBF16;
+  p.a = x32;
   p.packed = &pp;
   p.threads = c.num_threads;
   p.store = std::move(store);
   k::grouped_gemm(p, blocking(cfg), ks);
+}
+
+// x as f32: x itself, or widened once per call (not once per chunk).
+const float* x_as_f32(const LossCall& c, Tensor* storage) {
+  return k::a_as_f32(c.x.data(), c.x.dtype() == DType::kBF16, false, c.x.size(), c.num_threads,
+                     storage);
 }
 
 // Vocabulary chunks: block_v rounded up to whole column blocks (nc), at most V.
@@ -158,12 +164,14 @@ class Native : public NativeBase<LossCall> {
     float* P = part.data_as<float>();
     float* L = picked.data_as<float>();
     const int64_t offsets[2] = {0, c.b};
+    Tensor x_store;
+    const float* x32 = x_as_f32(c, &x_store);
     const int nc = cfg.nc;
     for (int64_t v0 = 0; c.b > 0 && v0 < c.v; v0 += bv) {
       const int64_t cv = std::min(bv, c.v - v0);
       pack_chunk(ks, c, v0, cv, false, panels.data_as<float>());
       chunk_product(
-          ks, c, cfg, panels.data_as<float>(), cv, offsets,
+          ks, c, cfg, x32, panels.data_as<float>(), cv, offsets,
           [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
             float* row = k::thread_scratch(k::kEpilogueSlot, cols);
             for (int64_t i = 0; i < rows; ++i) {
@@ -215,13 +223,15 @@ class VjpNative : public NativeBase<LossVjpCall> {
     Tensor wt({std::max<int64_t>(1, bv * k::round_up(H, nr))}, DType::kF32);
     const float* lse = c.lse_in.data_as<const float>();
     const int64_t offsets[2] = {0, B};
+    Tensor x_store;
+    const float* x32 = x_as_f32(c, &x_store);
     for (int64_t v0 = 0; B > 0 && H > 0 && v0 < V; v0 += bv) {
       const int64_t cv = std::min(bv, V - v0);
       pack_chunk(ks, c, v0, cv, false, wp.data_as<float>());
       pack_chunk(ks, c, v0, cv, true, wt.data_as<float>());
       // d = (softmax - onehot) * the row's weight, from the recomputed logits.
       chunk_product(
-          ks, c, cfg, wp.data_as<float>(), cv, offsets,
+          ks, c, cfg, x32, wp.data_as<float>(), cv, offsets,
           [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
             for (int64_t i = 0; i < rows; ++i) {
               const int64_t r = r0 + i;
@@ -258,8 +268,7 @@ class VjpNative : public NativeBase<LossVjpCall> {
       gw.offsets = offsets;
       gw.k = H;
       gw.n = cv;
-      gw.a = c.x.data();
-      gw.a_bf16 = c.x.dtype() == DType::kBF16;
+      gw.a = x32;
       gw.b = D;
       gw.threads = c.num_threads;
       gw.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
