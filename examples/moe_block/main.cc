@@ -37,15 +37,7 @@ int main(int argc, char** argv) {
   }
   try {
     const Weights w(d, bf16 ? DType::kBF16 : DType::kF32);
-    std::optional<AutotuningResult> result;
-    std::optional<AutotuningScope> scope;
-    if (!tuned.empty()) {
-      result = AutotuningResult::load(tuned);
-      scope.emplace(*result);
-      std::printf("applying %zu tuned keys from %s (device kind %s)\n", result->data().size(),
-                  tuned.c_str(), result->device_kind().c_str());
-    }
-    if (!env_trace_path().empty()) std::printf("tracing to %s\n", env_trace_path().c_str());
+    const moe::TunedScope tuned_scope(tuned);
     double worst = 0;
     for (int s = 0; s < steps; ++s) {
       const Tensor x = Tensor::randn({d.tokens, d.d_model}, DType::kF32, 100 + s);

@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,6 +122,22 @@ inline Tensor moe_block(const Tensor& x, const Weights& w, const Dims& d, const 
   }
   return out;
 }
+
+// The --tuned option of both examples: an AutotuningResult file applied for the program's
+// lifetime (an AutotuningScope), and a line saying so; a line when TOKAMAX_TRACE records.
+struct TunedScope {
+  std::optional<AutotuningResult> result;
+  std::optional<AutotuningScope> scope;
+  explicit TunedScope(const std::string& path) {
+    if (!path.empty()) {
+      result = AutotuningResult::load(path);
+      scope.emplace(*result);
+      std::printf("applying %zu tuned keys from %s (device kind %s)\n", result->data().size(),
+                  path.c_str(), result->device_kind().c_str());
+    }
+    if (!env_trace_path().empty()) std::printf("tracing to %s\n", env_trace_path().c_str());
+  }
+};
 
 // sqrt(sum (a - b)^2 / sum b^2).
 inline double normwise_error(const Tensor& a, const Tensor& b) {
