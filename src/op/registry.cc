@@ -72,7 +72,14 @@ std::vector<std::string> OpFamily::implementation_names() const {
 
 std::vector<std::string> OpFamily::bench_rows(const CallBase& call) const {
   std::vector<std::string> rows;
-  for (const auto& i : implementations()) rows.push_back(i->name());
+  for (const auto& i : implementations()) {
+    rows.push_back(i->name());
+    // The default implementation's argument variants right after it (ragged_dot's and the
+    // GLU's pre-packed weights: "native:packed").
+    if (rows.size() == 1)
+      for (const auto& [variant, overlay] : argument_variants())
+        rows.push_back(i->name() + ":" + variant);
+  }
   if (memory_bound(call)) rows.push_back("reference");
   return rows;
 }

@@ -168,8 +168,9 @@ class OpFamily {
   // Variants of a call that `tokamax bench` can measure as their own rows (IMPL:VARIANT): a
   // name and the arguments it sets over a spec's (ragged_dot: "packed", {"packed_rhs": true}).
   virtual std::vector<std::pair<std::string, Json>> argument_variants() const { return {}; }
-  // The rows `tokamax bench` measures when none are named. Default: every implementation,
-  // and the reference on memory-bound calls (there plain loops can rival a library).
+  // The rows `tokamax bench` measures when none are named. Default: every implementation, the
+  // default one's argument variants after it, and the reference on memory-bound calls (there
+  // plain loops can rival a library).
   virtual std::vector<std::string> bench_rows(const CallBase& call) const;
 
   // Any implementation by name, including "reference". InvalidArgument listing the names.

@@ -264,8 +264,8 @@ void Reference::run_call(AttentionCall& c, const Prepared*) const {
       if (!c.mask_allows(bb, nn, tt, ss)) continue;
       float dot = 0;
       for (int64_t d = 0; d < c.h; ++d) {
-        dot += load(c.q, ((bb * c.t + tt) * c.n + nn) * c.h + d) *
-               load(c.k, ((bb * c.s + ss) * c.nk + kh) * c.h + d);
+        dot += load_f32(c.q, ((bb * c.t + tt) * c.n + nn) * c.h + d) *
+               load_f32(c.k, ((bb * c.s + ss) * c.nk + kh) * c.h + d);
       }
       logits[ss] = c.logit(dot, bb, nn, tt, ss);
       m = std::max(m, logits[ss]);
@@ -278,11 +278,11 @@ void Reference::run_call(AttentionCall& c, const Prepared*) const {
         const float p = std::exp(logits[ss] - m);
         l += p;
         for (int64_t d = 0; d < c.hv; ++d)
-          acc[d] += p * load(c.v, ((bb * c.s + ss) * c.nk + kh) * c.hv + d);
+          acc[d] += p * load_f32(c.v, ((bb * c.s + ss) * c.nk + kh) * c.hv + d);
       }
     }
     for (int64_t d = 0; d < c.hv; ++d)
-      store(c.out(), ((bb * c.t + tt) * c.n + nn) * c.hv + d, l > 0 ? acc[d] / l : 0.0f);
+      store_f32(c.out(), ((bb * c.t + tt) * c.n + nn) * c.hv + d, l > 0 ? acc[d] / l : 0.0f);
     if (c.lse()) {
       lse.data_as<float>()[(bb * c.n + nn) * c.t + tt] =
           l > 0 ? m + std::log(l) : -std::numeric_limits<float>::infinity();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "ops/elements.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/attention.h"
@@ -62,8 +63,8 @@ struct AttentionCall : CallBase {
   float logits_row(float* x, int64_t bb, int64_t nn, int64_t tt, int64_t s0, int64_t count) const {
     const float sc = scale_value;
     if (bias) {
-      const int64_t base = bb * bias_strides[0] + nn * bias_strides[1] + tt * bias_strides[2] +
-                           s0 * bias_strides[3];
+      const int64_t base =
+          bb * bias_strides[0] + nn * bias_strides[1] + tt * bias_strides[2] + s0 * bias_strides[3];
       const int64_t st = bias_strides[3];
       if (bias->dtype() == DType::kF32) {
         const float* bp = bias->data_as<const float>() + base;
@@ -106,18 +107,6 @@ struct AttentionCall : CallBase {
     return x;
   }
 };
-
-// Reads element i of a contiguous f32 or bf16 buffer as f32.
-inline float load(const TensorView& t, int64_t i) {
-  return t.dtype() == DType::kF32 ? t.data_as<const float>()[i]
-                                  : bf16_to_f32(t.data_as<const uint16_t>()[i]);
-}
-inline void store(const TensorView& t, int64_t i, float x) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = x;
-  else
-    t.data_as<uint16_t>()[i] = f32_to_bf16(x);
-}
 
 class Reference : public TypedImplementation<AttentionCall, void> {
  public:

@@ -83,7 +83,7 @@ class Composed : public TypedImplementation<AttentionCall, void> {
         }
         for (int64_t tt = 0; tt < c.t; ++tt) {
           for (int64_t d = 0; d < c.hv; ++d)
-            store(c.out(), ((bb * c.t + tt) * c.n + nn) * c.hv + d, O[tt * c.hv + d]);
+            store_f32(c.out(), ((bb * c.t + tt) * c.n + nn) * c.hv + d, O[tt * c.hv + d]);
         }
       }
     }
@@ -155,15 +155,15 @@ class ComposedVjp : public TypedImplementation<AttentionVjpCall, void> {
         gemm(false, false, T, H, S, dP, S, k, c.nk * H, dQ, H, 0.0f);
         for (int64_t tt = 0; tt < T; ++tt) {
           for (int64_t d = 0; d < H; ++d)
-            store(c.dq(), ((bb * T + tt) * c.n + nn) * H + d, dQ[tt * H + d] * c.scale_value);
+            store_f32(c.dq(), ((bb * T + tt) * c.n + nn) * H + d, dQ[tt * H + d] * c.scale_value);
         }
         gemm(true, false, S, H, T, dP, S, q, c.n * H, dk, c.nk * H, 1.0f);
         gemm(true, false, S, Hv, T, P, S, g, c.n * Hv, dv, c.nk * Hv, 1.0f);
       }
     }
     for (int64_t i = 0; i < dk_t.size() && i < c.dk().size(); ++i)
-      store(c.dk(), i, dK[i] * c.scale_value);
-    for (int64_t i = 0; i < dv_t.size() && i < c.dv().size(); ++i) store(c.dv(), i, dV[i]);
+      store_f32(c.dk(), i, dK[i] * c.scale_value);
+    for (int64_t i = 0; i < dv_t.size() && i < c.dv().size(); ++i) store_f32(c.dv(), i, dV[i]);
   }
 
  private:

@@ -180,7 +180,8 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         for (int64_t j = 0; j < nr; ++j) {
           const int64_t ss = p * nr + j;
           for (int64_t d = 0; d < c.h; ++d) {
-            dst[d * nr + j] = ss < c.s ? load(c.k, ((bb * c.s + ss) * c.nk + kh) * c.h + d) : 0.0f;
+            dst[d * nr + j] =
+                ss < c.s ? load_f32(c.k, ((bb * c.s + ss) * c.nk + kh) * c.h + d) : 0.0f;
           }
         }
       } else {  // V panel: [S][nr], head dims q*nr.., zero past Hv
@@ -190,7 +191,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
           for (int64_t j = 0; j < nr; ++j) {
             const int64_t d = q * nr + j;
             dst[ss * nr + j] =
-                d < c.hv ? load(c.v, ((bb * c.s + ss) * c.nk + kh) * c.hv + d) : 0.0f;
+                d < c.hv ? load_f32(c.v, ((bb * c.s + ss) * c.nk + kh) * c.hv + d) : 0.0f;
           }
         }
       }

@@ -147,37 +147,37 @@ void VjpReference::run_call(AttentionVjpCall& c, const Prepared*) const {
         if (lse == kNegInf) continue;  // a fully masked row: no gradient
         float D = 0;
         for (int64_t d = 0; d < c.hv; ++d)
-          D += load(c.dout, qrow * c.hv + d) * load(c.o, qrow * c.hv + d);
+          D += load_f32(c.dout, qrow * c.hv + d) * load_f32(c.o, qrow * c.hv + d);
         std::vector<float> dq(static_cast<size_t>(c.h), 0.0f);
         for (int64_t ss = s0; ss < s1; ++ss) {
           if (!c.mask_allows(bb, nn, tt, ss)) continue;
           const int64_t krow = (bb * c.s + ss) * c.nk + kh;
           float dot = 0;
           for (int64_t d = 0; d < c.h; ++d)
-            dot += load(c.q, qrow * c.h + d) * load(c.k, krow * c.h + d);
+            dot += load_f32(c.q, qrow * c.h + d) * load_f32(c.k, krow * c.h + d);
           const float xl = c.logit(dot, bb, nn, tt, ss);
           const float p = std::exp(xl - lse);
           float dp = 0;
           for (int64_t d = 0; d < c.hv; ++d) {
-            const float g = load(c.dout, qrow * c.hv + d);
-            dp += g * load(c.v, krow * c.hv + d);
+            const float g = load_f32(c.dout, qrow * c.hv + d);
+            dp += g * load_f32(c.v, krow * c.hv + d);
             dv[ss * c.hv + d] += p * g;
           }
           const float dz = p * (dp - D) * c.cap_grad(xl);
           if (c.dbias()) c.dbias()->data_as<float>()[c.bias_index(bb, nn, tt, ss)] += dz;
           for (int64_t d = 0; d < c.h; ++d) {
-            dq[d] += dz * load(c.k, krow * c.h + d);
-            dk[ss * c.h + d] += dz * load(c.q, qrow * c.h + d);
+            dq[d] += dz * load_f32(c.k, krow * c.h + d);
+            dk[ss * c.h + d] += dz * load_f32(c.q, qrow * c.h + d);
           }
         }
-        for (int64_t d = 0; d < c.h; ++d) store(c.dq(), qrow * c.h + d, dq[d] * c.scale_value);
+        for (int64_t d = 0; d < c.h; ++d) store_f32(c.dq(), qrow * c.h + d, dq[d] * c.scale_value);
       }
     }
     for (int64_t ss = 0; ss < c.s; ++ss) {
       const int64_t krow = (bb * c.s + ss) * c.nk + kh;
       for (int64_t d = 0; d < c.h; ++d)
-        store(c.dk(), krow * c.h + d, dk[ss * c.h + d] * c.scale_value);
-      for (int64_t d = 0; d < c.hv; ++d) store(c.dv(), krow * c.hv + d, dv[ss * c.hv + d]);
+        store_f32(c.dk(), krow * c.h + d, dk[ss * c.h + d] * c.scale_value);
+      for (int64_t d = 0; d < c.hv; ++d) store_f32(c.dv(), krow * c.hv + d, dv[ss * c.hv + d]);
     }
   });
 }

@@ -100,12 +100,12 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
       for (int64_t ss = 0; ss < sp * nr; ++ss) {
         const int64_t row = (bb * c.s + ss) * c.nk + kh, p = ss / nr, j = ss % nr;
         for (int64_t d = 0; d < c.h; ++d)
-          kt[(p * c.h + d) * nr + j] = ss < c.s ? load(c.k, row * c.h + d) : 0.0f;
+          kt[(p * c.h + d) * nr + j] = ss < c.s ? load_f32(c.k, row * c.h + d) : 0.0f;
         for (int64_t d = 0; d < c.hv; ++d)
-          vt[(p * c.hv + d) * nr + j] = ss < c.s ? load(c.v, row * c.hv + d) : 0.0f;
+          vt[(p * c.hv + d) * nr + j] = ss < c.s ? load_f32(c.v, row * c.hv + d) : 0.0f;
         if (ss < c.s) {
           for (int64_t d = 0; d < hp; ++d)
-            kf[((d / nr) * c.s + ss) * nr + d % nr] = d < c.h ? load(c.k, row * c.h + d) : 0.0f;
+            kf[((d / nr) * c.s + ss) * nr + d % nr] = d < c.h ? load_f32(c.k, row * c.h + d) : 0.0f;
         }
       }
     });
@@ -130,7 +130,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         float sum = 0;
         for (int t = 0; t < threads; ++t)
           sum += accs.data_as<float>()[t * (acc_floats + dbias_floats) + row * hp + d];
-        store(c.dk(), out_row * c.h + d, sum * c.scale_value);
+        store_f32(c.dk(), out_row * c.h + d, sum * c.scale_value);
       }
       for (int64_t d = 0; d < c.hv; ++d) {
         float sum = 0;
@@ -138,7 +138,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
           sum += accs.data_as<float>()[t * (acc_floats + dbias_floats) + pairs * c.s * hp +
                                        row * hvp + d];
         }
-        store(c.dv(), out_row * c.hv + d, sum);
+        store_f32(c.dv(), out_row * c.hv + d, sum);
       }
     });
     if (c.dbias()) {
@@ -184,11 +184,11 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const int64_t qrow = (bb * c.t + tt) * c.n + nn;
-      for (int64_t d = 0; d < c.h; ++d) Q[r * c.h + d] = load(c.q, qrow * c.h + d);
+      for (int64_t d = 0; d < c.h; ++d) Q[r * c.h + d] = load_f32(c.q, qrow * c.h + d);
       float dd = 0;
       for (int64_t d = 0; d < c.hv; ++d) {
-        dO[r * c.hv + d] = load(c.dout, qrow * c.hv + d);
-        dd += dO[r * c.hv + d] * load(c.o, qrow * c.hv + d);
+        dO[r * c.hv + d] = load_f32(c.dout, qrow * c.hv + d);
+        dd += dO[r * c.hv + d] * load_f32(c.o, qrow * c.hv + d);
       }
       D[r] = dd;
       lse[r] = c.lse_at(bb, nn, tt);
@@ -284,7 +284,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const int64_t qrow = (bb * c.t + tt) * c.n + nn;
       for (int64_t d = 0; d < c.h; ++d)
-        store(c.dq(), qrow * c.h + d, dQ[r * hp + d] * c.scale_value);
+        store_f32(c.dq(), qrow * c.h + d, dQ[r * hp + d] * c.scale_value);
     }
   }
 };

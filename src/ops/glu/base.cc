@@ -33,11 +33,6 @@ bool f32_or_bf16(DType d) { return d == DType::kF32 || d == DType::kBF16; }
 
 }  // namespace
 
-float load(const void* p, DType dt, int64_t i) {
-  return dt == DType::kF32 ? static_cast<const float*>(p)[i]
-                           : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-}
-
 const void* GluCall::weights(int half, int64_t* ld) const {
   const size_t es = dtype_size(w_dtype);
   if (w_up) {
@@ -135,12 +130,6 @@ void Family::finish_made_call(GluCall& c) const {
   if (c.packed_w) c.packed = PackedGluWeights(pack(c, c.num_threads));
 }
 
-std::vector<std::string> Family::bench_rows_of(const GluCall& c) const {
-  std::vector<std::string> rows = OpFamily::bench_rows(c);
-  rows.insert(std::find(rows.begin(), rows.end(), "native") + 1, "native:packed");
-  return rows;
-}
-
 // --- reference: f64 sums per output element, the activation and product in f32 ---
 
 void Reference::check_call(const GluCall& c) const {
@@ -154,10 +143,10 @@ void Reference::run_call(GluCall& c, const Prepared*) const {
   parallel_for(c.m, c.num_threads, [&](int64_t r, int) {
     std::vector<double> g(static_cast<size_t>(c.n), 0.0), u(static_cast<size_t>(c.n), 0.0);
     for (int64_t kk = 0; kk < c.k; ++kk) {
-      const double xv = load(c.x.data(), c.x.dtype(), r * c.k + kk);
+      const double xv = load_f32(c.x.data(), c.x.dtype(), r * c.k + kk);
       for (int64_t j = 0; j < c.n; ++j) {
-        g[j] += xv * load(wg, c.w_dtype, kk * ld + j);
-        u[j] += xv * load(wu, c.w_dtype, kk * ld + j);
+        g[j] += xv * load_f32(wg, c.w_dtype, kk * ld + j);
+        u[j] += xv * load_f32(wu, c.w_dtype, kk * ld + j);
       }
     }
     for (int64_t j = 0; j < c.n; ++j) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "ops/elements.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/glu.h"
@@ -46,14 +47,16 @@ struct GluVjpCall : GluCall {
   const TensorView& dw() const { return outputs.at(1); }
 };
 
-float load(const void* p, DType dt, int64_t i);
-
 class Reference : public TypedImplementation<GluCall, void> {
  public:
   std::string name() const override { return "reference"; }
   void check_call(const GluCall& c) const override;
   void run_call(GluCall& call, const Prepared* prepared) const override;
 };
+// The backward's elementwise part, dh (f32 [M, 2N], each row gate then up) from h and dout:
+// dh_gate = dout * up * act'(gate), dh_up = dout * act(gate). Every backward shares it.
+void compute_dh(const GluVjpCall& c, float* dh);
+
 class VjpReference : public TypedImplementation<GluVjpCall, void> {
  public:
   std::string name() const override { return "reference"; }
@@ -83,7 +86,6 @@ class Family : public TypedFamily<GluCall> {
   std::vector<std::pair<std::string, Json>> argument_variants() const override {
     return {{"packed", Json{{"packed_w", true}}}};
   }
-  std::vector<std::string> bench_rows_of(const GluCall& call) const override;
 };
 const Family& family();
 

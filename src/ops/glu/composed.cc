@@ -20,13 +20,6 @@ const float* as_f32(const void* p, DType dt, int64_t count, int threads, Tensor*
   return kernels::a_as_f32(p, dt == DType::kBF16, false, count, threads, storage);
 }
 
-void store(const TensorView& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = v;
-  else
-    t.data_as<uint16_t>()[i] = f32_to_bf16(v);
-}
-
 class Composed : public TypedImplementation<GluCall, void> {
  public:
   std::string name() const override { return "composed"; }
@@ -58,7 +51,7 @@ class Composed : public TypedImplementation<GluCall, void> {
     parallel_for(M, c.num_threads, [&](int64_t r, int) {
       const float* g = H + r * 2 * N;
       for (int64_t j = 0; j < N; ++j)
-        store(c.out(), r * N + j, kernels::apply_activation(c.activation, g[j]) * g[N + j]);
+        store_f32(c.out(), r * N + j, kernels::apply_activation(c.activation, g[j]) * g[N + j]);
       if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
     });
   }
@@ -70,19 +63,9 @@ class VjpComposed : public TypedImplementation<GluVjpCall, void> {
   void run_call(GluVjpCall& c, const Prepared*) const override {
     openblas_set_num_threads(std::max(1, c.num_threads));
     const int64_t M = c.m, K = c.k, N = c.n;
-    Tensor dh({std::max<int64_t>(1, M * 2 * N)}, DType::kF32), xs, ws, ds;
+    Tensor dh({std::max<int64_t>(1, M * 2 * N)}, DType::kF32), xs, ws;
     float* DH = dh.data_as<float>();
-    const float* dout = as_f32(c.dout.data(), c.dout.dtype(), c.dout.size(), c.num_threads, &ds);
-    const float* H = c.h_in.data_as<const float>();
-    parallel_for(M, c.num_threads, [&](int64_t r, int) {
-      const float* g = H + r * 2 * N;
-      float* d = DH + r * 2 * N;
-      for (int64_t j = 0; j < N; ++j) {
-        const float go = dout[r * N + j];
-        d[j] = go * g[N + j] * static_cast<float>(kernels::activation_grad(c.activation, g[j]));
-        d[N + j] = go * kernels::apply_activation(c.activation, g[j]);
-      }
-    });
+    compute_dh(c, DH);
     const float* X = as_f32(c.x.data(), c.x.dtype(), c.x.size(), c.num_threads, &xs);
     const float* W = as_f32(c.w.data(), c.w_dtype, c.w.size(), c.num_threads, &ws);
     Tensor dx32;
@@ -110,7 +93,7 @@ class VjpComposed : public TypedImplementation<GluVjpCall, void> {
       }
     }
     if (dx32.rank() > 0)
-      for (int64_t i = 0; i < M * K; ++i) store(c.dx(), i, DX[i]);
+      for (int64_t i = 0; i < M * K; ++i) store_f32(c.dx(), i, DX[i]);
   }
 };
 

@@ -40,6 +40,8 @@ std::vector<ArgField<GluVjpCall>> vjp_fields() {
           V::input("h", &GluVjpCall::h_in, forward_residual), V::input("dout", &GluVjpCall::dout)};
 }
 
+}  // namespace
+
 // dh (f32 [M, 2N], rows of gate then up) from h and dout.
 void compute_dh(const GluVjpCall& c, float* dh) {
   const int64_t N = c.n;
@@ -48,21 +50,12 @@ void compute_dh(const GluVjpCall& c, float* dh) {
     const float* g = H + r * 2 * N;
     float* d = dh + r * 2 * N;
     for (int64_t j = 0; j < N; ++j) {
-      const float go = load(c.dout.data(), c.dout.dtype(), r * N + j);
+      const float go = load_f32(c.dout.data(), c.dout.dtype(), r * N + j);
       d[j] = go * g[N + j] * static_cast<float>(kernels::activation_grad(c.activation, g[j]));
       d[N + j] = go * kernels::apply_activation(c.activation, g[j]);
     }
   });
 }
-
-void store(const TensorView& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = v;
-  else
-    t.data_as<uint16_t>()[i] = f32_to_bf16(v);
-}
-
-}  // namespace
 
 VjpFamily::VjpFamily()
     : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
@@ -130,14 +123,14 @@ void VjpReference::run_call(GluVjpCall& c, const Prepared*) const {
     for (int64_t kk = 0; kk < K; ++kk) {
       double s = 0;
       for (int64_t j = 0; j < N2; ++j)
-        s += double{dh[r * N2 + j]} * load(c.w.data(), c.w_dtype, kk * N2 + j);
-      store(c.dx(), r * K + kk, static_cast<float>(s));
+        s += double{dh[r * N2 + j]} * load_f32(c.w.data(), c.w_dtype, kk * N2 + j);
+      store_f32(c.dx(), r * K + kk, static_cast<float>(s));
     }
   });
   parallel_for(K, c.num_threads, [&](int64_t kk, int) {
     std::vector<double> s(static_cast<size_t>(N2), 0.0);
     for (int64_t r = 0; r < M; ++r) {
-      const double xv = load(c.x.data(), c.x.dtype(), r * K + kk);
+      const double xv = load_f32(c.x.data(), c.x.dtype(), r * K + kk);
       for (int64_t j = 0; j < N2; ++j) s[j] += xv * dh[r * N2 + j];
     }
     for (int64_t j = 0; j < N2; ++j)
@@ -186,7 +179,8 @@ class VjpNative : public TypedImplementation<GluVjpCall, GluNativeConfig> {
     dx.store = [&c](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
                     int64_t cols) {
       for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) store(c.dx(), (r0 + i) * c.k + n0 + j, C[i * ldc + j]);
+        for (int64_t j = 0; j < cols; ++j)
+          store_f32(c.dx(), (r0 + i) * c.k + n0 + j, C[i * ldc + j]);
     };
     if (M > 0 && K > 0) {
       if (N2 > 0) {

@@ -28,11 +28,6 @@ const EnumNames<LossReduction, 3>& reduction_names() {
   return kNames;
 }
 
-float load(const TensorView& t, int64_t i) {
-  return t.dtype() == DType::kF32 ? t.data_as<const float>()[i]
-                                  : bf16_to_f32(t.data_as<const uint16_t>()[i]);
-}
-
 namespace {
 std::vector<ArgField<LossCall>> forward_fields() {
   // w before labels: the labels' fill reads V from it.
@@ -128,8 +123,8 @@ void Reference::run_call(LossCall& c, const Prepared*) const {
   parallel_for(c.b, c.num_threads, [&](int64_t r, int) {
     std::vector<double> logits(static_cast<size_t>(c.v), 0.0);
     for (int64_t k = 0; k < c.h; ++k) {
-      const double xv = load(c.x, r * c.h + k);
-      for (int64_t j = 0; j < c.v; ++j) logits[j] += xv * load(c.w, k * c.v + j);
+      const double xv = load_f32(c.x, r * c.h + k);
+      for (int64_t j = 0; j < c.v; ++j) logits[j] += xv * load_f32(c.w, k * c.v + j);
     }
     double m = -INFINITY;
     for (double l : logits) m = std::max(m, l);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "ops/elements.h"
 #include "tokamax/core/enum_names.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
@@ -42,8 +43,6 @@ struct LossVjpCall : LossCall {
   // d loss / d loss_b: dloss (per row, or the scalar, over B for the mean).
   float row_weight(int64_t row) const;
 };
-
-float load(const TensorView& t, int64_t i);
 
 // A made call's labels (forward or backward): uniform in [0, V), V read from its w.
 template <class CallT>

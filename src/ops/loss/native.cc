@@ -213,8 +213,13 @@ class VjpNative : public NativeBase<LossVjpCall> {
     const int nr = ks.nr;
     const int64_t B = c.b, H = c.h, V = c.v, bv = chunk_cols(c, cfg);
     float* dw = c.dw().data_as<float>();
-    Tensor dx32({std::max<int64_t>(1, B * H)}, DType::kF32);
-    float* DX = dx32.data_as<float>();
+    // dx accumulates over the chunks in f32: in the output itself when it is f32.
+    Tensor dx32;
+    float* DX = c.dx().dtype() == DType::kF32 ? c.dx().data_as<float>() : nullptr;
+    if (!DX) {
+      dx32 = Tensor({std::max<int64_t>(1, B * H)}, DType::kF32);
+      DX = dx32.data_as<float>();
+    }
     std::fill(DX, DX + B * H, 0.0f);
     if (B == 0 || H == 0) std::fill(dw, dw + H * V, 0.0f);
     Tensor d({std::max<int64_t>(1, B * bv)}, DType::kF32);
@@ -278,12 +283,8 @@ class VjpNative : public NativeBase<LossVjpCall> {
       };
       k::grouped_gemm_tn(gw, blocking(cfg), ks);
     }
-    for (int64_t i = 0; i < B * H; ++i) {
-      if (c.dx().dtype() == DType::kF32)
-        c.dx().data_as<float>()[i] = DX[i];
-      else
-        c.dx().data_as<uint16_t>()[i] = f32_to_bf16(DX[i]);
-    }
+    if (dx32.rank() > 0)
+      for (int64_t i = 0; i < B * H; ++i) c.dx().data_as<uint16_t>()[i] = f32_to_bf16(DX[i]);
   }
 };
 

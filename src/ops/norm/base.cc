@@ -104,7 +104,7 @@ const float* params_f32(const std::optional<TensorView>& p, Tensor* storage) {
   if (!p) return nullptr;
   if (p->dtype() == DType::kF32) return p->data_as<const float>();
   *storage = Tensor(p->shape(), DType::kF32);
-  for (int64_t i = 0; i < p->size(); ++i) storage->data_as<float>()[i] = load(*p, i);
+  for (int64_t i = 0; i < p->size(); ++i) storage->data_as<float>()[i] = load_f32(*p, i);
   return storage->data_as<const float>();
 }
 
@@ -113,19 +113,19 @@ const float* params_f32(const std::optional<TensorView>& p, Tensor* storage) {
 void Reference::run_call(NormCall& c, const Prepared*) const {
   parallel_for(c.rows(), c.num_threads, [&](int64_t r, int) {
     double mean = 0, var = 0;
-    for (int64_t j = 0; j < c.d; ++j) mean += load(c.x, c.index(r, j));
+    for (int64_t j = 0; j < c.d; ++j) mean += load_f32(c.x, c.index(r, j));
     mean = c.subtract_mean && c.d > 0 ? mean / static_cast<double>(c.d) : 0.0;
     for (int64_t j = 0; j < c.d; ++j) {
-      const double e = load(c.x, c.index(r, j)) - mean;
+      const double e = load_f32(c.x, c.index(r, j)) - mean;
       var += e * e;
     }
     var = c.d > 0 ? var / static_cast<double>(c.d) : 0.0;
     const double rstd = 1.0 / std::sqrt(var + c.epsilon);
     for (int64_t j = 0; j < c.d; ++j) {
-      double y = (load(c.x, c.index(r, j)) - mean) * rstd;
-      if (c.scale) y *= load(*c.scale, j);
-      if (c.offset) y += load(*c.offset, j);
-      store(c.y(), c.index(r, j), static_cast<float>(y));
+      double y = (load_f32(c.x, c.index(r, j)) - mean) * rstd;
+      if (c.scale) y *= load_f32(*c.scale, j);
+      if (c.offset) y += load_f32(*c.offset, j);
+      store_f32(c.y(), c.index(r, j), static_cast<float>(y));
     }
     if (c.mean()) {
       c.mean()->data_as<float>()[r] = static_cast<float>(mean);

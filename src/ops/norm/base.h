@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "ops/elements.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/norm.h"
@@ -49,17 +50,6 @@ struct NormVjpCall : NormCall {
   const TensorView* doffset() const { return offset ? &outputs.at(scale ? 2 : 1) : nullptr; }
 };
 
-// Element i of a contiguous f32 or bf16 buffer as f32, and the store.
-inline float load(const TensorView& t, int64_t i) {
-  return t.dtype() == DType::kF32 ? t.data_as<const float>()[i]
-                                  : bf16_to_f32(t.data_as<const uint16_t>()[i]);
-}
-inline void store(const TensorView& t, int64_t i, float v) {
-  if (t.dtype() == DType::kF32)
-    t.data_as<float>()[i] = v;
-  else
-    t.data_as<uint16_t>()[i] = f32_to_bf16(v);
-}
 // scale / offset as f32 (a view of their data, or a widened copy in *storage); null if absent.
 const float* params_f32(const std::optional<TensorView>& p, Tensor* storage);
 

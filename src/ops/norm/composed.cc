@@ -75,8 +75,8 @@ class Composed : public TypedImplementation<NormCall, void> {
         return;
       }
       for (int64_t j = 0; j < c.d; ++j) {
-        store(c.y(), row_base(c, r) + j * st,
-              (p[j * st] - m) * s * (scale ? scale[j] : 1.0f) + (offset ? offset[j] : 0.0f));
+        store_f32(c.y(), row_base(c, r) + j * st,
+                  (p[j * st] - m) * s * (scale ? scale[j] : 1.0f) + (offset ? offset[j] : 0.0f));
       }
     });
     if (c.mean()) {
@@ -119,7 +119,7 @@ class VjpComposed : public TypedImplementation<NormVjpCall, void> {
       for (int64_t j = 0; j < c.d; ++j) {
         const float xh = (x[base + j * st] - mean[r]) * rstd[r];
         const float g = dy[base + j * st] * (scale ? scale[j] : 1.0f);
-        store(c.dx(), base + j * st, rstd[r] * (g - a[r] - xh * b[r]));
+        store_f32(c.dx(), base + j * st, rstd[r] * (g - a[r] - xh * b[r]));
       }
     });
     // Column sums over the rows (in f64: hundreds of thousands of rows), columns in blocks of

@@ -125,8 +125,8 @@ void VjpReference::run_call(NormVjpCall& c, const Prepared*) const {
     double sg = 0, sgx = 0;
     for (int64_t j = 0; j < c.d; ++j) {
       const int64_t i = c.index(r, j);
-      const double xh = (load(c.x, i) - mean) * rstd, dy = load(c.dy, i);
-      const double g = c.scale ? dy * load(*c.scale, j) : dy;
+      const double xh = (load_f32(c.x, i) - mean) * rstd, dy = load_f32(c.dy, i);
+      const double g = c.scale ? dy * load_f32(*c.scale, j) : dy;
       sg += g;
       sgx += g * xh;
       dscale[j] += dy * xh;
@@ -136,9 +136,9 @@ void VjpReference::run_call(NormVjpCall& c, const Prepared*) const {
     const double a = c.subtract_mean ? sg / n : 0.0, b = sgx / n;
     for (int64_t j = 0; j < c.d; ++j) {
       const int64_t i = c.index(r, j);
-      const double xh = (load(c.x, i) - mean) * rstd, dy = load(c.dy, i);
-      const double g = c.scale ? dy * load(*c.scale, j) : dy;
-      store(c.dx(), i, static_cast<float>(rstd * (g - a - xh * b)));
+      const double xh = (load_f32(c.x, i) - mean) * rstd, dy = load_f32(c.dy, i);
+      const double g = c.scale ? dy * load_f32(*c.scale, j) : dy;
+      store_f32(c.dx(), i, static_cast<float>(rstd * (g - a - xh * b)));
     }
   }
   for (int64_t j = 0; j < c.d; ++j) {

@@ -153,7 +153,7 @@ void Reference::run_call(RaggedDotCall& c, const Prepared*) const {
         for (int64_t j = 0; j < N; ++j) acc[j] += a * load_f32(B, bd, r * N + j);
       }
       for (int64_t j = 0; j < N; ++j) {
-        store_out(out.data(), c.out_dtype, (g * K + kk) * N + j,
+        store_f32(out.data(), c.out_dtype, (g * K + kk) * N + j,
                   apply_activation(c.activation, acc[j]));
       }
     });
@@ -178,7 +178,7 @@ void Reference::run_call(RaggedDotCall& c, const Prepared*) const {
       }
       for (int64_t j = 0; j < N; ++j) acc[j] = apply_activation(c.activation, acc[j]);
     }
-    for (int64_t j = 0; j < N; ++j) store_out(out.data(), c.out_dtype, i * N + j, acc[j]);
+    for (int64_t j = 0; j < N; ++j) store_f32(out.data(), c.out_dtype, i * N + j, acc[j]);
   });
 }
 
@@ -320,15 +320,6 @@ bool Family::memory_bound_of(const RaggedDotCall& c) const { return weight_strea
 
 CallCost Family::cost_of(const RaggedDotCall& c) const {
   return {call_flops(c), weight_bytes(c), native_uses_bf16_dot(c)};
-}
-
-// The call as users make it, the pre-packed call, and the alternatives a user has: blas, and
-// on memory-bound calls the reference loops (there they can beat blas; on compute-bound ones
-// they are 5-10x slower than blas and would only lengthen the run).
-std::vector<std::string> Family::bench_rows_of(const RaggedDotCall& call) const {
-  std::vector<std::string> rows = TypedFamily::bench_rows_of(call);
-  rows.insert(std::find(rows.begin(), rows.end(), "native") + 1, "native:packed");
-  return rows;
 }
 
 }  // namespace rdot

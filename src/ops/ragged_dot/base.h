@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "ops/elements.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
@@ -55,18 +56,6 @@ ShapeDtype output_spec(const RaggedDotCall& call);
 using kernels::activation_grad;
 using kernels::apply_activation;
 
-// Element i of a contiguous f32 or bf16 buffer as f32.
-inline float load_f32(const void* p, DType dt, int64_t i) {
-  return dt == DType::kF32 ? static_cast<const float*>(p)[i]
-                           : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-}
-inline void store_out(void* p, DType dt, int64_t i, float v) {
-  if (dt == DType::kF32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
-}
-
 class Reference : public TypedImplementation<RaggedDotCall, void> {
  public:
   std::string name() const override { return "reference"; }
@@ -97,7 +86,6 @@ class Family : public TypedFamily<RaggedDotCall> {
   std::vector<std::pair<std::string, Json>> argument_variants() const override {
     return {{"packed", Json{{"packed_rhs", true}}}};
   }
-  std::vector<std::string> bench_rows_of(const RaggedDotCall& call) const override;
   void finish_made_call(RaggedDotCall& call) const override;
 };
 
