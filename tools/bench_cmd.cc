@@ -246,8 +246,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       if (probing) {
         TimingOptions t = round_timing(round);
         t.warmup = round == 0 ? 1 : 0;  // its buffer defeats the caches on its own
-        const SampleStats st = time_callable(
-            [&] { cost.read_write ? probe->run_copy_pass() : probe->run_pass(); }, t);
+        const SampleStats st =
+            time_callable([&] { cost.read_write ? probe->run_copy_pass() : probe->run_pass(); }, t);
         probe_samples.insert(probe_samples.end(), st.samples_ms.begin(), st.samples_ms.end());
       }
       for (size_t i = 0; i < runners.size(); ++i) {
@@ -283,7 +283,7 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         r.peak_value = read_gbps;
       } else {
         const bool bf16_dot = runners[i].bf16_dot;
-        r.peak_kind = bf16_dot ? "bf16_dot" : "f32_fma";
+        r.peak_kind = !bf16_dot ? "f32_fma" : roof.bf16_dot_unit == "amx" ? "bf16_amx" : "bf16_dot";
         r.peak_value = bf16_dot ? roof.bf16_gflops_all : roof.f32_gflops_all;
       }
       const double achieved = mem ? r.gbps : r.gflops;

@@ -68,8 +68,9 @@ void print_device(bool json, bool roofline) {
     fmt::print("roofline ({} threads = all):\n", r["threads"].get<int>());
     fmt::print("  f32 FMA:     {:8.1f} GFLOP/s 1 core, {:8.1f} all\n",
                r["f32_fma_gflops_1core"].get<double>(), r["f32_fma_gflops_all"].get<double>());
-    fmt::print("  bf16 dot:    {:8.1f} GFLOP/s 1 core, {:8.1f} all\n",
-               r["bf16_dot_gflops_1core"].get<double>(), r["bf16_dot_gflops_all"].get<double>());
+    fmt::print("  bf16 dot:    {:8.1f} GFLOP/s 1 core, {:8.1f} all ({})\n",
+               r["bf16_dot_gflops_1core"].get<double>(), r["bf16_dot_gflops_all"].get<double>(),
+               r.value("bf16_dot_unit", std::string("none")));
     fmt::print("  mem read:    {:8.1f} GB/s 1 core, {:8.1f} all\n",
                r["mem_read_gbps_1core"].get<double>(), r["mem_read_gbps_all"].get<double>());
     fmt::print("  mem copy:    {:8.1f} GB/s all\n", r["mem_copy_gbps_all"].get<double>());

@@ -9,6 +9,7 @@
 
 #include "autotuning/roofline_kernels.h"
 #include "core/thread_pool.h"
+#include "kernels/microkernels.h"
 #include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/tensor.h"
@@ -86,13 +87,11 @@ void ReadProbe::run_pass() const {
 void ReadProbe::run_copy_pass() const {
   if (!available()) return;
   const int64_t n = buf_->floats_per_thread;
-  std::call_once(buf_->copy_once, [&] {
-    buf_->copy_dst = Tensor::zeros({n * threads_}, DType::kF32);
-  });
+  std::call_once(buf_->copy_once,
+                 [&] { buf_->copy_dst = Tensor::zeros({n * threads_}, DType::kF32); });
   float* dst = buf_->copy_dst.data_as<float>();
-  ThreadPool::global().run(threads_, [&](int t) {
-    roofline::copy_f32_avx2(thread_buffer(t), dst + n * t, n);
-  });
+  ThreadPool::global().run(
+      threads_, [&](int t) { roofline::copy_f32_avx2(thread_buffer(t), dst + n * t, n); });
 }
 
 Json Roofline::to_json() const {
@@ -101,6 +100,7 @@ Json Roofline::to_json() const {
           {"f32_fma_gflops_all", f32_gflops_all},
           {"bf16_dot_gflops_1core", bf16_gflops_1core},
           {"bf16_dot_gflops_all", bf16_gflops_all},
+          {"bf16_dot_unit", bf16_dot_unit},
           {"mem_read_gbps_1core", read_gbps_1core},
           {"mem_read_gbps_all", read_gbps_all},
           {"mem_copy_gbps_all", copy_gbps_all}};
@@ -127,7 +127,17 @@ Roofline measure_roofline() {
         std::max(r.f32_gflops_all,
                  rate(r.threads, flops, [&](int) { return roofline::fma_f32_avx2(iters); }) / 1e9);
   }
-  if (dev.isa.has_avx512_bf16()) {
+  if (kernels::best_kernels().amx) {
+    // The bf16 dot the kernels use: AMX tiles (16 cycles per TDPBF16PS, 16K flops each).
+    const int64_t amx_iters = iters / 16;
+    const double flops = static_cast<double>(amx_iters) * 4 * 16384;
+    r.bf16_dot_unit = "amx";
+    r.bf16_gflops_1core =
+        rate(1, flops, [&](int) { return roofline::dot_bf16_amx(amx_iters); }) / 1e9;
+    r.bf16_gflops_all =
+        rate(r.threads, flops, [&](int) { return roofline::dot_bf16_amx(amx_iters); }) / 1e9;
+  } else if (dev.isa.has_avx512_bf16()) {
+    r.bf16_dot_unit = "avx512_bf16";
     const double flops = static_cast<double>(iters) * 12 * 16 * 4;
     r.bf16_gflops_1core =
         rate(1, flops, [&](int) { return roofline::dot_bf16_avx512(iters); }) / 1e9;

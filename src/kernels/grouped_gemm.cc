@@ -24,19 +24,21 @@ constexpr int64_t kMaxStripBytes = int64_t{8} << 20;
 // Panels the multi-panel (weight-streaming) kernel takes at once for an item of `rows` rows
 // with `left` panels to go; 1 = use the regular kernel. The whole item must be one packed A
 // tile (rows <= mr).
-int multi_panels(const KernelSet& ks, int64_t rows, int mr, int64_t left) {
-  if (rows < 1 || rows > mr || rows > kMultiMaxMr || !ks.f32_multi) return 1;
+int multi_panels(const KernelSet& ks, bool pairs, int64_t rows, int mr, int64_t left) {
+  const bool has = pairs ? ks.bf16_multi != nullptr : ks.f32_multi != nullptr;
+  if (rows < 1 || rows > mr || rows > kMultiMaxMr || !has) return 1;
   const int np = ks.multi_np[rows];
   return np > 1 && left >= np ? np : 1;
 }
 
 // Per thread: the C tile (mc x nc, or up to kStreamMaxMr rows for the streaming kernels) and
 // after it the packed A block (mc x kc floats or bf16 pairs).
+// Rows rounded up to whole AMX tiles: that kernel writes C and reads A in 16-row tiles.
 int64_t c_tile_floats(const Blocking& blk, const KernelSet& ks) {
-  return std::max<int64_t>(blk.mc, kStreamMaxMr) * round_up(blk.nc, ks.nr);
+  return round_up(std::max<int64_t>(blk.mc, kStreamMaxMr), kAmxRows) * round_up(blk.nc, ks.nr);
 }
 int64_t tile_floats(const Blocking& blk, const KernelSet& ks) {
-  return c_tile_floats(blk, ks) + static_cast<int64_t>(blk.mc) * blk.kc;
+  return c_tile_floats(blk, ks) + round_up(blk.mc, kAmxRows) * blk.kc;
 }
 struct Tile {
   float* c;
@@ -74,25 +76,26 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
     const bool acc = kb > 0;
     if (pairs) {
       const int64_t kp = (kcur + 1) / 2;
-      const int64_t tiles = (item_rows + blk.mr - 1) / blk.mr;
+      // Tile height: the blocking's, or for the AMX kernel the whole row block (padded).
+      const int64_t th = ks.amx ? round_up(item_rows, kAmxRows) : blk.mr;
+      const int64_t tiles = (item_rows + th - 1) / th;
       const int64_t esz = p.a_bf16 ? 2 : 4;
       for (int64_t tt = 0; tt < tiles; ++tt) {
-        const int64_t rows = std::min<int64_t>(blk.mr, item_rows - tt * blk.mr);
-        ks.pack_a_bf16(static_cast<const char*>(p.a) + (m0 + tt * blk.mr) * K * esz, p.a_bf16, K,
-                       rows, kb, kcur, blk.mr, apack + tt * blk.mr * kp);
+        const int64_t rows = std::min<int64_t>(th, item_rows - tt * th);
+        ks.pack_a_bf16(static_cast<const char*>(p.a) + (m0 + tt * th) * K * esz, p.a_bf16, K, rows,
+                       kb, kcur, th, apack + tt * th * kp);
       }
       for (int64_t q = 0; q < np;) {
         const uint32_t* bp = static_cast<const uint32_t*>(b) + q * panel_stride + (kb / 2) * ks.nr;
-        if (const int step = multi_panels(ks, item_rows, blk.mr, np - q); step > 1) {
+        if (const int step = multi_panels(ks, true, item_rows, blk.mr, np - q); step > 1) {
           ks.bf16_multi(static_cast<int>(item_rows), kp, apack, blk.mr, bp, panel_stride,
                         C + q * ks.nr, ldc, acc);
           q += step;
           continue;
         }
         for (int64_t tt = 0; tt < tiles; ++tt) {
-          const int rows = static_cast<int>(std::min<int64_t>(blk.mr, item_rows - tt * blk.mr));
-          ks.bf16(rows, kp, apack + tt * blk.mr * kp, blk.mr, bp, C + tt * blk.mr * ldc + q * ks.nr,
-                  ldc, acc);
+          const int rows = static_cast<int>(std::min<int64_t>(th, item_rows - tt * th));
+          ks.bf16(rows, kp, apack + tt * th * kp, th, bp, C + tt * th * ldc + q * ks.nr, ldc, acc);
         }
         ++q;
       }
@@ -101,7 +104,7 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
       pack_a_f32(A + m0 * K, K, item_rows, kb, kcur, blk.mr, af);
       for (int64_t q = 0; q < np;) {
         const float* bp = static_cast<const float*>(b) + q * panel_stride + kb * ks.nr;
-        if (const int step = multi_panels(ks, item_rows, blk.mr, np - q); step > 1) {
+        if (const int step = multi_panels(ks, false, item_rows, blk.mr, np - q); step > 1) {
           ks.f32_multi(static_cast<int>(item_rows), kcur, af, 1, blk.mr, bp, panel_stride,
                        C + q * ks.nr, ldc, acc);
           q += step;

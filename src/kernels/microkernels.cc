@@ -56,7 +56,7 @@ RowKernels row_kernels(Isa isa) {
 const KernelSet& best_kernels() {
   static const KernelSet* best = [] {
     const IsaFeatures& f = device_info().isa;
-    int cap = 2;
+    int cap = 3;
     if (const char* env = std::getenv("TOKAMAX_ISA"); env && *env) {
       const std::string s = env;
       if (s == "portable")
@@ -65,8 +65,13 @@ const KernelSet& best_kernels() {
         cap = 1;
       else if (s == "avx512")
         cap = 2;
+      else if (s == "amx")
+        cap = 3;
       else
-        throw InvalidArgument("TOKAMAX_ISA='" + s + "': expected portable, avx2 or avx512");
+        throw InvalidArgument("TOKAMAX_ISA='" + s + "': expected portable, avx2, avx512 or amx");
+    }
+    if (cap >= 3 && f.has_avx512_bf16() && f.amx_bf16) {
+      if (const KernelSet* amx = amx_kernels()) return amx;
     }
     if (cap >= 2 && f.has_avx512_bf16()) return avx512_kernels();
     if (cap >= 1 && f.has_avx2_fma()) return avx2_kernels();
@@ -84,6 +89,7 @@ bool bf16_dot_pays() {
       return s == "1" && best_kernels().bf16 != nullptr;
     }
     if (best_kernels().bf16 == nullptr) return false;
+    if (best_kernels().amx) return true;  // ~15x the f32 FMA's flops (microkernels_amx.cc)
     // Measured by `tokamax device --roofline`: Zen 4 runs vdpbf16ps at twice the f32 FMA's
     // flops, Sapphire and Emerald Rapids at half of them (84 vs 165 GFLOP/s a core).
     const std::string& arch = device_info().microarch;

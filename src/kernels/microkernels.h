@@ -78,7 +78,12 @@ struct KernelSet {
   StreamKernel stream = nullptr;       // forward [K,N] weights, unpacked
   StreamKernel stream_t = nullptr;     // transposed [N,K] weights, unpacked
   PackBBf16 pack_b_bf16 = nullptr;     // vector pair packing of bf16 [K,N] weights
+  // The bf16 kernel runs on AMX tiles (microkernels_amx.cc): it takes a whole row block at
+  // once (any number of rows: the blocking's mr is the f32 kernel's), A packed row-major by
+  // pack_a_bf16 with its rows padded to kAmxRows (zero), and C rows written up to that padding.
+  bool amx = false;
 };
+inline constexpr int kAmxRows = 16;
 
 // The softmax's row loops (kernels/exp_sum.h) at an ISA's width:
 //   exp_shift_sum: x[i] = exp(x[i] - shift) for i < n, returning the sum;
@@ -96,7 +101,10 @@ float scale_max_avx512(float* x, int64_t n, float scale);
 const KernelSet& portable_kernels();
 const KernelSet* avx2_kernels();    // defined in microkernels_avx2.cc
 const KernelSet* avx512_kernels();  // defined in microkernels_avx512.cc
-// The best set this CPU runs; TOKAMAX_ISA=portable|avx2|avx512 caps it (tests, comparisons).
+// The AVX-512 set with the AMX-BF16 tile kernel for bf16 pairs (microkernels_amx.cc); nullptr
+// when the kernel refuses the tile state. Call only on a CPU with AMX-BF16.
+const KernelSet* amx_kernels();
+// The best set this CPU runs; TOKAMAX_ISA=portable|avx2|avx512|amx caps it (tests, comparisons).
 const KernelSet& best_kernels();
 // Whether bf16 weights should go through the bf16 dot (pairs) rather than be widened to f32 for
 // the f32 FMA: only where the dot does more flops per cycle. TOKAMAX_BF16_DOT=0|1 overrides.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
@@ -16,6 +17,9 @@ struct Roofline {
   double f32_gflops_all = 0;
   double bf16_gflops_1core = 0;  // 0 where the ISA has no bf16 dot
   double bf16_gflops_all = 0;
+  // Which unit the bf16 ceiling is: "amx" (tiles, where the kernels use them), "avx512_bf16"
+  // (vdpbf16ps) or "" (none).
+  std::string bf16_dot_unit;
   double read_gbps_1core = 0;  // large streaming read
   double read_gbps_all = 0;
   double copy_gbps_all = 0;  // large copy, bytes read + written

@@ -1,7 +1,11 @@
 // ragged_dot's native implementation: the shared cases (test_base.h), and its own:
 // pre-packed weights on every ISA, the decode (streaming) paths, shared strips, allocation,
 // every config of its search space and explicit configs at the kernels' edges.
+#include <cmath>
+#include <vector>
+
 #include "kernels/microkernels.h"
+#include "kernels/scratch.h"
 #include "tests/ops/ragged_dot/test_base.h"
 
 namespace tokamax::ragged_dot_test {
@@ -35,6 +39,52 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
           double s = 0;
           for (int64_t kk = 0; kk < K; ++kk) s += a.get(i * K + kk) * b.get(kk * nr + j);
           ASSERT_NEAR(c.get(i * nr + j), s, 1e-4) << ks->name << " mr=" << mr;
+        }
+      }
+    }
+  }
+}
+
+// The bf16 pair kernels directly: the AVX-512 vdpbf16ps one (tiles of mr rows) and, where the
+// CPU has AMX, the tile one (a whole row block, rows padded to 16), against double-precision
+// sums of the bf16-rounded inputs; K with and without a partial last step (odd, below and above
+// 32 pairs), overwriting and accumulating into C.
+TEST(RaggedDotNative, Bf16KernelsEveryIsa) {
+  namespace k = kernels;
+  std::vector<const k::KernelSet*> sets;
+  if (device_info().isa.has_avx512_bf16()) sets.push_back(k::avx512_kernels());
+  if (device_info().isa.has_avx512_bf16() && device_info().isa.amx_bf16 && k::amx_kernels())
+    sets.push_back(k::amx_kernels());
+  if (sets.empty()) GTEST_SKIP() << "no bf16 dot on this CPU";
+  for (const k::KernelSet* ks : sets) {
+    const int nr = ks->nr;
+    for (int64_t K : {int64_t{1}, int64_t{21}, int64_t{64}, int64_t{95}, int64_t{300}}) {
+      const int64_t kp = (K + 1) / 2;
+      for (int rows : {1, 5, 12, 16, 17, 32, 40}) {
+        if (!ks->amx && rows > ks->max_mr) continue;
+        const int64_t th = ks->amx ? k::round_up(rows, k::kAmxRows) : rows;
+        Tensor a = Tensor::randn({rows, K}, DType::kBF16, fresh_seed());
+        Tensor b = Tensor::randn({K, nr}, DType::kBF16, fresh_seed());
+        // Panels are 64-byte aligned (the vector kernels' aligned loads): a Tensor's storage is.
+        std::vector<uint32_t> ap(th * kp);
+        Tensor bt({kp * nr}, DType::kF32);
+        uint32_t* bp = static_cast<uint32_t*>(bt.data());
+        ks->pack_a_bf16(a.data(), true, K, rows, 0, K, th, ap.data());
+        k::pack_panels_bf16(b.data(), true, false, K, nr, nr, bp, 0, 1);
+        std::vector<float> c(th * nr);
+        for (bool acc : {false, true}) {
+          for (size_t i = 0; i < c.size(); ++i) c[i] = acc ? 0.5f * static_cast<float>(i % 7) : -1;
+          const std::vector<float> before = c;
+          ks->bf16(rows, kp, ap.data(), th, bp, c.data(), nr, acc);
+          for (int i = 0; i < rows; ++i) {
+            for (int j = 0; j < nr; ++j) {
+              double want = acc ? before[i * nr + j] : 0.0;
+              for (int64_t kk = 0; kk < K; ++kk) want += a.get(i * K + kk) * b.get(kk * nr + j);
+              ASSERT_NEAR(c[i * nr + j], want, 1e-4 * (1 + std::sqrt(static_cast<double>(K))))
+                  << ks->name << " K=" << K << " rows=" << rows << " acc=" << acc << " at " << i
+                  << "," << j;
+            }
+          }
         }
       }
     }
