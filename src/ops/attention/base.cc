@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/thread_pool.h"
+#include "kernels/microkernels.h"
 
 namespace tokamax::attn {
 
@@ -244,8 +245,13 @@ bool Family::memory_bound_of(const AttentionCall& c) const {
   return bytes > 0 && call_flops(c) / bytes < 8.0;
 }
 
+bool native_uses_bf16_tiles(const AttentionCall& c) {
+  return kernels::best_kernels().amx && c.q.dtype() == DType::kBF16 &&
+         c.k.dtype() == DType::kBF16 && c.v.dtype() == DType::kBF16;
+}
+
 CallCost Family::cost_of(const AttentionCall& c) const {
-  return {call_flops(c), memory_bound_of(c) ? call_bytes(c) : 0.0, false};
+  return {call_flops(c), memory_bound_of(c) ? call_bytes(c) : 0.0, native_uses_bf16_tiles(c)};
 }
 
 // --- reference: each row's logits materialized, max-subtracted softmax in f32, then p.v ---

@@ -189,5 +189,8 @@ const VjpFamily& vjp_family();
 double call_flops(const AttentionCall& c);
 // The bytes a call must read at least: q, k, v and the output.
 double call_bytes(const AttentionCall& c);
+// Whether the native q k^T and P v run on the bf16 tile kernel (AMX) as bf16 pairs: bf16 q, k
+// and v where the CPU's kernel set has it.
+bool native_uses_bf16_tiles(const AttentionCall& c);
 
 }  // namespace tokamax::attn

@@ -1,6 +1,7 @@
 // The native dot_product_attention: flash attention on the microkernels. K and V are packed once
-// per call into panels (f32; bf16 widened exactly); work items are (batch, kv head, block of
-// query positions) with every query head of the kv head's group as rows, so a K/V panel read
+// per call into panels (f32, bf16 widened exactly; or bf16 pairs for the AMX tile kernel where
+// the CPU has it, q k^T and P v then running on the tiles); work items are (batch, kv head, block
+// of query positions) with every query head of the kv head's group as rows, so a K/V panel read
 // from memory serves all of them (GQA). Per item, for each kv block the masks leave any logit
 // in (others are skipped, not computed and discarded):
 //   S = q k^T on the f32 microkernel (rows x block_kv), scaled, biased, soft-capped, masked;
@@ -13,6 +14,7 @@
 #include <limits>
 
 #include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
 #include "kernels/scratch.h"
 #include "ops/attention/base.h"
@@ -133,10 +135,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       src.v = static_cast<const char*>(c.v.data()) + (bb * c.s * c.nk + kh) * c.hv * es;
       src.bf16 = c.q.dtype() == DType::kBF16;
       const int64_t s0 = std::min(c.s, ch * chunk_len), s1 = std::min(c.s, s0 + chunk_len);
-      const float* scratch = attend(c, cfg, ks, rk, bb, kh, 0, s0, s1, src);
-      const float* O = scratch + rows * c.h + rows * cfg.block_kv;
-      float* dst = parts.data_as<float>() + item * part;
-      std::copy(O, O + rows * ldo + 2 * rows, dst);  // O, then m and l
+      const ItemScratch sc = attend(c, cfg, ks, rk, bb, kh, 0, s0, s1, src);
+      float* dst = parts.data_as<float>() + item * part;  // O, then m and l
+      std::copy(sc.o, sc.o + rows * ldo, dst);
+      std::copy(sc.m, sc.m + rows, dst + rows * ldo);
+      std::copy(sc.l, sc.l + rows, dst + rows * ldo + rows);
     });
     // Merge the chunks of each (batch, kv head): m = max m_c, l = sum l_c e^(m_c - m), O alike.
     parallel_for(pairs, threads, [&](int64_t bh, int) {
@@ -168,13 +171,39 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // K and V panels for every (batch, kv head).
     const int nr = ks.nr;
     const int64_t kp = (c.s + nr - 1) / nr, vp = (c.hv + nr - 1) / nr;
-    const int64_t k_elems = kp * c.h * nr, v_elems = vp * c.s * nr;
+    int64_t k_elems = kp * c.h * nr, v_elems = vp * c.s * nr;
     Tensor packed({std::max<int64_t>(1, packed_floats(c, ks))}, DType::kF32);
     float* kpack = packed.data_as<float>();
     float* vpack = kpack + c.b * c.nk * k_elems;
+    // bf16 inputs on the AMX tiles: q k^T's products are exact (as the f32 FMA's on the widened
+    // values); P is rounded to bf16 for P v, as bf16 flash attention kernels do.
+    const bool pairs = native_uses_bf16_tiles(c) && ks.amx;
+    const int64_t hp = (c.h + 1) / 2, s2 = (c.s + 1) / 2;
+    if (pairs) {  // bf16 pair panels, half the floats: K [S/nr][H/2][nr], V [Hv/nr][S/2][nr]
+      k_elems = kp * hp * nr;
+      v_elems = vp * s2 * nr;
+      vpack = kpack + c.b * c.nk * k_elems;
+    }
     parallel_for(c.b * c.nk * (kp + vp), threads, [&](int64_t idx, int) {
       const int64_t bh = idx / (kp + vp), p = idx % (kp + vp);
       const int64_t bb = bh / c.nk, kh = bh % c.nk;
+      if (pairs) {
+        const size_t es = sizeof(uint16_t);
+        if (p < kp) {  // K^T's panel p: rows of pairs along H, kv positions p*nr.. as columns
+          const int64_t n = std::min<int64_t>(nr, c.s - p * nr);
+          const char* src =
+              static_cast<const char*>(c.k.data()) + ((bb * c.s + p * nr) * c.nk + kh) * c.h * es;
+          k::pack_panels(ks, true, src, true, true, c.h, n, kpack + bh * k_elems + p * hp * nr, 0,
+                         1, c.nk * c.h);
+        } else {  // V's panel q: rows of pairs along S, head dims q*nr.. as columns
+          const int64_t q = p - kp;
+          const char* src =
+              static_cast<const char*>(c.v.data()) + ((bb * c.s * c.nk + kh) * c.hv + q * nr) * es;
+          k::pack_panels(ks, true, src, true, false, c.s, std::min<int64_t>(nr, c.hv - q * nr),
+                         vpack + bh * v_elems + q * s2 * nr, 0, 1, c.nk * c.hv);
+        }
+        return;
+      }
       if (p < kp) {  // K panel: [H][nr], kv positions p*nr.., zero past S
         float* dst = kpack + bh * k_elems + p * c.h * nr;
         for (int64_t j = 0; j < nr; ++j) {
@@ -213,10 +242,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       KvSource src;
       src.kpanels = kpack + bh * k_elems;
       src.vpanels = vpack + bh * v_elems;
+      src.pairs = pairs;
       const int64_t rows = std::min<int64_t>(cfg.block_q, c.t - t0) * c.group();
-      const float* scratch = attend(c, cfg, ks, rk, bb, kh, t0, 0, c.s, src);
-      const float* O = scratch + rows * c.h + rows * cfg.block_kv;
-      finish(c, bb, kh, t0, rows, O, ldo, O + rows * ldo, O + rows * ldo + rows);
+      const ItemScratch sc = attend(c, cfg, ks, rk, bb, kh, t0, 0, c.s, src);
+      finish(c, bb, kh, t0, rows, sc.o, ldo, sc.m, sc.l);
     });
   }
 
@@ -230,18 +259,48 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   static int64_t item_rows(const AttentionCall& c, const AttentionNativeConfig& cfg) {
     return static_cast<int64_t>(cfg.block_q) * std::max<int64_t>(c.group(), 1);
   }
-  // Q block, S/P tile, O tile, row max and sum.
+  // One item's scratch: the Q block (f32, or bf16 pairs for the tile kernel), the S/P tile, P as
+  // bf16 pairs (tile kernel), the O tile, the streamed P v, the row max and sum. Row counts are
+  // padded to whole AMX tiles (that kernel writes C and reads A 16 rows at a time).
+  struct ItemScratch {
+    float* q;
+    float* s;
+    uint32_t* p;
+    float* o;
+    float* otmp;
+    float* m;
+    float* l;
+  };
+  static int64_t item_floats(const AttentionCall& c, int64_t rows, int64_t block_kv,
+                             const k::KernelSet& ks, ItemScratch* at = nullptr,
+                             float* base = nullptr) {
+    const int64_t rp = k::round_up(std::max<int64_t>(rows, 1), k::kAmxRows);
+    const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
+    const int64_t sizes[7] = {rp * c.h, rp * block_kv, rp * (block_kv / 2 + 1), rp * ldo, rp * ldo,
+                              rows,     rows};
+    int64_t off = 0, offs[7];
+    for (int i = 0; i < 7; ++i) {
+      offs[i] = off;
+      off += sizes[i];
+    }
+    if (at) {
+      *at = {base + offs[0], base + offs[1], reinterpret_cast<uint32_t*>(base + offs[2]),
+             base + offs[3], base + offs[4], base + offs[5],
+             base + offs[6]};
+    }
+    return off;
+  }
   static int64_t item_floats(const AttentionCall& c, const AttentionNativeConfig& cfg,
                              const k::KernelSet& ks) {
-    const int64_t rows = item_rows(c, cfg);
-    return rows * (c.h + cfg.block_kv + 2 * k::round_up(std::max<int64_t>(c.hv, 1), ks.nr) + 2);
+    return item_floats(c, item_rows(c, cfg), cfg.block_kv, ks);
   }
 
   // Where an item's K and V come from: packed panels (prefill), or the caller's arrays read
   // in place by the weight-streaming kernels (decode: a few rows, each K/V byte used once).
   struct KvSource {
-    const float* kpanels = nullptr;  // packed: [S/nr][H][nr]
-    const float* vpanels = nullptr;  // packed: [Hv/nr][S][nr]
+    const float* kpanels = nullptr;  // packed: [S/nr][H][nr] (pairs: [S/nr][H/2][nr])
+    const float* vpanels = nullptr;  // packed: [Hv/nr][S][nr] (pairs: [Hv/nr][S/2][nr])
+    bool pairs = false;              // bf16 pair panels for the AMX tile kernel
     const char* k = nullptr;         // streamed: position 0 of the item's kv head
     const char* v = nullptr;
     bool bf16 = false;
@@ -249,20 +308,27 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
 
   // The online softmax of one item (rows: block_q query positions x the kv head's G query
   // heads) over kv positions [s_begin, s_end). Leaves in the thread's scratch the unnormalized
-  // O (rows x ldo), the row max m and sum l; returns the scratch.
-  static float* attend(const AttentionCall& c, const AttentionNativeConfig& cfg,
-                       const k::KernelSet& ks, const k::RowKernels& rk, int64_t bb, int64_t kh,
-                       int64_t t0, int64_t s_begin, int64_t s_end, const KvSource& src) {
+  // O (rows x ldo), the row max m and sum l, and returns where they are.
+  static ItemScratch attend(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                            const k::KernelSet& ks, const k::RowKernels& rk, int64_t bb, int64_t kh,
+                            int64_t t0, int64_t s_begin, int64_t s_end, const KvSource& src) {
     const int64_t G = c.group(), nr = ks.nr, mr = ks.max_mr;
     const int64_t tq = std::min<int64_t>(cfg.block_q, c.t - t0);
     const int64_t rows = tq * G;
     const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), nr), lds = cfg.block_kv;
-    float* Q = k::thread_scratch(k::kAttentionSlot, item_floats(c, cfg, ks));
-    float* S = Q + rows * c.h;
-    float* O = S + rows * lds;
-    float* m = O + rows * ldo;
-    float* l = m + rows;
-    float* otmp = l + rows;  // streamed P v, before it is added to O
+    ItemScratch sc;
+    item_floats(c, rows, lds, ks, &sc,
+                k::thread_scratch(k::kAttentionSlot, item_floats(c, cfg, ks)));
+    float* Q = sc.q;
+    float* S = sc.s;
+    float* O = sc.o;
+    float* m = sc.m;
+    float* l = sc.l;
+    float* otmp = sc.otmp;  // streamed P v, before it is added to O
+    // Pairs: Q as bf16 pairs row by row (rows padded to whole tiles with zeros).
+    const int64_t hp = (c.h + 1) / 2;
+    uint32_t* Qp = reinterpret_cast<uint32_t*>(Q);
+    const int64_t rows_p = k::round_up(rows, k::kAmxRows);
     // Rows (t, g): query position t0 + r / G, head kh * G + r % G; q widened to f32.
     int64_t lo = s_end, hi = s_begin;
     int64_t rs0[kMaxRows], rs1[kMaxRows];
@@ -278,7 +344,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.h;
-      if (c.q.dtype() == DType::kF32) {
+      if (src.pairs) {
+        uint32_t* dst = Qp + r * hp;
+        dst[hp - 1] = 0;  // the odd H's last pair: high half zero
+        std::memcpy(dst, c.q.data_as<const uint16_t>() + base, c.h * sizeof(uint16_t));
+      } else if (c.q.dtype() == DType::kF32) {
         std::memcpy(Q + r * c.h, c.q.data_as<const float>() + base, c.h * sizeof(float));
       } else {
         const uint16_t* src = c.q.data_as<const uint16_t>() + base;
@@ -294,7 +364,8 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       m[r] = kNegInf;
       l[r] = 0;
     }
-    std::fill(O, O + rows * ldo, 0.0f);
+    if (src.pairs) std::fill(Qp + rows * hp, Qp + rows_p * hp, 0u);
+    std::fill(O, O + (src.pairs ? rows_p : rows) * ldo, 0.0f);
     const bool elementwise = c.bias || c.mask || c.logits_soft_cap;
     const bool stream = src.kpanels == nullptr;
     const int64_t es = src.bf16 ? 2 : 4;
@@ -307,6 +378,13 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       if (stream) {
         ks.stream_t(static_cast<int>(rows), c.h, Q, c.h, src.k + sb * c.nk * c.h * es, src.bf16,
                     c.nk * c.h, width, S, lds);
+      } else if (src.pairs) {
+        // The whole item on the tile kernel, one K panel at a time (H = 0: no pairs, S = 0).
+        const uint32_t* kpanels = reinterpret_cast<const uint32_t*>(src.kpanels);
+        for (int64_t p = 0; p < panels; ++p) {
+          ks.bf16(static_cast<int>(rows), hp, Qp, rows_p, kpanels + (sb / nr + p) * hp * nr,
+                  S + p * nr, lds, false);
+        }
       } else {
         for (int64_t i = 0; i < rows; i += mr) {
           const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
@@ -361,6 +439,15 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t d = 0; d < c.hv; ++d) O[r * ldo + d] += otmp[r * ldo + d];
         }
+      } else if (src.pairs) {
+        // P rounded to bf16 pairs (rows padded with zeros), then every V panel on the tiles.
+        const int64_t wp = (width + 1) / 2, s2 = (c.s + 1) / 2;
+        ks.pack_a_bf16(S, false, lds, rows, 0, width, rows_p, sc.p);
+        const uint32_t* vpanels = reinterpret_cast<const uint32_t*>(src.vpanels);
+        for (int64_t q = 0; q < ldo / nr; ++q) {
+          ks.bf16(static_cast<int>(rows), wp, sc.p, rows_p, vpanels + q * s2 * nr + sb / 2 * nr,
+                  O + q * nr, ldo, true);
+        }
       } else {
         for (int64_t i = 0; i < rows; i += mr) {
           const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
@@ -371,7 +458,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         }
       }
     }
-    return Q;
+    return sc;
   }
 
   // out = O / l and the log-sum-exp m + log l for the item's rows (a row without a logit: 0

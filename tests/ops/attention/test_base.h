@@ -293,6 +293,13 @@ TYPED_TEST_P(AttentionImpl, Bf16) {
   Case decode{1, 1, 517, 8, 2, 64, 64, DType::kBF16};
   decode.kv_lengths = true;
   check_case(this->impl(), decode);
+  // Odd head sizes and kv length (half pairs on the AMX path), more rows than one tile pair,
+  // GQA, a window and padding: every edge of the bf16 pair packing.
+  Case odd{2, 45, 67, 6, 2, 33, 35, DType::kBF16};
+  odd.causal = true;
+  odd.window = std::pair<int64_t, int64_t>{20, 0};
+  odd.kv_lengths = true;
+  check_case(this->impl(), odd);
 }
 
 TYPED_TEST_P(AttentionImpl, Vjp) {
