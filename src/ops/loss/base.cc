@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/thread_pool.h"
+#include "kernels/microkernels.h"
 
 namespace tokamax::loss {
 
@@ -114,7 +115,14 @@ double call_flops(const LossCall& c) {
   return 2.0 * static_cast<double>(c.b) * static_cast<double>(c.h) * static_cast<double>(c.v);
 }
 
-CallCost Family::cost_of(const LossCall& c) const { return {call_flops(c), 0.0, false}; }
+bool native_logits_on_bf16_dot(const LossCall& c) {
+  return c.w.dtype() == DType::kBF16 && kernels::best_kernels().bf16 != nullptr &&
+         kernels::bf16_dot_pays();
+}
+
+CallCost Family::cost_of(const LossCall& c) const {
+  return {call_flops(c), 0.0, native_logits_on_bf16_dot(c)};
+}
 
 // --- reference: each row's logits in f64, then its log-sum-exp ---
 

@@ -97,5 +97,9 @@ class VjpFamily : public TypedFamily<LossVjpCall> {
 const VjpFamily& vjp_family();
 
 double call_flops(const LossCall& c);  // 2 B H V: the product
+// Whether native computes the logits x w on the bf16 dot as bf16 pairs: bf16 weights where the
+// dot pays (AMX), x then rounded to bf16 as the gated linear unit and ragged_dot do (every
+// product exact).
+bool native_logits_on_bf16_dot(const LossCall& c);
 
 }  // namespace tokamax::loss

@@ -105,31 +105,35 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
   }
 };
 
-// Packs the vocabulary columns [v0, v0 + cv) of w [H, V] into f32 panels: as [H, cv] (the
-// product x w_chunk) or, transposed, as [cv, H] (the product d w_chunk^T).
+// Packs the vocabulary columns [v0, v0 + cv) of w [H, V] into panels: as [H, cv] (the product
+// x w_chunk; bf16 pairs with `pairs`) or, transposed, as [cv, H] (the product d w_chunk^T).
 void pack_chunk(const k::KernelSet& ks, const LossCall& c, int64_t v0, int64_t cv, bool trans,
-                float* dst) {
+                bool pairs, float* dst) {
   const int nr = ks.nr;
   const char* src =
       static_cast<const char*>(c.w.data()) + v0 * static_cast<int64_t>(dtype_size(c.w.dtype()));
   const bool bf16 = c.w.dtype() == DType::kBF16;
   const int64_t K = trans ? cv : c.h, N = trans ? c.h : cv;
+  const int64_t pe = k::panel_elems(K, pairs, nr);
   parallel_for((N + nr - 1) / nr, c.num_threads, [&](int64_t i, int) {
-    k::pack_panels(ks, false, src, bf16, trans, K, N, dst + i * K * nr, i, i + 1, c.v);
+    k::pack_panels(ks, pairs, src, bf16, trans, K, N, dst + i * pe, i, i + 1, c.v);
   });
 }
 
-// The product of x (as f32: x32) with one packed chunk, its finished tiles handed to `store`.
+// The product of x with one chunk packed by pack_chunk (pairs: native_logits_on_bf16_dot), its
+// finished tiles handed to `store`. x32 is x as f32 (the f32 kernels' A); pairs pack x themselves.
 void chunk_product(const k::KernelSet& ks, const LossCall& c, const LossNativeConfig& cfg,
-                   const float* x32, const float* panels, int64_t cv, const int64_t* offsets,
-                   k::StoreTile store) {
-  const k::PackedPanels pp{panels, (cv + ks.nr - 1) / ks.nr, c.h * ks.nr, false};
+                   const float* x32, bool pairs, const float* panels, int64_t cv,
+                   const int64_t* offsets, k::StoreTile store) {
+  const k::PackedPanels pp{panels, (cv + ks.nr - 1) / ks.nr, k::panel_elems(c.h, pairs, ks.nr),
+                           pairs};
   k::GroupedGemm p;
   p.groups = 1;
   p.offsets = offsets;
   p.k = c.h;
   p.n = cv;
-  p.a = x32;
+  p.a = pairs ? c.x.data() : x32;
+  p.a_bf16 = pairs && c.x.dtype() == DType::kBF16;
   p.packed = &pp;
   p.threads = c.num_threads;
   p.store = std::move(store);
@@ -164,14 +168,15 @@ class Native : public NativeBase<LossCall> {
     float* P = part.data_as<float>();
     float* L = picked.data_as<float>();
     const int64_t offsets[2] = {0, c.b};
+    const bool pairs = native_logits_on_bf16_dot(c);
     Tensor x_store;
-    const float* x32 = x_as_f32(c, &x_store);
+    const float* x32 = pairs ? nullptr : x_as_f32(c, &x_store);
     const int nc = cfg.nc;
     for (int64_t v0 = 0; c.b > 0 && v0 < c.v; v0 += bv) {
       const int64_t cv = std::min(bv, c.v - v0);
-      pack_chunk(ks, c, v0, cv, false, panels.data_as<float>());
+      pack_chunk(ks, c, v0, cv, false, pairs, panels.data_as<float>());
       chunk_product(
-          ks, c, cfg, x32, panels.data_as<float>(), cv, offsets,
+          ks, c, cfg, x32, pairs, panels.data_as<float>(), cv, offsets,
           [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
             float* row = k::thread_scratch(k::kEpilogueSlot, cols);
             for (int64_t i = 0; i < rows; ++i) {
@@ -230,13 +235,15 @@ class VjpNative : public NativeBase<LossVjpCall> {
     const int64_t offsets[2] = {0, B};
     Tensor x_store;
     const float* x32 = x_as_f32(c, &x_store);
+    // The logits are recomputed as the forward computed them (its lse was).
+    const bool pairs = native_logits_on_bf16_dot(c);
     for (int64_t v0 = 0; B > 0 && H > 0 && v0 < V; v0 += bv) {
       const int64_t cv = std::min(bv, V - v0);
-      pack_chunk(ks, c, v0, cv, false, wp.data_as<float>());
-      pack_chunk(ks, c, v0, cv, true, wt.data_as<float>());
+      pack_chunk(ks, c, v0, cv, false, pairs, wp.data_as<float>());
+      pack_chunk(ks, c, v0, cv, true, false, wt.data_as<float>());
       // d = (softmax - onehot) * the row's weight, from the recomputed logits.
       chunk_product(
-          ks, c, cfg, x32, wp.data_as<float>(), cv, offsets,
+          ks, c, cfg, x32, pairs, wp.data_as<float>(), cv, offsets,
           [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
             for (int64_t i = 0; i < rows; ++i) {
               const int64_t r = r0 + i;
