@@ -7,6 +7,7 @@
 #include <string>
 
 #include "autotuning/roofline_kernels.h"
+#include "kernels/activation.h"
 #include "kernels/exp_sum.h"
 #include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/device.h"
@@ -41,16 +42,28 @@ inline float src_at(const void* src, bool is_bf16, int64_t idx) {
 
 const KernelSet& portable_kernels() { return kPortable; }
 
+static_assert(kActNone == static_cast<int>(Activation::kNone) &&
+              kActRelu == static_cast<int>(Activation::kRelu) &&
+              kActSilu == static_cast<int>(Activation::kSilu) &&
+              kActGelu == static_cast<int>(Activation::kGelu) &&
+              kActGeluTanh == static_cast<int>(Activation::kGeluTanh) &&
+              kActSigmoid == static_cast<int>(Activation::kSigmoid));
+
+void act_mul_portable(int act, const float* g, const float* u, float* out, int64_t n) {
+  const Activation a = static_cast<Activation>(act);
+  for (int64_t i = 0; i < n; ++i) out[i] = apply_activation(a, g[i]) * u[i];
+}
+
 RowKernels row_kernels(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
-      return {exp_shift_sum_avx512, scale_max_avx512};
+      return {exp_shift_sum_avx512, scale_max_avx512, act_mul_avx512};
     case Isa::kAvx2:
-      return {exp_shift_sum_avx2, scale_max_avx2};
+      return {exp_shift_sum_avx2, scale_max_avx2, act_mul_portable};
     case Isa::kPortable:
       break;
   }
-  return {expf_poly::exp_shift_sum_portable, expf_poly::scale_max_portable};
+  return {expf_poly::exp_shift_sum_portable, expf_poly::scale_max_portable, act_mul_portable};
 }
 
 const KernelSet& best_kernels() {

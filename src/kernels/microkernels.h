@@ -88,11 +88,21 @@ inline constexpr int kAmxRows = 16;
 // The softmax's row loops (kernels/exp_sum.h) at an ISA's width:
 //   exp_shift_sum: x[i] = exp(x[i] - shift) for i < n, returning the sum;
 //   scale_max:     x[i] *= scale for i < n, returning the max (-inf when n = 0).
+//   act_mul:       out[i] = activation(g[i]) * u[i] for i < n (the gated linear unit's
+//                  epilogue); the AVX-512 loop takes sigmoid, silu, gelu_tanh, relu and none on
+//                  the polynomial exp (~2 ulp from libm's), gelu (erf) element by element.
 struct RowKernels {
   float (*exp_shift_sum)(float* x, int64_t n, float shift);
   float (*scale_max)(float* x, int64_t n, float scale);
+  void (*act_mul)(int act, const float* g, const float* u, float* out, int64_t n);
 };
 RowKernels row_kernels(Isa isa);
+// act is an Activation's value (tokamax/ops/activation.h; the ISA files see these codes only, no
+// library headers: microkernels.cc checks that they agree). The portable loop is also the
+// AVX-512 one's fallback (gelu) and the AVX2 set's.
+enum ActCode : int { kActNone, kActRelu, kActSilu, kActGelu, kActGeluTanh, kActSigmoid };
+void act_mul_portable(int act, const float* g, const float* u, float* out, int64_t n);
+void act_mul_avx512(int act, const float* g, const float* u, float* out, int64_t n);
 float exp_shift_sum_avx2(float* x, int64_t n, float shift);  // microkernels_avx2.cc
 float scale_max_avx2(float* x, int64_t n, float scale);
 float exp_shift_sum_avx512(float* x, int64_t n, float shift);  // microkernels_avx512.cc

@@ -460,28 +460,76 @@ __mmask16 tail_mask(int64_t left) {
 }
 }  // namespace
 
+// exp(v) on the lanes of `m`, 0 elsewhere and where v <= kLo (-inf, NaN included).
+inline __m512 exp16(__m512 v, __mmask16 m) {
+  const __m512 lo = _mm512_set1_ps(ep::kLo), hi = _mm512_set1_ps(ep::kHi);
+  const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, v, lo, _CMP_GT_OQ);
+  v = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi);
+  const __m512 kf = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(ep::kLog2e)),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Hi), v);
+  r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(ep::kP[0]);
+  for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ep::kP[j]));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_scalef_ps(keep, p, kf);
+}
+
 float exp_shift_sum_avx512(float* x, int64_t n, float shift) {
-  const __m512 vs = _mm512_set1_ps(shift), lo = _mm512_set1_ps(ep::kLo),
-               hi = _mm512_set1_ps(ep::kHi);
+  const __m512 vs = _mm512_set1_ps(shift);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
-    __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
-    const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, v, lo, _CMP_GT_OQ);  // -inf, NaN: 0
-    v = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi);
-    const __m512 kf =
-        _mm512_maskz_roundscale_ps(0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(ep::kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Hi), v);
-    r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Lo), r);
-    __m512 p = _mm512_set1_ps(ep::kP[0]);
-    for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ep::kP[j]));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512 e = _mm512_maskz_scalef_ps(keep, p, kf);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vs), m);
     _mm512_mask_storeu_ps(x + i, m, e);
     acc = _mm512_add_ps(acc, e);
   }
   return lane_sum(acc);
+}
+
+// 1 / (1 + exp(-x)): exp's clamp at e^88 keeps it finite (-> 0) for very negative x; NaN stays
+// NaN through x itself where the caller multiplies by it (silu), or through the sum (sigmoid:
+// exp16 gives 0 for NaN, so sigmoid(NaN) would read 1: the NaN lanes are put back).
+inline __m512 sigmoid16(__m512 x, __mmask16 m) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 s =
+      _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x), m)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_ps(s, nan, x);
+}
+
+void act_mul_avx512(int act, const float* g, const float* u, float* out, int64_t n) {
+  if (act == kActGelu) {  // erf: element by element
+    act_mul_portable(act, g, u, out, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 x = _mm512_maskz_loadu_ps(m, g + i), up = _mm512_maskz_loadu_ps(m, u + i);
+    __m512 y = x;
+    switch (act) {
+      case kActSigmoid:
+        y = sigmoid16(x, m);
+        break;
+      case kActSilu:
+        y = _mm512_mul_ps(x, sigmoid16(x, m));
+        break;
+      case kActGeluTanh: {
+        // 0.5 x (1 + tanh(z)) = x sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3).
+        const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+        const __m512 z = _mm512_mul_ps(_mm512_set1_ps(2 * 0.7978845608028654f),
+                                       _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x));
+        y = _mm512_mul_ps(x, sigmoid16(z, m));
+        break;
+      }
+      case kActRelu:
+        y = _mm512_maskz_max_ps(0xFFFF, x, _mm512_setzero_ps());
+        break;
+      default:
+        break;
+    }
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(y, up));
+  }
 }
 
 float scale_max_avx512(float* x, int64_t n, float scale) {

@@ -6,6 +6,7 @@
 // intermediate exists. Weights are packed per call, or once ahead (pack_glu_weights).
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
@@ -203,14 +204,15 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
       };
       k::grouped_gemm(p, blocking(cfg), ks);
     }
+    const auto act_mul = k::row_kernels(ks.isa).act_mul;
+    const bool f32 = c.x.dtype() == DType::kF32;
+    std::vector<float> tmp(f32 ? 0 : N);
     for (int64_t r = 0; r < c.m; ++r) {
       const float* g = h + r * 2 * N;
-      for (int64_t j = 0; j < N; ++j) {
-        const float o = k::apply_activation(c.activation, g[j]) * g[N + j];
-        if (c.x.dtype() == DType::kF32)
-          c.out().data_as<float>()[r * N + j] = o;
-        else
-          c.out().data_as<uint16_t>()[r * N + j] = f32_to_bf16(o);
+      float* o = f32 ? c.out().data_as<float>() + r * N : tmp.data();
+      act_mul(static_cast<int>(c.activation), g, g + N, o, N);
+      if (!f32) {
+        for (int64_t j = 0; j < N; ++j) c.out().data_as<uint16_t>()[r * N + j] = f32_to_bf16(o[j]);
       }
       if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
     }
@@ -237,35 +239,36 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
   // A tile's columns come in pairs of nr-wide blocks (gate, then up) of output columns
   // n0 / 2 + q nr onward: out = act(gate) * up, and h = (gate, up) with residuals.
   static k::StoreTile epilogue(const GluCall& c, int nr) {
-    return
-        [&c, nr](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
-          const Activation act = c.activation;
-          const bool f32 = c.x.dtype() == DType::kF32;
-          float* h = c.h() ? c.h()->data_as<float>() : nullptr;
-          for (int64_t i = 0; i < rows; ++i) {
-            const float* ci = C + i * ldc;
-            const int64_t r = r0 + i;
-            for (int64_t q = 0; 2 * q * nr < cols; ++q) {
-              const float* g = ci + 2 * q * nr;
-              const float* u = g + nr;
-              const int64_t col = n0 / 2 + q * nr;
-              const int64_t w = std::min<int64_t>(nr, c.n - col);
-              if (w <= 0) break;
-              if (f32) {
-                float* o = c.out().data_as<float>() + r * c.n + col;
-                for (int64_t j = 0; j < w; ++j) o[j] = k::apply_activation(act, g[j]) * u[j];
-              } else {
-                uint16_t* o = c.out().data_as<uint16_t>() + r * c.n + col;
-                for (int64_t j = 0; j < w; ++j)
-                  o[j] = f32_to_bf16(k::apply_activation(act, g[j]) * u[j]);
-              }
-              if (h) {
-                std::memcpy(h + (2 * r) * c.n + col, g, static_cast<size_t>(w) * 4);
-                std::memcpy(h + (2 * r + 1) * c.n + col, u, static_cast<size_t>(w) * 4);
-              }
-            }
+    const auto act_mul = k::row_kernels(k::best_kernels().isa).act_mul;
+    return [&c, nr, act_mul](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
+                             int64_t cols) {
+      const int act = static_cast<int>(c.activation);
+      const bool f32 = c.x.dtype() == DType::kF32;
+      float* tmp = f32 ? nullptr : k::thread_scratch(k::kEpilogueSlot, nr);
+      float* h = c.h() ? c.h()->data_as<float>() : nullptr;
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* ci = C + i * ldc;
+        const int64_t r = r0 + i;
+        for (int64_t q = 0; 2 * q * nr < cols; ++q) {
+          const float* g = ci + 2 * q * nr;
+          const float* u = g + nr;
+          const int64_t col = n0 / 2 + q * nr;
+          const int64_t w = std::min<int64_t>(nr, c.n - col);
+          if (w <= 0) break;
+          if (f32) {
+            act_mul(act, g, u, c.out().data_as<float>() + r * c.n + col, w);
+          } else {
+            uint16_t* o = c.out().data_as<uint16_t>() + r * c.n + col;
+            act_mul(act, g, u, tmp, w);
+            for (int64_t j = 0; j < w; ++j) o[j] = f32_to_bf16(tmp[j]);
           }
-        };
+          if (h) {
+            std::memcpy(h + (2 * r) * c.n + col, g, static_cast<size_t>(w) * 4);
+            std::memcpy(h + (2 * r + 1) * c.n + col, u, static_cast<size_t>(w) * 4);
+          }
+        }
+      }
+    };
   }
 };
 
