@@ -109,11 +109,11 @@ std::vector<ShapeDtype> Family::output_specs(const GluCall& c) const {
 Tolerance Family::tolerance_of(const GluCall& c) const {
   // Outputs are products of two K-long sums (each about sqrt(K) for unit inputs): their
   // rounding grows like K. bf16 (weights on the bf16 dot round x to bf16; a bf16 output):
-  // tokamax's GLU tolerance is atol 0.1, rtol 0.02 at unit scale. x's rounding alone moves a
-  // sum by about 2^-9 sqrt(K / 3) and the output by about 2.2e-3 K (one standard deviation):
-  // the atol is 4.5 of them (at 2.7, 1 in 150 elements failed, seen where the dot rounds x).
+  // tokamax's GLU tolerance is atol 0.1, rtol 0.02 at unit scale. (Where the dot rounds an f32
+  // x to bf16, that rounding can move an output by more: native's tests compare it with the
+  // reference on the rounded x.)
   const double k = static_cast<double>(std::max<int64_t>(c.k, 1));
-  if (c.w_dtype == DType::kBF16 || c.x.dtype() == DType::kBF16) return {1e-2 * k, 2e-2, 0};
+  if (c.w_dtype == DType::kBF16 || c.x.dtype() == DType::kBF16) return {6e-3 * k, 2e-2, 0};
   return {1e-5 * k, 1e-5, 0};
 }
 
