@@ -2,22 +2,15 @@
 // the AMX kernel set was granted its tile state: kernels::amx_kernels()).
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "autotuning/roofline_kernels.h"
+#include "kernels/microkernels.h"
 
 namespace tokamax::roofline {
 
 float dot_bf16_amx(int64_t iters) {
-  // Palette 1, every tile 16 rows x 64 bytes; four independent accumulators (tiles 0-3) from
-  // two A (4, 5) and two B (6, 7) tiles, as the 32 x 32 kernel uses them.
-  alignas(64) unsigned char cfg[64] = {};
-  cfg[0] = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg[16 + 2 * t] = 64;
-    cfg[48 + t] = 16;
-  }
-  _tile_loadconfig(cfg);
+  // The kernels' configuration (kernels::amx_configure_tiles): four independent accumulators
+  // (tiles 0-3) from two A (4, 5) and two B (6, 7) tiles, as the 32 x 32 kernel uses them.
+  kernels::amx_configure_tiles();
   alignas(64) uint16_t ones[16 * 32];
   for (uint16_t& v : ones) v = 0x3380;  // ~6e-8: the sums stay finite
   asm volatile("" ::: "memory");        // the tile loads read `ones` (no clobber in GCC's macros)
@@ -38,8 +31,6 @@ float dot_bf16_amx(int64_t iters) {
   alignas(64) float out[16 * 16];
   _tile_stored(0, out, 64);
   asm volatile("" ::: "memory");
-  // The kernels' threads keep their own configuration cached: give this one back cleared.
-  _tile_release();
   return out[0];
 }
 

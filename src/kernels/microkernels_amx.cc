@@ -36,10 +36,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+}  // namespace
+
 // Tiles: 0,1 = C rows [0,16) columns [0,16),[16,32); 2,3 = C rows [16,32); 4,5 = A row blocks;
 // 6,7 = B column halves; all 16 rows (A is zero-padded to whole tiles, C has room for them).
 // LDTILECFG zeroes the tiles and costs tens of cycles: once per thread.
-void configure() {
+void amx_configure_tiles() {
   thread_local bool loaded = false;
   if (loaded) return;
   TileConfig cfg;
@@ -47,9 +49,12 @@ void configure() {
     cfg.rows[t] = kAmxRows;
     cfg.colsb[t] = 64;
   }
+  asm volatile("" ::: "memory");  // LDTILECFG reads cfg (see memory_barrier below)
   _tile_loadconfig(&cfg);
   loaded = true;
 }
+
+namespace {
 
 // GCC's tile intrinsics are asm statements without a memory clobber: the compiler does not know
 // that a tile load reads memory or a tile store writes it, so stores into a buffer that only
@@ -122,7 +127,7 @@ void amx_tile(int64_t kp, const uint32_t* a, const uint32_t* b, float* c, int64_
 // are written.
 void amx_kernel(int rows, int64_t kp, const uint32_t* a, int64_t /*as*/, const uint32_t* b,
                 float* c, int64_t ldc, bool acc) {
-  configure();
+  amx_configure_tiles();
   int i = 0;
   for (; i + 2 * kAmxRows <= rows; i += 2 * kAmxRows)
     amx_tile<true>(kp, a + i * kp, b, c + i * ldc, ldc, acc);
