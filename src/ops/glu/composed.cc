@@ -31,7 +31,8 @@ class Composed : public TypedImplementation<GluCall, void> {
     const int64_t M = c.m, K = c.k, N = c.n;
     if (M == 0 || N == 0) return;
     Tensor xs, ws, us;
-    const float* X = as_f32(c.x.data(), c.x.dtype(), c.x.size(), c.num_threads, &xs);
+    const float* X = kernels::a_as_f32(c.x.data(), c.x.dtype() == DType::kBF16, rounds_x(c),
+                                       c.x.size(), c.num_threads, &xs);
     Tensor h({M, 2 * N}, DType::kF32);
     float* H = h.data_as<float>();
     if (K == 0) {

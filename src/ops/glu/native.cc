@@ -188,7 +188,7 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     p.k = c.k;
     p.a = c.x.data();
     p.a_bf16 = c.x.dtype() == DType::kBF16;
-    p.round_a_to_bf16 = uses_bf16_dot(c);
+    p.round_a_to_bf16 = rounds_x(c);
     p.b_bf16 = c.w_dtype == DType::kBF16;
     p.bf16_dot = uses_bf16_dot(c);
     p.threads = c.num_threads;
@@ -228,7 +228,7 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     p.n = 2 * k::round_up(std::max<int64_t>(c.n, 1), nr);
     p.a = c.x.data();
     p.a_bf16 = c.x.dtype() == DType::kBF16;
-    p.round_a_to_bf16 = uses_bf16_dot(c);
+    p.round_a_to_bf16 = rounds_x(c);
     p.b_bf16 = c.w_dtype == DType::kBF16;
     p.packed = panels;
     p.bf16_dot = uses_bf16_dot(c);

@@ -115,6 +115,15 @@ double call_flops(const LossCall& c) {
   return 2.0 * static_cast<double>(c.b) * static_cast<double>(c.h) * static_cast<double>(c.v);
 }
 
+bool rounds_x(const LossCall& c) {
+  return c.w.dtype() == DType::kBF16 && c.x.dtype() == DType::kF32;
+}
+
+float x_value(const LossCall& c, int64_t i) {
+  const float v = load_f32(c.x, i);
+  return rounds_x(c) ? bf16_to_f32(f32_to_bf16(v)) : v;
+}
+
 bool native_logits_on_bf16_dot(const LossCall& c) {
   return c.w.dtype() == DType::kBF16 && kernels::best_kernels().bf16 != nullptr &&
          kernels::bf16_dot_pays();
@@ -131,7 +140,7 @@ void Reference::run_call(LossCall& c, const Prepared*) const {
   parallel_for(c.b, c.num_threads, [&](int64_t r, int) {
     std::vector<double> logits(static_cast<size_t>(c.v), 0.0);
     for (int64_t k = 0; k < c.h; ++k) {
-      const double xv = load_f32(c.x, r * c.h + k);
+      const double xv = x_value(c, r * c.h + k);
       for (int64_t j = 0; j < c.v; ++j) logits[j] += xv * load_f32(c.w, k * c.v + j);
     }
     double m = -INFINITY;

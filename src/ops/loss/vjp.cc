@@ -100,13 +100,13 @@ void VjpReference::run_call(LossVjpCall& c, const Prepared*) const {
     for (int64_t j = 0; j < c.v; ++j) {
       double l = 0;
       for (int64_t k = 0; k < c.h; ++k)
-        l += double{load_f32(c.x, r * c.h + k)} * load_f32(c.w, k * c.v + j);
+        l += double{x_value(c, r * c.h + k)} * load_f32(c.w, k * c.v + j);
       d[j] = std::exp(l - c.lse_in.data_as<const float>()[r]) * c.row_weight(r);
     }
     d[c.label(r)] -= c.row_weight(r);
     for (int64_t k = 0; k < c.h; ++k) {
       double s = 0;
-      const double xv = load_f32(c.x, r * c.h + k);
+      const double xv = x_value(c, r * c.h + k);
       for (int64_t j = 0; j < c.v; ++j) {
         s += d[j] * load_f32(c.w, k * c.v + j);
         dw[k * c.v + j] += xv * d[j];
