@@ -295,9 +295,9 @@ void pack_panels(const KernelSet& ks, bool pairs, const void* src, bool src_bf16
                  int64_t K, int64_t N, void* dst, int64_t p0, int64_t p1, int64_t ld) {
   if (!pairs) {
     pack_panels_f32(src, src_bf16, trans, K, N, ks.nr, static_cast<float*>(dst), p0, p1, ld);
-  } else if (src_bf16 && !trans && ks.pack_b_bf16 && (ld == 0 || ld == N)) {
-    ks.pack_b_bf16(static_cast<const uint16_t*>(src), K, N, ks.nr, static_cast<uint32_t*>(dst), p0,
-                   p1);
+  } else if (src_bf16 && !trans && ks.pack_b_bf16) {
+    ks.pack_b_bf16(static_cast<const uint16_t*>(src), K, N, ld == 0 ? N : ld, ks.nr,
+                   static_cast<uint32_t*>(dst), p0, p1);
   } else {
     pack_panels_bf16(src, src_bf16, trans, K, N, ks.nr, static_cast<uint32_t*>(dst), p0, p1, ld);
   }

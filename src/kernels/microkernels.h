@@ -57,8 +57,9 @@ using StreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, co
                               bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc);
 // Packs B panels [panel_begin, panel_end) of a [K,N] bf16 matrix into bf16 pair panels (as
 // pack_panels_bf16 with is_bf16 and not transposed); ISAs with a bf16 dot have a vector one.
-using PackBBf16 = void (*)(const uint16_t* src, int64_t K, int64_t N, int nr, uint32_t* dst,
-                           int64_t panel_begin, int64_t panel_end);
+// ld: src's row stride in elements (>= N; a column block of a wider matrix).
+using PackBBf16 = void (*)(const uint16_t* src, int64_t K, int64_t N, int64_t ld, int nr,
+                           uint32_t* dst, int64_t panel_begin, int64_t panel_end);
 
 // Packs A into bf16 pairs (see pack_a_bf16 below); ISAs with a bf16 dot have a vector one.
 using PackABf16 = void (*)(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0,

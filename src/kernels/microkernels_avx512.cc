@@ -406,21 +406,21 @@ void stream_t(int mr, int64_t K, const float* a, int64_t lda, const void* b, boo
 // bf16 [K,N] weights into pair panels: 16 columns of rows 2kp and 2kp+1 are widened to 32 bits
 // and merged (row 2kp in the low half, row 2kp+1 in the high half), two vector loads per 16 pairs
 // instead of 32 scalar ones.
-void pack_b_bf16(const uint16_t* src, int64_t K, int64_t N, int nr, uint32_t* dst, int64_t p0,
-                 int64_t p1) {
+void pack_b_bf16(const uint16_t* src, int64_t K, int64_t N, int64_t ld, int nr, uint32_t* dst,
+                 int64_t p0, int64_t p1) {
   const int64_t KP = (K + 1) / 2;
   for (int64_t p = p0; p < p1; ++p) {
     uint32_t* d = dst + (p - p0) * KP * nr;
     const int64_t j0 = p * nr;
     for (int64_t kp = 0; kp < KP; ++kp) {
-      const uint16_t* r0 = src + 2 * kp * N + j0;
+      const uint16_t* r0 = src + 2 * kp * ld + j0;
       const bool odd_tail = 2 * kp + 1 >= K;
       for (int64_t h = 0; h < nr; h += 16) {
         const int64_t w = N - j0 - h;
         const __mmask16 m = w >= 16 ? 0xFFFF : w <= 0 ? 0 : static_cast<__mmask16>((1u << w) - 1);
         const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, r0 + h));
         const __m512i hi = odd_tail ? _mm512_setzero_si512()
-                                    : widen_bf16_bits(_mm256_maskz_loadu_epi16(m, r0 + N + h));
+                                    : widen_bf16_bits(_mm256_maskz_loadu_epi16(m, r0 + ld + h));
         _mm512_storeu_si512(d + kp * nr + h, _mm512_or_si512(lo, hi));
       }
     }

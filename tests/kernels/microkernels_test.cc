@@ -240,8 +240,22 @@ TEST(Microkernels, VectorBf16WeightPackingMatchesScalar) {
         std::vector<uint32_t> want(static_cast<size_t>(panels * per), 1),
             got(static_cast<size_t>(panels * per), 2);
         k::pack_panels_bf16(src.data(), true, false, K, N, ks->nr, want.data(), 0, panels);
-        ks->pack_b_bf16(src.data(), K, N, ks->nr, got.data(), 0, panels);
+        ks->pack_b_bf16(src.data(), K, N, N, ks->nr, got.data(), 0, panels);
         EXPECT_EQ(got, want) << ks->name << " K=" << K << " N=" << N;
+        // A column block of a wider matrix (row stride ld > N), from its third column.
+        if (K * N >= 3 + N) {
+          const int64_t ld = N + 1, rows = (static_cast<int64_t>(src.size()) - 2) / ld;
+          if (rows >= 1) {
+            std::fill(got.begin(), got.end(), 2u);
+            std::fill(want.begin(), want.end(), 1u);
+            k::pack_panels_bf16(src.data() + 2, true, false, rows, N, ks->nr, want.data(), 0,
+                                panels, ld);
+            ks->pack_b_bf16(src.data() + 2, rows, N, ld, ks->nr, got.data(), 0, panels);
+            const size_t used = static_cast<size_t>(panels * ((rows + 1) / 2) * ks->nr);
+            EXPECT_TRUE(std::equal(got.begin(), got.begin() + used, want.begin()))
+                << ks->name << " K=" << rows << " N=" << N << " ld=" << ld;
+          }
+        }
       }
     }
   }
