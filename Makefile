@@ -9,11 +9,19 @@ build: deps
 	cmake --preset release >/dev/null
 	cmake --build build/release -j$(JOBS)
 
-# Device, then tune and benchmark the smoke specs (user cache in build/ so runs stay local).
+# Device, then tune and benchmark the smoke specs (user cache in build/ so runs stay local), trace
+# the example MoE block, and write a report of all three: build/report.html.
 run: build
 	build/release/tokamax device
-	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache build/release/tokamax autotune --tag smoke --into-cache
-	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache build/release/tokamax bench --tag smoke
+	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache build/release/tokamax autotune --tag smoke --into-cache \
+	  -o build/autotune_smoke.json
+	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache build/release/tokamax bench --tag smoke \
+	  -o build/bench_smoke.json
+	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache TOKAMAX_LOG=error TOKAMAX_TRACE=build/trace_moe_block.json \
+	  build/release/examples/moe_block --steps 2 >/dev/null
+	build/release/tokamax report build/autotune_smoke.json --bench build/bench_smoke.json \
+	  --trace build/trace_moe_block.json -o build/report.html
+	@echo "open $(CURDIR)/build/report.html"
 
 test: build
 	ctest --preset release -j$(JOBS)

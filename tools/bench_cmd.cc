@@ -24,6 +24,23 @@ std::vector<BoundArguments> load_bound_args_file(const std::string& file) {
   return list;
 }
 
+// The bytes of a call's tensors, each input read once and each output written once: the least
+// any implementation moves. The roofline's x for rows whose family counts no traffic of its
+// own (compute-bound calls, where the ceiling is the FMA's and the bytes only place the row).
+double tensor_bytes(const CallBase& call) {
+  double bytes = 0;
+  for (const auto& [name, v] : call.bound.arguments().items()) {
+    if (!v.is_string() || v.get<std::string>().find('[') == std::string::npos) continue;
+    try {
+      bytes += static_cast<double>(ShapeDtype::parse(v.get<std::string>()).bytes());
+    } catch (const InvalidArgument&) {
+      // A string that is not a shape (an option's value): not a tensor.
+    }
+  }
+  for (const TensorView& o : call.outputs) bytes += static_cast<double>(o.spec().bytes());
+  return bytes;
+}
+
 }  // namespace
 
 std::string default_op(const std::string& spec) {
@@ -276,6 +293,9 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       const SampleStats st = SampleStats::of(runners[i].samples);
       r.median_ms = st.median_ms;
       r.iqr_ms = st.iqr_ms();
+      r.flops = cost.flops;
+      r.bytes = cost.bytes > 0 ? cost.bytes : tensor_bytes(*runners[i].call);
+      r.bytes_source = cost.bytes > 0 ? "cost" : "tensors";
       r.gflops = cost.flops / (st.median_ms * 1e-3) / 1e9;
       r.gbps = cost.bytes / (st.median_ms * 1e-3) / 1e9;
       if (mem) {
@@ -305,6 +325,37 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
     rows.insert(rows.end(), these.begin(), these.end());
   }
   return rows;
+}
+
+Json bench_document(const std::vector<BenchRow>& rows) {
+  Json arr = Json::array();
+  for (const auto& r : rows) {
+    arr.push_back({{"spec", r.spec},
+                   {"implementation", r.implementation},
+                   {"config", r.config},
+                   {"config_source", r.rung},
+                   {"median_ms", r.median_ms},
+                   {"iqr_ms", r.iqr_ms},
+                   {"flops", r.flops},
+                   {"bytes", r.bytes},
+                   {"bytes_source", r.bytes_source},
+                   {"arithmetic_intensity", r.bytes > 0 ? r.flops / r.bytes : 0.0},
+                   {"gflops", r.gflops},
+                   {"gbps", r.gbps},
+                   {"pct_of_peak", r.pct_of_peak},
+                   {"peak", r.peak_kind},
+                   {"peak_value", r.peak_value},
+                   {"baseline", r.baseline},
+                   {"speedup_vs_baseline", r.speedup_vs_baseline},
+                   {"allocated_bytes", r.allocated_bytes}});
+  }
+  return {{"tokamax_version", library_version()},
+          {"device_kind", device_kind()},
+          {"device", device_info().to_json()},
+          {"roofline", cached_roofline().to_json()},
+          {"command", command_line()},
+          {"created", utc_now()},
+          {"rows", arr}};
 }
 
 }  // namespace tokamax::cli

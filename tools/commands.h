@@ -25,9 +25,21 @@ void check_one_source(const std::string& spec, const std::string& tag,
 // (other ops and entries this library cannot use are skipped with a warning).
 std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& bound_args_file);
 
+// What produced a file: this process's command line (shell-quoted, the program as "tokamax")
+// and the current time (UTC, ISO 8601), recorded in the files the commands write so that a
+// report can say where its inputs came from.
+void set_command_line(int argc, char** argv);
+std::string command_line();
+std::string utc_now();
+
 struct BenchRow {
   std::string spec, implementation, config, rung;
   double median_ms = 0, iqr_ms = 0, gflops = 0, gbps = 0, pct_of_peak = 0, speedup_vs_baseline = 0;
+  // The spec's useful arithmetic and the bytes it must move: their ratio places the row on a
+  // roofline chart. bytes_source "cost": the family's count (CallCost); "tensors": it counts
+  // none, and these are the call's tensors, each read or written once.
+  double flops = 0, bytes = 0;
+  std::string bytes_source;
   // The ceiling pct_of_peak is against: GFLOP/s for compute-bound rows (the process's roofline),
   // GB/s for memory-bound ones (a streaming read timed in the same rounds as the row).
   double peak_value = 0;
@@ -38,6 +50,9 @@ struct BenchRow {
 };
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls, double min_time_s);
+// `tokamax bench --json`'s document: the rows, with what a reader needs to judge them alone
+// (library version, device, the roofline the rows' percentages are against, command, time).
+Json bench_document(const std::vector<BenchRow>& rows);
 
 // `tokamax trace extract`: exit status 0 when something was extracted, 1 when nothing could be.
 int trace_extract(const std::vector<std::string>& trace_files, const std::string& out_path,

@@ -1,13 +1,51 @@
-// The `tokamax` command: device, ops, specs, autotune, explain, cache, bench, trace.
+// The `tokamax` command: device, ops, specs, autotune, explain, cache, bench, trace, report.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 
+#include "report/report.h"
 #include "tools/commands.h"
+
+namespace tokamax::cli {
+namespace {
+std::string g_command_line = "tokamax";
+}  // namespace
+
+void set_command_line(int argc, char** argv) {
+  g_command_line = "tokamax";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    // Quoted for a POSIX shell when it holds anything but plain word characters.
+    const bool plain = !arg.empty() && arg.find_first_not_of(
+                                           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                           "0123456789-_=./,:@%+") == std::string::npos;
+    if (plain) {
+      g_command_line += " " + arg;
+      continue;
+    }
+    std::string q = "'";
+    for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    g_command_line += " " + q + "'";
+  }
+}
+
+std::string command_line() { return g_command_line; }
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace tokamax::cli
 
 namespace tk = tokamax;
 using tk::Json;
@@ -174,7 +212,8 @@ struct Args {
   double min_time = 0.3;
   std::string trace_file;
   std::vector<std::string> trace_files;
-  bool op_given = false;  // trace extract's --op (absent: every op)
+  std::vector<std::string> bench_files;  // report's --bench
+  bool op_given = false;                 // trace extract's --op (absent: every op)
 };
 
 int cmd_autotune(Args& a) {
@@ -186,7 +225,14 @@ int cmd_autotune(Args& a) {
   const auto list =
       tk::cli::select_bound_args(a.op, a.spec, a.tag, a.bound_args, split_csv(a.impl_csv));
   const tk::AutotuningResult r = tuner.tune_all(list);
-  if (!a.out_path.empty()) r.dump(a.out_path);
+  if (!a.out_path.empty()) {
+    // The result file as the library writes it, plus where it came from (readers of result
+    // files ignore fields they do not know).
+    Json j = tk::parse_json(r.dumps(), "result");
+    j["command"] = tk::cli::command_line();
+    j["created"] = tk::cli::utc_now();
+    tk::write_file_atomic(a.out_path, j.dump(1));
+  }
   if (a.into_cache) r.dump_cache(a.into_cache_dir);
   if (a.json)
     std::cout << r.dumps() << "\n";
@@ -312,25 +358,10 @@ int cmd_bench(Args& a) {
                          a.bound_args.empty() ? tk::find_arg_specs(a.op, a.spec, a.tag)
                                               : tk::cli::bound_args_specs(a.op, a.bound_args),
                          split_csv(a.impl_csv), a.min_time);
+  const Json doc = (a.json || !a.out_path.empty()) ? tk::cli::bench_document(rows) : Json();
+  if (!a.out_path.empty()) tk::write_file_atomic(a.out_path, doc.dump(2) + "\n");
   if (a.json) {
-    Json arr = Json::array();
-    for (const auto& r : rows) {
-      arr.push_back({{"spec", r.spec},
-                     {"implementation", r.implementation},
-                     {"config", r.config},
-                     {"config_source", r.rung},
-                     {"median_ms", r.median_ms},
-                     {"iqr_ms", r.iqr_ms},
-                     {"gflops", r.gflops},
-                     {"gbps", r.gbps},
-                     {"pct_of_peak", r.pct_of_peak},
-                     {"peak", r.peak_kind},
-                     {"peak_value", r.peak_value},
-                     {"baseline", r.baseline},
-                     {"speedup_vs_baseline", r.speedup_vs_baseline},
-                     {"allocated_bytes", r.allocated_bytes}});
-    }
-    std::cout << arr.dump(2) << "\n";
+    std::cout << doc.dump(2) << "\n";
   } else {
     // "peak" names the ceiling and its value: GFLOP/s, or for memory-bound specs the GB/s
     // of a streaming read timed in the same rounds as the row.
@@ -353,9 +384,23 @@ int cmd_bench(Args& a) {
   return 0;
 }
 
+int cmd_report(Args& a) {
+  const tk::report::Inputs in{a.files, a.bench_files, a.trace_files};
+  // With no input at all, build_report's error says so (it comes first: it is the bigger miss).
+  const bool any_input = !in.results.empty() || !in.benches.empty() || !in.traces.empty();
+  if (any_input && a.out_path.empty()) throw tk::InvalidArgument("report: give -o FILE.html");
+  const tk::report::Report r =
+      tk::report::build_report(in, {tk::cli::command_line(), tk::cli::utc_now()});
+  for (const std::string& why : r.skipped) fmt::print(stderr, "warning: skipped {}\n", why);
+  tk::write_file_atomic(a.out_path, r.html);
+  fmt::print("report: {} ({} inputs used, {} skipped)\n", a.out_path, r.used, r.skipped.size());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  tk::cli::set_command_line(argc, argv);
   CLI::App app{"tokamax: fast CPU ML kernels and their autotuner"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", "tokamax " + tk::library_version());
@@ -454,7 +499,16 @@ int main(int argc, char** argv) {
       "IMPL:packed measures pre-packed weights, IMPL:heuristics pins the heuristics config");
   bench->add_option("--min-time", a.min_time, "seconds of measurement per row");
   bench->add_flag("--json", a.json, "JSON output");
+  bench->add_option("-o,--output", a.out_path,
+                    "also write the JSON document here (for tokamax report)");
   add_threads(bench);
+
+  auto* report = app.add_subcommand(
+      "report", "one self-contained HTML page of results, benchmarks and a trace, with charts");
+  report->add_option("results", a.files, "autotuning result files (tokamax autotune -o)");
+  report->add_option("--bench", a.bench_files, "bench documents (tokamax bench --json or -o)");
+  report->add_option("--trace", a.trace_files, "traces (TOKAMAX_TRACE)");
+  report->add_option("-o,--output", a.out_path, "the HTML file to write");
 
   try {
     app.parse(argc, argv);
@@ -500,6 +554,8 @@ int main(int argc, char** argv) {
       return tk::cli::trace_summary(a.trace_file, a.json);
     } else if (bench->parsed()) {
       return cmd_bench(a);
+    } else if (report->parsed()) {
+      return cmd_report(a);
     }
   } catch (const tk::Error& e) {
     std::cerr << "tokamax: " << e.what() << "\n";

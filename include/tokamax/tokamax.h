@@ -27,4 +27,5 @@
 #include "tokamax/ops/norm.h"
 #include "tokamax/ops/ragged_dot.h"
 #include "tokamax/trace/extract.h"
+#include "tokamax/trace/summary.h"
 #include "tokamax/trace/trace.h"

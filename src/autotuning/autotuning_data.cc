@@ -90,30 +90,52 @@ bool AutotuningData::has_success() const {
   return false;
 }
 
-const AutotuningData::Entry& AutotuningData::fastest() const {
-  // Only finalists compete when there are any: their medians were measured side by side.
-  bool any_finalist = false;
-  for (const auto& [k, e] : entries_) any_finalist |= e.benchmark && e.benchmark->finalist;
-  auto competes = [&](const Entry& e) {
-    return e.benchmark && (!any_finalist || e.benchmark->finalist);
-  };
+double tie_window_ms(double best_ms) { return std::max(2e-3, 0.01 * best_ms); }
+
+namespace {
+// Only finalists compete when there are any: their medians were measured side by side.
+bool any_finalist(const std::map<std::string, AutotuningData::Entry>& entries) {
+  for (const auto& [k, e] : entries) {
+    if (e.benchmark && e.benchmark->finalist) return true;
+  }
+  return false;
+}
+bool competes_given(const AutotuningData::Entry& e, bool finalists_only) {
+  return e.benchmark && (!finalists_only || e.benchmark->finalist);
+}
+}  // namespace
+
+bool AutotuningData::competes(const Entry& e) const {
+  return competes_given(e, any_finalist(entries_));
+}
+
+double AutotuningData::best_median_ms() const {
+  const bool finalists_only = any_finalist(entries_);
   const Entry* best = nullptr;
   for (const auto& [k, e] : entries_) {
-    if (competes(e) && (!best || e.benchmark->median_ms < best->benchmark->median_ms)) best = &e;
+    if (competes_given(e, finalists_only) &&
+        (!best || e.benchmark->median_ms < best->benchmark->median_ms))
+      best = &e;
   }
-  if (!best) {
+  return best ? best->benchmark->median_ms : 0;
+}
+
+const AutotuningData::Entry& AutotuningData::fastest() const {
+  if (!has_success()) {
     std::string why = entries_.empty() ? "autotuning data is empty" : "all configs failed:";
     for (const auto& [k, e] : entries_)
       why += "\n  " + k + ": " + std::string(failure_kind_name(e.failure->kind)) + ": " +
              e.failure->message;
     throw Error(why);
   }
-  // Tie window: within max(2 us, 1%) of the fastest, prefer less scratch memory, then speed,
-  // then the config string (std::map order) so the choice is a pure function of the data.
-  const double window = std::max(2e-3, 0.01 * best->benchmark->median_ms);
+  // Within the tie window of the fastest, prefer less scratch memory, then speed, then the
+  // config string (std::map order) so the choice is a pure function of the data.
+  const double best = best_median_ms();
+  const double window = tie_window_ms(best);
+  const bool finalists_only = any_finalist(entries_);
   const Entry* pick = nullptr;
   for (const auto& [k, e] : entries_) {
-    if (!competes(e) || e.benchmark->median_ms > best->benchmark->median_ms + window) continue;
+    if (!competes_given(e, finalists_only) || e.benchmark->median_ms > best + window) continue;
     if (!pick || e.benchmark->scratch_bytes < pick->benchmark->scratch_bytes ||
         (e.benchmark->scratch_bytes == pick->benchmark->scratch_bytes &&
          e.benchmark->median_ms < pick->benchmark->median_ms)) {
@@ -126,6 +148,7 @@ const AutotuningData::Entry& AutotuningData::fastest() const {
 AutotuningData AutotuningData::operator|(const AutotuningData& other) const {
   AutotuningData out = *this;
   for (const auto& [k, e] : other.entries_) out.entries_[k] = e;
+  if (other.heuristics_) out.heuristics_ = other.heuristics_;
   return out;
 }
 
@@ -141,6 +164,7 @@ Json AutotuningData::to_json() const {
   Json j = Json::object();
   for (const auto& [k, e] : entries_) {
     j[k] = e.benchmark ? e.benchmark->to_json() : Json{{"failure", e.failure->to_json()}};
+    if (heuristics_ && heuristics_->str() == k) j[k]["heuristics"] = true;
   }
   return j;
 }
@@ -155,6 +179,11 @@ AutotuningData AutotuningData::from_json(const Json& j, const Implementation& im
       d.set_failure(c, Failure::from_json(v["failure"]));
     } else {
       d.set(c, BenchmarkData::from_json(v));
+    }
+    if (v.is_object() && v.contains("heuristics")) {
+      if (!v["heuristics"].is_boolean())
+        throw InvalidArgument("autotuning data: 'heuristics' of config " + k + " must be a bool");
+      if (v["heuristics"].get<bool>()) d.set_heuristics(c);
     }
   }
   return d;

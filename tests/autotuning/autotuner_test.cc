@@ -191,6 +191,58 @@ TEST(AutotuningData, SelectionIsDeterministicWithTieBreakOnScratch) {
   AutotuningData none;
   none.set_failure(Config::make(TileConfig{1}), {FailureKind::kTimeout, "slow"});
   EXPECT_THROW(none.fastest(), Error);
+  EXPECT_EQ(none.best_median_ms(), 0);
+  // What a report shows: the fastest competing median (the non-finalist's 0.5 does not compete)
+  // and the window above it.
+  EXPECT_EQ(g.best_median_ms(), 1.0);
+  EXPECT_FALSE(g.competes(g.entries().at(Config::make(TileConfig{1}).str())));
+  EXPECT_TRUE(g.competes(g.entries().at(Config::make(TileConfig{4}).str())));
+  EXPECT_TRUE(d.competes(d.entries().at(Config::make(TileConfig{3}).str())));  // no finalists
+  EXPECT_EQ(d.best_median_ms(), 1.0);
+  EXPECT_DOUBLE_EQ(tie_window_ms(1.0), 0.01);    // 1%
+  EXPECT_DOUBLE_EQ(tie_window_ms(0.05), 0.002);  // the 2 us floor
+}
+
+TEST(AutotuningData, HeuristicsConfigIsMarkedInResultFiles) {
+  const AutotuningData d = Autotuner(quick()).tune(bound("one_field"));
+  ASSERT_TRUE(d.heuristics());
+  const Json j = d.to_json();
+  const std::string h = Config::make(TileConfig{1}).str();
+  for (const auto& [k, v] : j.items()) EXPECT_EQ(v.contains("heuristics"), k == h) << k;
+  EXPECT_EQ(j[h]["heuristics"], true);
+  const auto impl = fake().implementation("one_field");
+  const AutotuningData back = AutotuningData::from_json(j, *impl);
+  ASSERT_TRUE(back.heuristics());
+  EXPECT_EQ(back.heuristics()->str(), h);
+  // Through a whole result file, and through a merge with data that does not know it.
+  AutotuningResult r;
+  r.add(bound("one_field"), d);
+  const AutotuningResult loaded = AutotuningResult::loads(r.dumps());
+  ASSERT_TRUE(loaded.data()[0].second.heuristics());
+  EXPECT_EQ(loaded.data()[0].second.heuristics()->str(), h);
+  EXPECT_EQ((back | AutotuningData()).heuristics()->str(), h);
+  EXPECT_EQ((AutotuningData() | back).heuristics()->str(), h);
+  // A failed heuristics config is marked too; a file without marks has none; a bad mark is an
+  // error naming the config.
+  const Json failed = {
+      {h, {{"failure", {{"kind", "timeout"}, {"message", "slow"}}}, {"heuristics", true}}}};
+  const AutotuningData f = AutotuningData::from_json(failed, *impl);
+  ASSERT_TRUE(f.heuristics());
+  EXPECT_TRUE(f.entries().at(h).failure);
+  EXPECT_EQ(f.to_json(), failed);
+  Json unmarked = j;
+  unmarked[h].erase("heuristics");
+  EXPECT_FALSE(AutotuningData::from_json(unmarked, *impl).heuristics());
+  Json bad = j;
+  bad[h]["heuristics"] = "yes";
+  try {
+    AutotuningData::from_json(bad, *impl);
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(h), std::string::npos) << e.what();
+  }
+  // The disk cache keeps winners only, not the mark.
+  EXPECT_FALSE(d.successes().heuristics());
 }
 
 TEST(AutotuningResult, JsonRoundTripAndMerge) {

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "tokamax/core/json.h"
+#include "tokamax/tokamax.h"
 
 namespace tokamax {
 namespace {
@@ -90,6 +90,11 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   EXPECT_NE(r.out.find("winner"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("ok, finalist"), std::string::npos) << r.out;
   EXPECT_EQ(run("cache verify " + path("r.json")).code, 0);
+  // The file says what made it and when, for `tokamax report`.
+  const Json result = read_json_file(path("r.json"));
+  EXPECT_EQ(result["command"], "tokamax autotune --spec smoke_decode --impl native -o " +
+                                   path("r.json") + " --into-cache");
+  EXPECT_EQ(result["created"].get<std::string>().size(), 20u) << result["created"];
   r = run("cache verify");  // the cache just written
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("ragged_dot_native.json"), std::string::npos) << r.out;
@@ -103,9 +108,18 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   EXPECT_EQ(
       run("cache merge " + path("r.json") + " " + path("r.json") + " -o " + path("m.json")).code,
       0);
-  r = run("bench --spec smoke_f32 --min-time 0.01 --json");
+  r = run("bench --spec smoke_f32 --min-time 0.01 --json -o " + path("b.json"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  const Json rows = Json::parse(r.out);
+  // One document: the rows and what a reader needs to judge them alone; -o writes the same.
+  const Json doc = Json::parse(r.out);
+  EXPECT_EQ(read_json_file(path("b.json")), doc);
+  EXPECT_EQ(doc["tokamax_version"], library_version());
+  EXPECT_FALSE(doc["device_kind"].get<std::string>().empty());
+  EXPECT_EQ(doc["device"]["device_kind"], doc["device_kind"]);
+  EXPECT_GT(doc["roofline"]["f32_fma_gflops_all"].get<double>(), 0);
+  EXPECT_EQ(doc["command"],
+            "tokamax bench --spec smoke_f32 --min-time 0.01 --json -o " + path("b.json"));
+  const Json rows = doc["rows"];
   // The call as users make it, the pre-packed call, blas.
   ASSERT_EQ(rows.size(), 3u) << r.out;
   EXPECT_EQ(rows[0]["implementation"], "native");
@@ -119,13 +133,38 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   }
   EXPECT_GT(rows[0]["median_ms"].get<double>(), 0);
   EXPECT_EQ(rows[0]["peak"], "f32_fma");
+  // The counts behind the rates: a row's place on a roofline chart.
+  const double flops = rows[0]["flops"].get<double>(), bytes = rows[0]["bytes"].get<double>();
+  ASSERT_GT(flops, 0);
+  ASSERT_GT(bytes, 0);
+  EXPECT_DOUBLE_EQ(rows[0]["arithmetic_intensity"].get<double>(), flops / bytes);
+  EXPECT_NEAR(rows[0]["gflops"].get<double>(),
+              flops / (rows[0]["median_ms"].get<double>() * 1e-3) / 1e9,
+              1e-9 * rows[0]["gflops"].get<double>());
+  EXPECT_EQ(rows[0]["peak_value"], doc["roofline"]["f32_fma_gflops_all"]);
+  EXPECT_EQ(rows[0]["bytes_source"], "cost");  // ragged_dot counts the weights it reads
+  // A family that counts no traffic for a compute-bound call: its tensors' bytes, each once.
+  r = run("bench --op dot_product_attention --spec smoke --impl native --min-time 0.01 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const Json att = Json::parse(r.out)["rows"][0];
+  EXPECT_EQ(att["bytes_source"], "tensors") << att.dump();
+  EXPECT_EQ(att["gbps"], 0.0) << att.dump();  // the rate is still of what the family counts
+  double tensors = 0;  // q, k, v and the output (q's shape: the values' head size is q's)
+  for (const auto& [name, spec] :
+       find_arg_specs("dot_product_attention", "smoke")[0].arguments.items()) {
+    if (spec.is_string() && spec.get<std::string>().find('[') != std::string::npos)
+      tensors += static_cast<double>(ShapeDtype::parse(spec.get<std::string>()).bytes());
+  }
+  EXPECT_GT(att["bytes"].get<double>(), tensors);  // the inputs, and the output besides
+  EXPECT_DOUBLE_EQ(att["arithmetic_intensity"].get<double>(),
+                   att["flops"].get<double>() / att["bytes"].get<double>());
   // A memory-bound spec: the percentage is against a read ceiling timed in the same rounds,
   // and each row carries that ceiling.
   r = run("bench --spec smoke_decode --min-time 0.01 --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   // Memory-bound: the reference loops join the default rows, and native's ratio is against the
   // faster of the two other implementations, named.
-  const Json mem_rows = Json::parse(r.out);
+  const Json mem_rows = Json::parse(r.out)["rows"];
   ASSERT_EQ(mem_rows.size(), 4u) << r.out;
   EXPECT_EQ(mem_rows[3]["implementation"], "reference");
   const double fastest_other =
@@ -142,6 +181,43 @@ TEST_F(Cli, AutotuneCacheAndBench) {
                 1e-6 * row["pct_of_peak"].get<double>())
         << row.dump();
   }
+
+  // A report of the files above and one that does not exist: written from what is valid, the
+  // missing one named in a warning and on the page.
+  r = run("report " + path("r.json") + " " + path("gone.json") + " --bench " + path("b.json") +
+          " -o " + path("report.html"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("warning: skipped '" + path("gone.json") + "': no such file"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("report: " + path("report.html") + " (2 inputs used, 1 skipped)"),
+            std::string::npos)
+      << r.out;
+  const std::string html = read_file(path("report.html"));
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("Skipped inputs"), std::string::npos);
+  EXPECT_NE(html.find(path("gone.json")), std::string::npos);
+  EXPECT_NE(html.find("Roofline of " + path("b.json")), std::string::npos);
+  EXPECT_NE(html.find("smoke_f32"), std::string::npos);
+  EXPECT_NE(html.find("Candidates of ragged_dot/native"), std::string::npos);
+  EXPECT_NE(html.find("tokamax autotune --spec smoke_decode"), std::string::npos);
+}
+
+TEST_F(Cli, ReportWithoutUsableInputIsBadUsage) {
+  Result r = run("report -o " + path("x.html"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("report: no input"), std::string::npos) << r.err;
+  std::ofstream(path("bad.json")) << "{\"rows\": [{\"spec\": 1}]}";
+  r = run("report " + path("gone.json") + " --bench " + path("bad.json") + " -o " + path("x.html"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("none of the inputs can be used"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'" + path("gone.json") + "': no such file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'" + path("bad.json") + "': row 0 has no string 'spec'"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("x.html")));
+  r = run("report " + path("bad.json"));  // inputs, but nowhere to write
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("give -o FILE.html"), std::string::npos) << r.err;
 }
 
 TEST_F(Cli, BenchesEveryDistinctKeyOfABoundArgsFile) {
@@ -159,7 +235,7 @@ TEST_F(Cli, BenchesEveryDistinctKeyOfABoundArgsFile) {
   Result r = run("bench --bound-args " + path("ba.json") + " --min-time 0.01 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("unknown op 'flash_mla'"), std::string::npos) << r.err;
-  const Json rows = Json::parse(r.out);
+  const Json rows = Json::parse(r.out)["rows"];
   // The memory-bound key: native, native:packed, blas, reference; the other: the first three.
   ASSERT_EQ(rows.size(), 7u) << r.out;
   EXPECT_EQ(rows[0]["spec"], "#0 f32[8,64] x f32[8,64,64]");

@@ -197,6 +197,58 @@ TEST(Trace, NestedPayloadsOutermostFirst) {
   EXPECT_EQ(r.bound_args[1].family(), "fake");
   EXPECT_EQ(r.payloads, 3);
   EXPECT_EQ(r.duplicates, 1);
+
+  // The summary counts each call under its own (last) payload, and the inner one as nested:
+  // its time is inside the outer call's.
+  const std::vector<TraceCallGroup> groups = summarize_trace(read_json_file(path), path);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].op, "fake/one_field");
+  EXPECT_EQ(groups[0].calls, 1);
+  EXPECT_EQ(groups[0].nested_calls, 1);
+  EXPECT_EQ(groups[0].nested_us, events[0]["dur"].get<double>());
+  EXPECT_EQ(groups[0].key, canonical_dump(inner[1]["arguments"]));
+  EXPECT_EQ(groups[1].op, "fake_outer/composite");
+  EXPECT_EQ(groups[1].nested_calls, 0);
+  EXPECT_EQ(groups[1].total_us, events[1]["dur"].get<double>());
+}
+
+TEST(TraceSummary, GroupsByOpKeyConfigAndRungAndSkipsOtherEvents) {
+  auto event = [](const std::string& name, const Json& payload, double dur) {
+    return Json{{"ph", "X"},
+                {"name", name},
+                {"dur", dur},
+                {"args", {{"payload", "tokamax:" + payload.dump()}}}};
+  };
+  const Json a = {{"op", {{"config", {{"tile", 1}}}, {"rung", "scope"}}},
+                  {"arguments", {{"n", 1}}}};
+  Json b = a;
+  b["op"]["rung"] = "heuristics";
+  const Json doc = {{"traceEvents",
+                     {event("f/i", a, 10),
+                      event("f/i", a, 5),
+                      event("f/i", b, 1),
+                      {{"ph", "X"}, {"name", "other tool"}, {"dur", 99}},
+                      {{"ph", "M"}, {"name", "process_name"}},
+                      event("f/i", {{"op", 3}}, 7),
+                      42}}};
+  const auto groups = summarize_trace(doc, "doc");
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].rung, "heuristics");
+  EXPECT_EQ(groups[0].calls, 1);
+  EXPECT_EQ(groups[1].rung, "scope");
+  EXPECT_EQ(groups[1].calls, 2);
+  EXPECT_EQ(groups[1].total_us, 15);
+  EXPECT_EQ(groups[1].config, "{\"tile\":1}");
+  EXPECT_EQ(groups[1].key, "{\"n\":1}");
+  // The bare list form is a trace too; anything else is not.
+  EXPECT_EQ(summarize_trace(doc["traceEvents"], "list").size(), 2u);
+  try {
+    summarize_trace(Json{{"events", 1}}, "not_a_trace.json");
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("not_a_trace.json: not a Chrome trace"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Trace, ThrowingCallIsRecordedWithItsError) {

@@ -67,13 +67,20 @@ class AutotuningData {
   bool empty() const { return entries_.empty(); }
   bool has_success() const;
   // The winner: among the finalists if any entry is one (else among all successes), the
-  // fastest median; within max(2 us, 1%) of it the least scratch memory, then the fastest,
-  // then the smallest config string. Error naming every failure when none succeeded.
+  // fastest median; within the tie window (tie_window_ms) of it the least scratch memory, then
+  // the fastest, then the smallest config string. Error naming every failure when none
+  // succeeded.
   const Entry& fastest() const;
+  // Whether `e` competes for the win: it succeeded, and it is a finalist or there are none.
+  bool competes(const Entry& e) const;
+  // The fastest median among the entries that compete (0 when none succeeded): where the tie
+  // window starts.
+  double best_median_ms() const;
   // Right-hand side wins per config.
   AutotuningData operator|(const AutotuningData& other) const;
-  // The implementation's heuristics config for this key, when the tuner measured it (kept in
-  // memory for reports such as "winner is 1.3x the heuristics config"; not serialized).
+  // The implementation's heuristics config for this key, when the tuner measured it (for
+  // reports such as "winner is 1.3x the heuristics config"). Result files mark its entry with
+  // "heuristics": true; the disk cache does not keep it.
   const std::optional<Config>& heuristics() const { return heuristics_; }
   void set_heuristics(const Config& c) { heuristics_ = c; }
   // Keeps successes only (the disk-cache form).
@@ -87,6 +94,11 @@ class AutotuningData {
   std::map<std::string, Entry> entries_;
   std::optional<Config> heuristics_;
 };
+
+// The tie window above the fastest competing median `best_ms`: candidates within it count as
+// equally fast, and the one with the least scratch memory wins. max(2 us, 1%): below that,
+// differences on a CPU are timer and scheduling noise.
+double tie_window_ms(double best_ms);
 
 class AutotuningResult {
  public:

@@ -1,0 +1,314 @@
+// `tokamax report`'s page: every section from real result, bench and trace files, the figures
+// behind each chart in its table, escaping, well-formedness, and inputs that cannot be used.
+#include "report/report.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "report/svg.h"
+#include "tests/op/fake_ops.h"
+
+namespace tokamax::report {
+namespace {
+
+using testing::fake;
+using testing::fake_call;
+
+// Whether `html` is well-formed XML as far as elements go: every tag closed in order, every
+// attribute quoted, no '<' or '&' outside markup and entities. (The browser test runs xmllint
+// on a whole report as well.)
+std::string xml_problem(const std::string& html) {
+  std::vector<std::string> open;
+  size_t i = 0;
+  while (i < html.size()) {
+    const char c = html[i];
+    if (c == '&') {
+      const size_t semi = html.find(';', i);
+      if (semi == std::string::npos || semi - i > 8) return "bare '&' at " + std::to_string(i);
+      i = semi + 1;
+      continue;
+    }
+    if (c != '<') {
+      ++i;
+      continue;
+    }
+    const size_t end = html.find('>', i);
+    if (end == std::string::npos) return "unclosed tag at " + std::to_string(i);
+    const std::string tag = html.substr(i + 1, end - i - 1);
+    i = end + 1;
+    if (tag.rfind("!DOCTYPE", 0) == 0) continue;
+    if (tag.find('<') != std::string::npos) return "'<' inside tag " + tag;
+    if (std::count(tag.begin(), tag.end(), '"') % 2) return "unbalanced quotes in " + tag;
+    if (tag[0] == '/') {
+      const std::string name = tag.substr(1);
+      if (open.empty() || open.back() != name)
+        return "</" + name + "> closes " + (open.empty() ? "nothing" : open.back());
+      open.pop_back();
+      continue;
+    }
+    if (tag.back() == '/') continue;
+    const std::string name = tag.substr(0, tag.find_first_of(" \n"));
+    if (name == "style") {  // CSS: text up to its end tag
+      const size_t close = html.find("</style>", i);
+      if (close == std::string::npos) return "unclosed style";
+      if (html.substr(i, close - i).find_first_of("<&") != std::string::npos)
+        return "markup in the style sheet";
+      i = close;
+    }
+    open.push_back(name);
+  }
+  return open.empty() ? "" : "unclosed <" + open.back() + ">";
+}
+
+class ReportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake();  // result files of the fake family load through its registration
+    dir_ = std::filesystem::temp_directory_path() / ("tokamax_report_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name)) << text;
+    return path(name);
+  }
+
+  static AutotuneOptions quick() {
+    AutotuneOptions o;
+    o.timing.min_samples = 5;
+    o.timing.min_time_s = 0.005;
+    o.timing.warmup = 1;
+    o.candidate_timeout_s = 0.5;
+    o.remeasure_rounds = 2;
+    return o;
+  }
+
+  // A result file of two keys as `tokamax autotune -o` writes it: one_field (tile 3 fastest,
+  // the heuristics config tile 1 slowest) and throws (its search-space config fails).
+  std::string result_file(AutotuningResult* out = nullptr) const {
+    AutotuningResult r;
+    for (const char* impl : {"one_field", "throws"}) {
+      const BoundArguments b = fake_call()->bound.with_implementation(impl);
+      r.add(b, Autotuner(quick()).tune(b));
+    }
+    Json j = Json::parse(r.dumps());
+    j["command"] = "tokamax autotune --tag smoke -o r.json";
+    j["created"] = "2025-01-02T03:04:05Z";
+    if (out) *out = r;
+    return write("r.json", j.dump(1));
+  }
+
+  static Json bench_row(const std::string& spec, const std::string& impl, double ms) {
+    const double flops = 2e9, bytes = 1e8;
+    return {{"spec", spec},
+            {"implementation", impl},
+            {"config", "{\"tile\":3}"},
+            {"config_source", "scope"},
+            {"median_ms", ms},
+            {"iqr_ms", ms / 10},
+            {"flops", flops},
+            {"bytes", bytes},
+            {"arithmetic_intensity", flops / bytes},
+            {"gflops", flops / (ms * 1e-3) / 1e9},
+            {"gbps", bytes / (ms * 1e-3) / 1e9},
+            {"pct_of_peak", 50},
+            {"peak", "f32_fma"},
+            {"peak_value", 400},
+            {"baseline", "blas"},
+            {"speedup_vs_baseline", 2},
+            {"allocated_bytes", 0}};
+  }
+
+  std::string bench_file() const {
+    Json rows = Json::array(
+        {bench_row("spec <&\"'>", "native", 10), bench_row("spec <&\"'>", "native:packed", 8),
+         bench_row("spec <&\"'>", "blas", 20), bench_row("decode", "native", 40)});
+    rows[3]["flops"] = 1e8;  // 1 FLOP/byte: on the memory roof's side of the chart
+    rows[3]["gflops"] = 1e8 / 40e-3 / 1e9;
+    Json failed = bench_row("decode", "blas", 0);
+    failed["config_source"] = "error: blas refused <this>";
+    rows.push_back(failed);
+    const Json doc = {{"tokamax_version", "0.1.0"},
+                      {"device_kind", "test_kind"},
+                      {"device", {{"model_name", "Test CPU"}}},
+                      {"roofline",
+                       {{"threads", 2},
+                        {"f32_fma_gflops_all", 400.0},
+                        {"bf16_dot_gflops_all", 200.0},
+                        {"bf16_dot_unit", "amx"},
+                        {"mem_read_gbps_all", 50.0},
+                        {"mem_copy_gbps_all", 40.0}}},
+                      {"command", "tokamax bench --tag smoke -o b.json"},
+                      {"created", "2025-01-02T03:05:00Z"},
+                      {"rows", rows}};
+    return write("b.json", doc.dump(2));
+  }
+
+  static Json trace_event(const std::string& rung, int tile, double dur, bool nested = false) {
+    const Json payload = {{"op",
+                           {{"family", "fake"},
+                            {"implementation", "one_field"},
+                            {"config", {{"tile", tile}}},
+                            {"rung", rung}}},
+                          {"arguments", {{"x", "f32[64]"}, {"num_threads", 2}}}};
+    const std::string own = "tokamax:" + payload.dump();
+    return {{"ph", "X"},
+            {"name", "fake/one_field"},
+            {"ts", 0},
+            {"dur", dur},
+            {"pid", 1},
+            {"tid", 1},
+            {"args", {{"payload", nested ? "tokamax:{\"op\":{}}/" + own : own}}}};
+  }
+
+  std::string trace_file() const {
+    const Json doc = {
+        {"traceEvents",
+         {{{"ph", "M"}, {"name", "process_name"}, {"args", {{"name", "tokamax (test_kind)"}}}},
+          trace_event("scope", 3, 600),
+          trace_event("scope", 3, 300),
+          trace_event("heuristics", 1, 100),
+          trace_event("heuristics", 1, 50, true)}}};
+    return write("t.json", doc.dump());
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(ReportTest, RendersEverySectionWithTheFiguresBehindItsCharts) {
+  AutotuningResult tuned;
+  const Report r = build_report({{result_file(&tuned)}, {bench_file()}, {trace_file()}},
+                                {"tokamax report r.json -o x.html", "2025-01-02T04:00:00Z"});
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_EQ(r.used, 3);
+  const std::string& h = r.html;
+  EXPECT_EQ(xml_problem(h), "");
+  EXPECT_EQ(h.rfind("<!DOCTYPE html>", 0), 0u);
+  // Self-contained: nothing to fetch and a policy that would refuse it anyway.
+  EXPECT_NE(h.find("Content-Security-Policy\" content=\"default-src 'none'"), std::string::npos);
+  for (const char* remote : {"<script", "src=", "href=\"http", "url(http", "@import"})
+    EXPECT_EQ(h.find(remote), std::string::npos) << remote;
+
+  // Summary: inputs with their provenance, the ceilings, the report's own command.
+  for (const char* s : {"tokamax report r.json -o x.html", "2025-01-02T04:00:00Z",
+                        "tokamax autotune --tag smoke -o r.json", "2025-01-02T03:04:05Z",
+                        "tokamax bench --tag smoke -o b.json", "Test CPU", "test_kind"})
+    EXPECT_NE(h.find(s), std::string::npos) << s;
+
+  // Roofline: the ceilings as labelled lines, one marker per measured row with its tooltip,
+  // the failed row in the table with its reason, a spec name with markup escaped.
+  for (const char* s :
+       {"f32 FMA 400 GFLOP/s", "bf16 AMX 200 GFLOP/s", "200 (amx)", "memory read 50 GB/s",
+        "memory copy 40 GB/s", "arithmetic intensity (FLOP/byte)", "achieved GFLOP/s",
+        "#1 spec &lt;&amp;&quot;&#39;&gt; / native: 20 FLOP/byte, 200 GFLOP/s",
+        "#1 spec &lt;&amp;&quot;&#39;&gt; / native:packed: 20 FLOP/byte, 250 GFLOP/s",
+        "#1 spec &lt;&amp;&quot;&#39;&gt; / blas: 20 FLOP/byte, 100 GFLOP/s",
+        "#2 decode / native: 1 FLOP/byte, 2.5 GFLOP/s", "failed: error: blas refused &lt;this&gt;"})
+    EXPECT_NE(h.find(s), std::string::npos) << s;
+  EXPECT_EQ(h.find("spec <&"), std::string::npos);
+  EXPECT_EQ(h.find("#2 decode / blas"), std::string::npos);  // nothing to plot
+
+  // Tuned keys: the candidates' chart and table, the marks, the window, the speed-up.
+  const AutotuningData& d = tuned.data()[0].second;
+  const std::string winner = d.fastest().config.str();
+  const std::string heur = d.heuristics()->str();
+  ASSERT_NE(winner, heur);
+  const double speedup =
+      d.entries().at(heur).benchmark->median_ms / d.entries().at(winner).benchmark->median_ms;
+  for (const std::string& s :
+       {std::string("Candidates of fake/one_field f32[64]"), xml_escape(winner),
+        std::string("winner, finalist"), std::string("heuristics config"),
+        std::string("tie window: ") + format_number(d.best_median_ms(), 4),
+        "so the winner is <b>" + format_number(speedup, 3) + "x</b>",
+        format_number(speedup, 3) + "x</td>"})
+    EXPECT_NE(h.find(s), std::string::npos) << s;
+  // Every candidate's median is in the table.
+  for (const auto& [cfg, e] : d.entries()) {
+    EXPECT_NE(h.find("<td class=\"n\">" + format_number(e.benchmark->median_ms, 4) + "</td>"),
+              std::string::npos)
+        << cfg;
+  }
+  // The failing key lists its failure with the reason.
+  EXPECT_NE(h.find("Failed candidates and why"), std::string::npos);
+  EXPECT_NE(h.find("boom"), std::string::npos);
+
+  // Trace: time per op and key, the rung of each config, shares of the top-level time (the
+  // nested call's 50 us is inside another call's time: 1000 us at the top level).
+  for (const char* s : {"0.9 ms, 90%, 2 calls, scope", "0.15 ms, 10%, 2 calls, heuristics",
+                        "rung that chose the config:", "recorded on device kind test_kind",
+                        "Calls by the rung of the resolution ladder"})
+    EXPECT_NE(h.find(s), std::string::npos) << s;
+}
+
+TEST_F(ReportTest, SkipsWhatItCannotUseAndSaysWhy) {
+  const std::string bench = bench_file();
+  const Report r = build_report(
+      {{path("missing.json"), write("bad.json", "{\"device_kind\": \"x\", \"da"), dir_.string()},
+       {bench, write("not_bench.json", "{\"rows\": 3}")},
+       {write("empty_trace.json", "{\"traceEvents\": []}")}},
+      {"cmd", "now"});
+  EXPECT_EQ(r.used, 1);
+  ASSERT_EQ(r.skipped.size(), 5u);
+  EXPECT_EQ(r.skipped[0], "'" + path("missing.json") + "': no such file");
+  EXPECT_NE(r.skipped[1].find("'" + path("bad.json") + "': malformed JSON"), std::string::npos)
+      << r.skipped[1];
+  EXPECT_EQ(r.skipped[2], "'" + dir_.string() + "': a directory, not a file");
+  EXPECT_NE(r.skipped[3].find("not a tokamax bench document"), std::string::npos) << r.skipped[3];
+  EXPECT_EQ(r.skipped[4], "'" + path("empty_trace.json") + "': no tokamax op events");
+  EXPECT_EQ(xml_problem(r.html), "");
+  EXPECT_NE(r.html.find("Skipped inputs"), std::string::npos);
+  for (const char* f : {"missing.json", "bad.json", "not_bench.json", "empty_trace.json"})
+    EXPECT_NE(r.html.find(path(f) + "</code>: "), std::string::npos) << f;
+  EXPECT_NE(r.html.find("Roofline of " + bench), std::string::npos);  // the valid one renders
+  EXPECT_NE(r.html.find("No autotuning result given"), std::string::npos);
+}
+
+TEST_F(ReportTest, NoInputOrNothingUsableIsAnError) {
+  EXPECT_THROW(build_report({}, {}), InvalidArgument);
+  try {
+    build_report({{path("a.json")}, {write("b.json", "[]")}, {}}, {});
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("none of the inputs can be used"), std::string::npos) << what;
+    EXPECT_NE(what.find(path("a.json") + "': no such file"), std::string::npos) << what;
+    EXPECT_NE(what.find(path("b.json") + "': no benchmark rows"), std::string::npos) << what;
+  }
+}
+
+TEST_F(ReportTest, OlderFilesStillRender) {
+  // A bench file from before the document form: a bare list of rows without FLOP and byte
+  // counts (they follow from the rates) and a result file without the heuristics mark.
+  Json row = bench_row("old", "native", 10);
+  for (const char* k : {"flops", "bytes", "arithmetic_intensity"}) row.erase(k);
+  const std::string bench = write("old_bench.json", Json::array({row}).dump());
+  AutotuningResult tuned;
+  result_file(&tuned);
+  Json j = Json::parse(tuned.dumps());
+  for (auto& entry : j["data"][0][1]) entry.erase("heuristics");
+  const std::string result = write("old_result.json", j.dump());
+  const Report r = build_report({{result}, {bench}, {}}, {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_EQ(xml_problem(r.html), "");
+  EXPECT_NE(r.html.find("holds no roofline"), std::string::npos);
+  EXPECT_NE(r.html.find("f32 FMA 400 GFLOP/s"), std::string::npos);  // the row's ceiling
+  EXPECT_NE(r.html.find("#1 old / native: 20 FLOP/byte, 200 GFLOP/s"), std::string::npos);
+  EXPECT_NE(r.html.find("heuristics config not recorded in this file"), std::string::npos);
+}
+
+TEST(XmlProblem, CatchesWhatItLooksFor) {
+  // The checker above must be able to fail.
+  EXPECT_EQ(xml_problem("<a><b/></a>"), "");
+  EXPECT_NE(xml_problem("<a><b></a>"), "");
+  EXPECT_NE(xml_problem("<a>x < y</a>"), "");
+  EXPECT_NE(xml_problem("<a>x & y</a>"), "");
+  EXPECT_NE(xml_problem("<a title=\"x>y</a>"), "");
+  EXPECT_NE(xml_problem("<a>"), "");
+}
+
+}  // namespace
+}  // namespace tokamax::report
