@@ -18,6 +18,18 @@
 namespace tokamax::report {
 namespace {
 
+// The two text styles of a horizontal bar chart's rows: the row's label, right-aligned in
+// monospace before the axis, and the tag written after its bar.
+std::pair<TextStyle, TextStyle> bar_row_styles() {
+  TextStyle label;
+  label.size = 12;
+  label.monospace = true;
+  label.anchor = TextStyle::Anchor::kEnd;
+  TextStyle tag;
+  tag.size = 12;
+  return {label, tag};
+}
+
 std::string esc(std::string_view s) { return xml_escape(s); }
 std::string num(double v, int digits = 4) { return format_number(v, digits); }
 
@@ -668,12 +680,7 @@ std::string candidates_svg(const KeyView& v, const std::string& id) {
              fmt::format("tie window: {} to {} ms", num(v.best), num(v.best + v.window)));
   }
   draw_value_axis(svg, f, x, "median time per call (ms), whiskers: interquartile range", true, 8);
-  TextStyle label;
-  label.size = 12;
-  label.monospace = true;
-  label.anchor = TextStyle::Anchor::kEnd;
-  TextStyle tag;
-  tag.size = 12;
+  const auto [label, tag] = bar_row_styles();
   for (size_t i = 0; i < v.ok.size(); ++i) {
     const Candidate& c = v.ok[i];
     const double cy = f.top + row_h * (static_cast<double>(i) + 0.5) + 3;
@@ -821,12 +828,7 @@ std::string trace_svg(const TraceInput& t, const std::vector<const TraceCallGrou
   const Scale x = Scale::linear(lo_d, hi_d, f.left, f.right);
   Svg svg(kChartWidth, height, "Time per op and key in " + t.path);
   draw_value_axis(svg, f, x, "time in the trace (ms), all calls", true, 8);
-  TextStyle label;
-  label.size = 12;
-  label.monospace = true;
-  label.anchor = TextStyle::Anchor::kEnd;
-  TextStyle tag;
-  tag.size = 12;
+  const auto [label, tag] = bar_row_styles();
   for (size_t i = 0; i < rows.size(); ++i) {
     const TraceCallGroup& g = *rows[i];
     const double cy = f.top + row_h * (static_cast<double>(i) + 0.5) + 3;
