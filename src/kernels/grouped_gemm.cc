@@ -327,7 +327,7 @@ void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSe
   auto a_at = [&](int64_t i) {
     if (p.a_bf16) return bf16_to_f32(static_cast<const uint16_t*>(p.a)[i]);
     const float v = static_cast<const float*>(p.a)[i];
-    return p.round_a_to_bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+    return p.round_a_to_bf16 ? round_to_bf16(v) : v;
   };
   for (int64_t g = 0; g < p.groups; ++g) {
     const int64_t r0 = p.offsets[g], mg = p.offsets[g + 1] - r0;
@@ -386,7 +386,7 @@ const float* a_as_f32(const void* a, bool a_bf16, bool round_to_bf16, int64_t co
       for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(s[i]);
     } else {
       const float* s = static_cast<const float*>(a);
-      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i]));
+      for (int64_t i = b; i < e; ++i) d[i] = tokamax::round_to_bf16(s[i]);
     }
   });
   return d;

@@ -26,4 +26,10 @@ inline void store_f32(const TensorView& t, int64_t i, float v) {
   store_f32(t.data(), t.dtype(), i, v);
 }
 
+// The rule for an f32 x multiplied by bf16 weights (the gated linear unit, the loss; ragged_dot
+// at its default precision): x is rounded to bf16 in every implementation and on every CPU, so
+// every product is exact in f32 as the CPU's bf16 dot computes it, and a result does not depend
+// on which kernels a machine has.
+inline bool bf16_weights_round_x(DType x, DType w) { return x == DType::kF32 && w == DType::kBF16; }
+
 }  // namespace tokamax

@@ -45,6 +45,8 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 inline float bf16_to_f32(uint16_t h) { return f32_from_bits(static_cast<uint32_t>(h) << 16); }
+// f rounded to the nearest bf16 (ties to even), as f32.
+inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);

@@ -180,7 +180,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     float* vpack = kpack + c.b * c.nk * k_elems;
     // bf16 inputs on the AMX tiles: q k^T's products are exact (as the f32 FMA's on the widened
     // values); P is rounded to bf16 for P v, as bf16 flash attention kernels do.
-    const bool pairs = native_uses_bf16_tiles(c) && ks.amx;
+    const bool pairs = native_uses_bf16_tiles(c);
     const int64_t hp = (c.h + 1) / 2, s2 = (c.s + 1) / 2;
     if (pairs) {  // bf16 pair panels, half the floats: K [S/nr][H/2][nr], V [Hv/nr][S/2][nr]
       k_elems = kp * hp * nr;

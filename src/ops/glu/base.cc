@@ -124,7 +124,7 @@ bool uses_bf16_dot(const GluCall& c) {
   return c.packed.empty() ? kernels::bf16_dot_pays() : packed_pairs(c.packed);
 }
 
-bool rounds_x(const GluCall& c) { return c.w_dtype == DType::kBF16 && c.x.dtype() == DType::kF32; }
+bool rounds_x(const GluCall& c) { return bf16_weights_round_x(c.x.dtype(), c.w_dtype); }
 
 CallCost Family::cost_of(const GluCall& c) const { return {call_flops(c), 0.0, uses_bf16_dot(c)}; }
 
@@ -146,9 +146,8 @@ void Reference::run_call(GluCall& c, const Prepared*) const {
   parallel_for(c.m, c.num_threads, [&](int64_t r, int) {
     std::vector<double> g(static_cast<size_t>(c.n), 0.0), u(static_cast<size_t>(c.n), 0.0);
     for (int64_t kk = 0; kk < c.k; ++kk) {
-      float xf = load_f32(c.x.data(), c.x.dtype(), r * c.k + kk);
-      if (round) xf = bf16_to_f32(f32_to_bf16(xf));
-      const double xv = xf;
+      const float xf = load_f32(c.x.data(), c.x.dtype(), r * c.k + kk);
+      const double xv = round ? round_to_bf16(xf) : xf;
       for (int64_t j = 0; j < c.n; ++j) {
         g[j] += xv * load_f32(wg, c.w_dtype, kk * ld + j);
         u[j] += xv * load_f32(wu, c.w_dtype, kk * ld + j);

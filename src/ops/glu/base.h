@@ -104,9 +104,7 @@ const VjpFamily& vjp_family();
 double call_flops(const GluCall& c);
 // Whether bf16 weights run on the bf16 dot (pairs) for this call.
 bool uses_bf16_dot(const GluCall& c);
-// bf16 weights multiply x rounded to bf16 (every product exact in f32, as the CPU's bf16 dot
-// computes them), in every implementation and on every CPU: the forward's result does not
-// depend on which kernels a machine has (ragged_dot's rule at its default precision).
+// Whether x is rounded to bf16 (bf16_weights_round_x in ops/elements.h).
 bool rounds_x(const GluCall& c);
 
 }  // namespace tokamax::glu

@@ -206,15 +206,16 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     }
     const auto act_mul = k::row_kernels(ks.isa).act_mul;
     const bool f32 = c.x.dtype() == DType::kF32;
-    std::vector<float> tmp(f32 ? 0 : N);
     for (int64_t r = 0; r < c.m; ++r) {
-      const float* g = h + r * 2 * N;
-      float* o = f32 ? c.out().data_as<float>() + r * N : tmp.data();
+      float* g = h + r * 2 * N;
+      if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
+      // A bf16 output goes through the gate half of the row (act_mul writes element i after
+      // reading it), which the residual copy above has already taken.
+      float* o = f32 ? c.out().data_as<float>() + r * N : g;
       act_mul(static_cast<int>(c.activation), g, g + N, o, N);
       if (!f32) {
         for (int64_t j = 0; j < N; ++j) c.out().data_as<uint16_t>()[r * N + j] = f32_to_bf16(o[j]);
       }
-      if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
     }
   }
 

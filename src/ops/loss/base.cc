@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
 
 namespace tokamax::loss {
@@ -115,18 +116,20 @@ double call_flops(const LossCall& c) {
   return 2.0 * static_cast<double>(c.b) * static_cast<double>(c.h) * static_cast<double>(c.v);
 }
 
-bool rounds_x(const LossCall& c) {
-  return c.w.dtype() == DType::kBF16 && c.x.dtype() == DType::kF32;
-}
+bool rounds_x(const LossCall& c) { return bf16_weights_round_x(c.x.dtype(), c.w.dtype()); }
 
 float x_value(const LossCall& c, int64_t i) {
   const float v = load_f32(c.x, i);
-  return rounds_x(c) ? bf16_to_f32(f32_to_bf16(v)) : v;
+  return rounds_x(c) ? round_to_bf16(v) : v;
+}
+
+const float* x_as_f32(const LossCall& c, Tensor* storage) {
+  return kernels::a_as_f32(c.x.data(), c.x.dtype() == DType::kBF16, rounds_x(c), c.x.size(),
+                           c.num_threads, storage);
 }
 
 bool native_logits_on_bf16_dot(const LossCall& c) {
-  return c.w.dtype() == DType::kBF16 && kernels::best_kernels().bf16 != nullptr &&
-         kernels::bf16_dot_pays();
+  return c.w.dtype() == DType::kBF16 && kernels::bf16_dot_pays();
 }
 
 CallCost Family::cost_of(const LossCall& c) const {

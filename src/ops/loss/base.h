@@ -101,11 +101,11 @@ double call_flops(const LossCall& c);  // 2 B H V: the product
 // dot pays (AMX), x then rounded to bf16 as the gated linear unit and ragged_dot do (every
 // product exact).
 bool native_logits_on_bf16_dot(const LossCall& c);
-// bf16 weights multiply x rounded to bf16 (every product exact in f32, as the CPU's bf16 dot
-// computes them) in every implementation, forward and backward, on every CPU: results do not
-// depend on which kernels a machine has (ragged_dot's and the gated linear unit's rule).
+// Whether x is rounded to bf16 (bf16_weights_round_x in ops/elements.h), forward and backward.
 bool rounds_x(const LossCall& c);
 // x[i] as f32, rounded to bf16 where rounds_x says.
 float x_value(const LossCall& c, int64_t i);
+// All of x as f32 (rounded where rounds_x says): x itself, or a copy made once per call.
+const float* x_as_f32(const LossCall& c, Tensor* storage);
 
 }  // namespace tokamax::loss

@@ -48,8 +48,7 @@ class Composed : public TypedImplementation<LossCall, void> {
   void run_call(LossCall& c, const Prepared*) const override {
     openblas_set_num_threads(std::max(1, c.num_threads));
     Tensor xs, ws;
-    const float* X = kernels::a_as_f32(c.x.data(), c.x.dtype() == DType::kBF16, rounds_x(c),
-                                       c.x.size(), c.num_threads, &xs);
+    const float* X = x_as_f32(c, &xs);
     const float* W = as_f32(c.w, c.num_threads, &ws);
     const Tensor logits = logits_of(c, X, W);
     std::vector<double> per_row(static_cast<size_t>(c.b));
@@ -69,8 +68,7 @@ class VjpComposed : public TypedImplementation<LossVjpCall, void> {
   void run_call(LossVjpCall& c, const Prepared*) const override {
     openblas_set_num_threads(std::max(1, c.num_threads));
     Tensor xs, ws;
-    const float* X = kernels::a_as_f32(c.x.data(), c.x.dtype() == DType::kBF16, rounds_x(c),
-                                       c.x.size(), c.num_threads, &xs);
+    const float* X = x_as_f32(c, &xs);
     const float* W = as_f32(c.w, c.num_threads, &ws);
     Tensor logits = logits_of(c, X, W);
     float* D = logits.data_as<float>();

@@ -140,13 +140,6 @@ void chunk_product(const k::KernelSet& ks, const LossCall& c, const LossNativeCo
   k::grouped_gemm(p, blocking(cfg), ks);
 }
 
-// x as f32 (rounded to bf16 where rounds_x says): x itself, or a copy made once per call (not
-// once per chunk).
-const float* x_as_f32(const LossCall& c, Tensor* storage) {
-  return k::a_as_f32(c.x.data(), c.x.dtype() == DType::kBF16, rounds_x(c), c.x.size(),
-                     c.num_threads, storage);
-}
-
 // Vocabulary chunks: block_v rounded up to whole column blocks (nc), at most V.
 int64_t chunk_cols(const LossCall& c, const LossNativeConfig& cfg) {
   return k::round_up(std::min<int64_t>(cfg.block_v, std::max<int64_t>(c.v, 1)), cfg.nc);

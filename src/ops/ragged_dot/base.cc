@@ -35,7 +35,7 @@ bool RaggedDotCall::lhs_as_bf16() const {
 
 float RaggedDotCall::lhs_value(int64_t i) const {
   const float v = load_f32(lhs.data(), lhs.dtype(), i);
-  return lhs.dtype() == DType::kF32 && lhs_as_bf16() ? bf16_to_f32(f32_to_bf16(v)) : v;
+  return lhs.dtype() == DType::kF32 && lhs_as_bf16() ? round_to_bf16(v) : v;
 }
 
 const float* RaggedDotCall::lhs_f32(Tensor* storage) const {
