@@ -54,6 +54,20 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
 // (library version, device, the roofline the rows' percentages are against, command, time).
 Json bench_document(const std::vector<BenchRow>& rows);
 
+// `tokamax autotune-check`: re-tunes each spec `reruns` times (with `noise`, a busy process on
+// one core in random on/off phases during the tuning runs), runs an oracle (every candidate,
+// `oracle_rounds` interleaved rounds) and reports each run's regret against the oracle's best,
+// whether reruns agree, tuning times and the cost model's rank of the oracle's best.
+struct CheckOptions {
+  std::string op, spec, tag, out_path;
+  std::vector<std::string> impls;
+  int reruns = 3;
+  bool noise = false, json = false;
+  int oracle_rounds = 15;
+  double oracle_budget_s = 180;
+};
+int autotune_check(const CheckOptions& options);
+
 // `tokamax trace extract`: exit status 0 when something was extracted, 1 when nothing could be.
 int trace_extract(const std::vector<std::string>& trace_files, const std::string& out_path,
                   const std::string& op, bool json);

@@ -176,9 +176,15 @@ void print_result_table(const tk::AutotuningResult& r) {
     fmt::print("  {:<48} {:>11} {:>10}  {}\n", "config", "median ms", "IQR ms", "status");
     for (const auto& [k, e] : d.entries()) {
       if (e.benchmark) {
-        // "finalist": re-measured side by side with the others so marked; the winner is one.
-        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok{}\n", k, e.benchmark->median_ms,
-                   e.benchmark->iqr_ms, e.benchmark->finalist ? ", finalist" : "");
+        // "finalist": measured to the last stage of the rounds; the winner is one. Round-
+        // measured medians are at the quiet machine's speed (ratio to the control times its
+        // quiet level).
+        const auto& bd = *e.benchmark;
+        std::string note = bd.finalist ? ", finalist" : "";
+        if (bd.rounds > 0)
+          note += fmt::format(", {:.3f}x control over {} rounds", bd.ratio, bd.rounds);
+        if (bd.chosen) note += ", chosen";
+        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok{}\n", k, bd.median_ms, bd.iqr_ms, note);
       } else {
         fmt::print("  {:<48} {:>11} {:>10}  {}: {}\n", k, "-", "-",
                    tk::failure_kind_name(e.failure->kind), e.failure->message.substr(0, 160));
@@ -190,7 +196,16 @@ void print_result_table(const tk::AutotuningResult& r) {
     }
     const auto& best = d.fastest();
     const auto it = d.heuristics() ? d.entries().find(d.heuristics()->str()) : d.entries().end();
-    if (it != d.entries().end() && it->second.benchmark) {
+    if (best.benchmark->evidence) {
+      const tk::TuningEvidence& ev = *best.benchmark->evidence;
+      fmt::print("  winner {} at {:.4f} ms; best finalist {}: {}\n", best.config.str(),
+                 best.benchmark->median_ms, ev.best, ev.summary());
+      const Json& disc = ev.details.value("discarded", Json::array());
+      if (!disc.empty()) {
+        fmt::print("  {} segment(s) discarded and measured again, first: round {}: {}\n",
+                   disc.size(), disc[0].value("round", 0), disc[0].value("reason", ""));
+      }
+    } else if (it != d.entries().end() && it->second.benchmark) {
       const double speedup = it->second.benchmark->median_ms / best.benchmark->median_ms;
       fmt::print(
           "  winner {} at {:.4f} ms: {:.2f}x the heuristics config {}{}\n", best.config.str(),
@@ -304,8 +319,17 @@ int cmd_cache_show(Args& a) {
         if (bd.contains("failure")) {
           fmt::print("    {} failed: {}\n", cfg, bd["failure"].value("kind", "?"));
         } else {
-          fmt::print("    {} {:.4f} ms{}\n", cfg, bd.value("median_ms", 0.0),
-                     bd.value("finalist", false) ? "  finalist" : "");
+          fmt::print("    {} {:.4f} ms{}{}\n", cfg, bd.value("median_ms", 0.0),
+                     bd.value("finalist", false) ? "  finalist" : "",
+                     bd.value("chosen", false) ? "  chosen" : "");
+          if (bd.contains("evidence")) {
+            try {
+              fmt::print("      {}\n",
+                         tk::TuningEvidence::from_json(bd["evidence"]).summary());
+            } catch (const std::exception& ex) {
+              fmt::print("      evidence unreadable: {}\n", ex.what());
+            }
+          }
         }
       }
     }
@@ -447,6 +471,26 @@ int main(int argc, char** argv) {
   autotune->add_flag("--json", a.json, "print the result as JSON");
   add_threads(autotune);
 
+  tk::cli::CheckOptions check_opts;
+  std::string check_impls;
+  auto* check = app.add_subcommand(
+      "autotune-check",
+      "re-tune specs several times and score the winners against an oracle (regret, agreement)");
+  check->add_option("--op", check_opts.op, "op family");
+  check->add_option("--spec", check_opts.spec, "a spec name");
+  check->add_option("--tag", check_opts.tag, "every spec with this tag");
+  check->add_option("--impl", check_impls, "implementations, comma separated (default: all tunable)");
+  check->add_option("--reruns", check_opts.reruns, "tuning runs per spec (default 3)");
+  check->add_flag("--noise", check_opts.noise,
+                  "a busy process on one core in random on/off phases during the tuning runs");
+  check->add_option("--oracle-rounds", check_opts.oracle_rounds,
+                    "interleaved rounds of every candidate in the oracle (default 15)");
+  check->add_option("--oracle-budget-s", check_opts.oracle_budget_s,
+                    "the oracle's measuring budget per spec in seconds (default 180)");
+  check->add_option("-o,--output", check_opts.out_path, "write the JSON report here");
+  check->add_flag("--json", check_opts.json, "JSON output");
+  add_threads(check);
+
   auto* explain =
       app.add_subcommand("explain", "which implementation and config a call would use, and why");
   explain->add_option("--op", a.op, "op family");
@@ -540,6 +584,9 @@ int main(int argc, char** argv) {
       print_specs(a.op, a.tag, a.json);  // find_arg_specs names an unknown op
     } else if (autotune->parsed()) {
       return cmd_autotune(a);
+    } else if (check->parsed()) {
+      check_opts.impls = split_csv(check_impls);
+      return tk::cli::autotune_check(check_opts);
     } else if (explain->parsed()) {
       return cmd_explain(a);
     } else if (cache_show->parsed()) {

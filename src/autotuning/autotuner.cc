@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
@@ -19,9 +20,11 @@
 
 #include "autotuning/backend.h"
 #include "autotuning/output_check.h"
+#include "autotuning/rounds.h"
 #include "autotuning/scope_stack.h"
 #include "core/thread_pool.h"
 #include "tokamax/autotuning/cache.h"
+#include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/log.h"
 #include "tokamax/op/dispatch.h"
 
@@ -84,10 +87,20 @@ void AutotuneOptions::validate() const {
     throw InvalidArgument("autotuning max_candidates is " + std::to_string(max_candidates) +
                           "; expected > 0");
   }
-  if (finalists < 1 || remeasure_rounds < 0)
-    throw InvalidArgument("finalists must be >= 1, remeasure_rounds >= 0");
-  if (timing.min_samples < 1 || timing.max_samples < timing.min_samples) {
-    throw InvalidArgument("timing: need 1 <= min_samples <= max_samples");
+  if (first_rounds < 1 || finalists < 1 || max_rounds < first_rounds) {
+    throw InvalidArgument(fmt::format(
+        "autotuning rounds: need first_rounds >= 1, finalists >= 1, max_rounds >= first_rounds; "
+        "got {}, {}, {}",
+        first_rounds, finalists, max_rounds));
+  }
+  if (!(measure_budget_s > 0) || !(confidence > 0 && confidence < 1) || !(tie >= 0 && tie < 1) ||
+      !(sample_min_ms >= 0) || !(stray > 0) || !(bracket > 0) ||
+      !(model_fraction > 0 && model_fraction <= 1)) {
+    throw InvalidArgument(fmt::format(
+        "autotuning options: need measure_budget_s > 0 (got {:g}), 0 < confidence < 1 ({:g}), "
+        "0 <= tie < 1 ({:g}), sample_min_ms >= 0 ({:g}), stray > 0 ({:g}), bracket > 0 ({:g}), "
+        "0 < model_fraction <= 1 ({:g})",
+        measure_budget_s, confidence, tie, sample_min_ms, stray, bracket, model_fraction));
   }
 }
 
@@ -101,8 +114,9 @@ std::vector<Config> Autotuner::candidates(const BoundArguments& bound) const {
   return candidates_for(*impl, *family.make_call(bound, options_.seed));
 }
 
-std::vector<Config> Autotuner::candidates_for(const Implementation& impl,
-                                              const CallBase& call) const {
+std::vector<Config> Autotuner::candidates_for(const Implementation& impl, const CallBase& call,
+                                              size_t* model_cut) const {
+  if (model_cut) *model_cut = SIZE_MAX;
   std::vector<Config> list;
   if (!options_.configs.empty()) {
     list = options_.configs;
@@ -110,7 +124,9 @@ std::vector<Config> Autotuner::candidates_for(const Implementation& impl,
     list.push_back(impl.heuristics_config(call));
     for (auto& c : impl.autotuning_configs(call)) list.push_back(std::move(c));
   }
-  // Heuristics first (always measured, so the speed-up over it is known), then sorted.
+  // Heuristics first (always measured: it is the control), then sorted; then, where the
+  // implementation has a cost model and explicit configs were not given, ranked by it (stable:
+  // equal estimates keep the sorted order).
   std::vector<Config> out;
   std::unordered_set<std::string> seen;
   const Config first = list.front();
@@ -119,6 +135,23 @@ std::vector<Config> Autotuner::candidates_for(const Implementation& impl,
   seen.insert(first.str());
   for (auto& c : list) {
     if (seen.insert(c.str()).second) out.push_back(c);
+  }
+  if (options_.configs.empty() && out.size() > 2) {
+    std::vector<std::pair<double, Config>> ranked;
+    for (size_t i = 1; i < out.size(); ++i)
+      ranked.emplace_back(impl.estimate_ms(call, out[i]), out[i]);
+    if (std::all_of(ranked.begin(), ranked.end(),
+                    [](const auto& r) { return std::isfinite(r.first); })) {
+      std::stable_sort(ranked.begin(), ranked.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      out.resize(1);
+      for (auto& r : ranked) out.push_back(std::move(r.second));
+      if (model_cut) {
+        *model_cut = 1 + std::max<size_t>(
+                             1, static_cast<size_t>(std::ceil(options_.model_fraction *
+                                                              static_cast<double>(ranked.size()))));
+      }
+    }
   }
   return out;
 }
@@ -182,8 +215,9 @@ struct TuningRun {
   std::vector<Config> cands;
   std::vector<Prep> preps;
   AutotuningData data;
-  std::vector<int> ok;    // candidates measured successfully
-  std::string abandoned;  // set when a candidate overran its timeout and is still running
+  std::vector<int> ok;           // candidates that passed their check, in order
+  std::vector<double> first_ms;  // their checked run's time
+  std::string abandoned;         // set when a candidate overran its timeout and is still running
 
   TuningRun(const AutotuneOptions& options, const BoundArguments& bound)
       : o(options),
@@ -211,13 +245,18 @@ struct TuningRun {
     call->outputs = out->views;
   }
 
-  // Candidates past max_candidates are recorded as skipped and dropped.
-  void limit_candidates() {
-    const size_t keep = std::min(cands.size(), static_cast<size_t>(o.max_candidates));
+  // Candidates below the cost model's cut, then those past max_candidates, are recorded as
+  // skipped and dropped.
+  void limit_candidates(size_t model_cut) {
+    const size_t by_model = std::min(cands.size(), model_cut);
+    const size_t keep = std::min(by_model, static_cast<size_t>(o.max_candidates));
     for (size_t i = keep; i < cands.size(); ++i) {
-      data.set_failure(cands[i],
-                       {FailureKind::kSkipped,
-                        fmt::format("over the candidate budget of {}", o.max_candidates)});
+      data.set_failure(
+          cands[i],
+          {FailureKind::kSkipped,
+           i >= by_model
+               ? fmt::format("ranked below the cost model's best {:g}%", o.model_fraction * 100)
+               : fmt::format("over the candidate budget of {}", o.max_candidates)});
     }
     cands.resize(keep);
   }
@@ -245,8 +284,8 @@ struct TuningRun {
   }
 
   // Candidate i: one run into poisoned, guarded buffers under the timeout, checked against the
-  // reference; only then timed.
-  void measure(int i, bool over_budget) {
+  // reference; if it passes, its time is the first estimate for the rounds.
+  void check(int i, bool over_budget) {
     const Config& cfg = cands[i];
     const Prep& p = preps[i];
     if (over_budget) {
@@ -285,19 +324,8 @@ struct TuningRun {
                                fmt::format("one call took {:.3g} s, over the timeout of {:g} s", dt,
                                            o.candidate_timeout_s)});
       } else {
-        TimingOptions t = o.timing;
-        t.cold_cache = cold;
-        t.max_time_s = std::min(t.max_time_s, o.candidate_timeout_s);
-        const SampleStats s = time_callable([&] { impl->run(*call, cfg, p.prepared.get()); }, t);
-        BenchmarkData b;
-        b.median_ms = s.median_ms;
-        b.samples_ms = s.samples_ms;
-        b.iqr_ms = s.iqr_ms();
-        b.prepare_ms = p.ms;
-        b.scratch_bytes = p.scratch;
-        b.cold_cache = cold;
-        data.set(cfg, std::move(b));
         ok.push_back(i);
+        first_ms.push_back(dt * 1e3);
       }
     } catch (const Unsupported& e) {
       data.set_failure(cfg, {FailureKind::kUnsupported, e.what()});
@@ -306,43 +334,171 @@ struct TuningRun {
     }
   }
 
-  // Re-measure the finalists interleaved, so that drift in machine state (another process,
-  // clocks) hits them alike before a winner is declared.
-  void remeasure_finalists() {
-    if (ok.size() <= 1 || o.remeasure_rounds <= 0 || !abandoned.empty()) return;
-    std::sort(ok.begin(), ok.end(), [&](int a, int b) {
-      return data.entries().at(cands[a].str()).benchmark->median_ms <
-             data.entries().at(cands[b].str()).benchmark->median_ms;
-    });
-    // The heuristics config (candidate 0) is always a finalist when it ran: a winner is then
-    // one that beat the untuned default side by side, not one measured in a quieter minute.
-    const bool heuristics_ok = o.configs.empty() && std::count(ok.begin(), ok.end(), 0);
-    ok.resize(std::min<size_t>(ok.size(), static_cast<size_t>(o.finalists)));
-    if (heuristics_ok && !std::count(ok.begin(), ok.end(), 0)) ok.push_back(0);
-    std::vector<std::vector<double>> samples(ok.size());
-    TimingOptions t = o.timing;
-    t.cold_cache = cold;
-    t.warmup = 1;
-    t.min_samples = std::max(3, o.timing.min_samples / std::max(1, o.remeasure_rounds));
-    t.min_time_s = o.timing.min_time_s / std::max(1, o.remeasure_rounds);
-    t.max_time_s = std::min(t.max_time_s, o.candidate_timeout_s);
-    for (int r = 0; r < o.remeasure_rounds; ++r) {
-      for (size_t f = 0; f < ok.size(); ++f) {
-        const Config& cfg = cands[ok[f]];
-        const Prepared* prep = preps[ok[f]].prepared.get();
-        const SampleStats s = time_callable([&] { impl->run(*call, cfg, prep); }, t);
-        samples[f].insert(samples[f].end(), s.samples_ms.begin(), s.samples_ms.end());
+  // One sample of candidate cands[i] (ms per call), sized from its latest time `est_ms`.
+  double sample(int i, double est_ms) const {
+    const Config& cfg = cands[i];
+    const Prepared* prep = preps[i].prepared.get();
+    const double want = std::max(o.sample_min_ms, 1e-3);
+    if (cold) {
+      const int k =
+          static_cast<int>(std::clamp(std::ceil(want / std::max(est_ms, 1e-3)), 1.0, 16.0));
+      std::vector<double> t;
+      for (int j = 0; j < k; ++j) {
+        flush_cache();
+        const double t0 = now_seconds();
+        impl->run(*call, cfg, prep);
+        t.push_back((now_seconds() - t0) * 1e3);
       }
+      return tuning::median_of(std::move(t));
     }
-    for (size_t f = 0; f < ok.size(); ++f) {
-      BenchmarkData b = *data.entries().at(cands[ok[f]].str()).benchmark;
-      const SampleStats s = SampleStats::of(samples[f]);
-      b.median_ms = s.median_ms;
-      b.samples_ms = s.samples_ms;
-      b.iqr_ms = s.iqr_ms();
-      b.finalist = true;
-      data.set(cands[ok[f]], std::move(b));
+    // A warm-up call first when calls are short: the candidates before it in the round left
+    // their own working set (packed panels, scratch) in the caches.
+    if (est_ms < 2) impl->run(*call, cfg, prep);
+    const int per =
+        static_cast<int>(std::clamp(std::ceil(want / std::max(est_ms, 1e-4)), 1.0, 10000.0));
+    // Short calls in three chunks, the fastest chunk kept: a preemption (a neighbour's time
+    // slice, an interrupt) lands in one chunk and only ever adds time.
+    const int chunks = std::min(per, 3);
+    double best = std::numeric_limits<double>::infinity();
+    for (int c = 0; c < chunks; ++c) {
+      const int calls = per / chunks + (c < per % chunks);
+      const double t0 = now_seconds();
+      for (int j = 0; j < calls; ++j) impl->run(*call, cfg, prep);
+      best = std::min(best, (now_seconds() - t0) * 1e3 / calls);
     }
+    return best;
+  }
+
+  // The candidates that passed their check, in interleaved rounds against the control (the
+  // heuristics config when it passed), then the decision and its evidence.
+  void measure_rounds(double budget_left_s, double started) {
+    if (ok.empty()) return;
+    const int n = static_cast<int>(ok.size());
+    auto enter = [&](int j, const tuning::CandidateRounds* kr, double quiet_ms) {
+      const int i = ok[j];
+      BenchmarkData b;
+      b.prepare_ms = preps[i].ms;
+      b.scratch_bytes = preps[i].scratch;
+      b.cold_cache = cold;
+      if (!kr) {  // not measured in rounds: the checked run's time alone
+        b.median_ms = first_ms[j];
+        b.samples_ms = {first_ms[j]};
+      } else {
+        const SampleStats raw = SampleStats::of(kr->samples_ms);
+        b.samples_ms = kr->samples_ms;
+        b.sample_rounds = kr->sample_round;
+        b.ratios = kr->ratios;
+        b.rounds = kr->accepted;
+        b.stage = kr->stage;
+        b.finalist = kr->finalist;
+        b.iqr_ms = raw.iqr_ms();
+        b.ratio = kr->ratio;
+        b.ratio_lo = kr->ratio_lo;
+        b.ratio_hi = kr->ratio_hi;
+        // At the quiet machine's speed: the median ratio times the control's quiet level.
+        b.median_ms = kr->accepted > 0 ? kr->ratio * quiet_ms : raw.median_ms;
+      }
+      return b;
+    };
+    if (!abandoned.empty()) {
+      // A candidate still runs on this key's buffers: measuring now would time both.
+      for (int j = 0; j < n; ++j) data.set(cands[ok[j]], enter(j, nullptr, 0));
+      return;
+    }
+    const bool has_heuristics = o.configs.empty() && ok.front() == 0;
+    // The control: the heuristics config, else the candidate fastest in its checked run.
+    const int control = has_heuristics
+                            ? 0
+                            : static_cast<int>(std::min_element(first_ms.begin(), first_ms.end()) -
+                                               first_ms.begin());
+    tuning::RoundOptions ro;
+    ro.stray = o.stray;
+    ro.bracket = o.bracket;
+    ro.tie = o.tie;
+    ro.confidence = o.confidence;
+    ro.first_rounds = o.first_rounds;
+    ro.finalists = o.finalists;
+    ro.max_rounds = o.max_rounds;
+    ro.budget_s = std::max(1e-3, std::min(o.measure_budget_s, budget_left_s));
+    ro.seed = o.seed;
+    std::vector<double> est = first_ms;
+    const tuning::RoundsResult r = tuning::run_rounds(
+        n, control,
+        [&](int j) {
+          const double t = sample(ok[j], est[j]);
+          est[j] = t;
+          return t;
+        },
+        [] { return now_seconds(); }, first_ms, ro);
+    const double quiet = r.control_quiet_ms;
+    for (int j = 0; j < n; ++j) data.set(cands[ok[j]], enter(j, &r.candidates[j], quiet));
+    if (r.best < 0) {
+      TOKAMAX_LOG("autotune", kWarning,
+                  what() +
+                      ": no round was accepted within the budget (the machine was never "
+                      "quiet enough); the winner falls back to the raw medians");
+      return;
+    }
+    // The tie-break on memory (XLA's): among the finalists within the tie window of the best,
+    // the least scratch, then the fastest.
+    const double tie = std::max(o.tie, 2e-3 / std::max(quiet, 1e-9));
+    int pick = r.best;
+    for (int j = 0; j < n; ++j) {
+      const auto& k = r.candidates[j];
+      if (!k.finalist || k.accepted == 0 || k.ratio > r.candidates[r.best].ratio * (1 + tie))
+        continue;
+      const auto& pk = r.candidates[pick];
+      const int64_t sj = preps[ok[j]].scratch, sp = preps[ok[pick]].scratch;
+      if (sj < sp || (sj == sp && k.ratio < pk.ratio)) pick = j;
+    }
+    auto accepted = [&](int j) {
+      std::vector<double> a;
+      for (double x : r.candidates[j].ratios) {
+        if (!std::isnan(x)) a.push_back(x);
+      }
+      return a;
+    };
+    TuningEvidence ev;
+    ev.confidence = o.confidence;
+    ev.tie = tie;
+    ev.best = cands[ok[pick]].str();
+    ev.rounds = r.candidates[pick].accepted;
+    if (pick != control) {
+      // Against the control measured as a candidate (the same noise as the pick's) when it has
+      // its first-stage rounds; else against its definition, a ratio of 1.
+      std::vector<double> base = accepted(control);
+      if (static_cast<int>(base.size()) < o.first_rounds) base = {1.0};
+      const tuning::RatioInterval iv =
+          tuning::bootstrap_ratio(accepted(pick), base, o.confidence, 1000, o.seed + 101);
+      ev.ratio = iv.ratio;
+      ev.lo = iv.lo;
+      ev.hi = iv.hi;
+      ev.confident = !std::isnan(iv.hi) && iv.hi < 1 - tie;
+    }
+    // Not confidently faster than the heuristics config: the heuristics config is stored.
+    const int chosen = (!ev.confident && has_heuristics) ? control : pick;
+    Json discarded = Json::array();
+    for (const auto& d : r.discarded) {
+      Json configs = Json::array();
+      for (int j : d.candidates) configs.push_back(cands[ok[j]].str());
+      discarded.push_back({{"round", d.round}, {"configs", configs}, {"reason", d.reason}});
+    }
+    ev.details = {{"control", cands[ok[control]].str()},
+                  {"control_is_heuristics", has_heuristics},
+                  {"control_ms", r.control_ms},
+                  {"control_quiet_ms", quiet},
+                  {"candidates", n},
+                  {"stages", r.stages},
+                  {"rounds", r.rounds},
+                  {"decided", r.decided},
+                  {"budget_exhausted", r.budget_exhausted},
+                  {"measure_s", r.elapsed_s},
+                  {"tuning_s", now_seconds() - started},
+                  {"discarded", discarded}};
+    BenchmarkData b = *data.entries().at(cands[ok[chosen]].str()).benchmark;
+    b.chosen = true;
+    b.evidence = std::move(ev);
+    data.set(cands[ok[chosen]], std::move(b));
   }
 };
 
@@ -355,22 +511,23 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   // alongside a measurement: shared here, exclusive while measuring.
   std::shared_lock<std::shared_mutex> preparing(phase_mu());
   run.run_reference();
-  run.cands = candidates_for(*run.impl, *run.call);
+  size_t model_cut = SIZE_MAX;
+  run.cands = candidates_for(*run.impl, *run.call, &model_cut);
   if (options_.configs.empty()) run.data.set_heuristics(run.cands.front());
-  run.limit_candidates();
+  run.limit_candidates(model_cut);
   run.prepare_all();
   preparing.unlock();
 
   std::unique_lock<std::shared_mutex> measuring(phase_mu());
   const int n = static_cast<int>(run.cands.size());
   for (int i = 0; i < n; ++i) {
-    run.measure(i, now_seconds() - start > options_.budget_s);
+    run.check(i, now_seconds() - start > options_.budget_s);
     if (options_.progress) {
       const double el = now_seconds() - start;
       options_.progress({i + 1, n, el, el / (i + 1) * (n - i - 1), run.what(), run.cands[i].str()});
     }
   }
-  run.remeasure_finalists();
+  run.measure_rounds(options_.budget_s - (now_seconds() - start), start);
   if (!run.data.has_success()) {
     TOKAMAX_LOG("autotune", kWarning, "all configs failed for " + run.what() + " " + bound.key());
   } else {

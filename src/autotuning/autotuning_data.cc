@@ -1,6 +1,9 @@
 // BenchmarkData, AutotuningData, AutotuningResult and AutotuningScope.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <unordered_map>
 
@@ -28,6 +31,60 @@ T get_field(const Json& j, const char* name, const char* what) {
 }
 }  // namespace
 
+namespace {
+// NaN (a discarded round's ratio) as JSON null, and back.
+Json nullable(const std::vector<double>& v) {
+  Json a = Json::array();
+  for (double x : v) a.push_back(std::isnan(x) ? Json() : Json(x));
+  return a;
+}
+std::vector<double> from_nullable(const Json& j, const char* what) {
+  if (!j.is_array()) throw InvalidArgument(std::string(what) + ": expected a list of numbers");
+  std::vector<double> v;
+  for (const Json& x : j) {
+    if (x.is_null()) {
+      v.push_back(std::numeric_limits<double>::quiet_NaN());
+    } else if (x.is_number()) {
+      v.push_back(x.get<double>());
+    } else {
+      throw InvalidArgument(std::string(what) + ": expected numbers or null, got " +
+                            canonical_dump(x).substr(0, 80));
+    }
+  }
+  return v;
+}
+}  // namespace
+
+Json TuningEvidence::to_json() const {
+  return {{"ratio", ratio}, {"ci", {lo, hi}},    {"confidence", confidence},
+          {"tie", tie},     {"rounds", rounds},  {"confident", confident},
+          {"best", best},   {"details", details}};
+}
+
+TuningEvidence TuningEvidence::from_json(const Json& j) {
+  TuningEvidence e;
+  e.ratio = get_field<double>(j, "ratio", "TuningEvidence");
+  const auto ci = get_field<std::vector<double>>(j, "ci", "TuningEvidence");
+  if (ci.size() != 2) throw InvalidArgument("TuningEvidence: 'ci' must be [low, high]");
+  e.lo = ci[0];
+  e.hi = ci[1];
+  e.confidence = get_field<double>(j, "confidence", "TuningEvidence");
+  if (j.contains("tie")) e.tie = get_field<double>(j, "tie", "TuningEvidence");
+  e.rounds = get_field<int>(j, "rounds", "TuningEvidence");
+  e.confident = get_field<bool>(j, "confident", "TuningEvidence");
+  if (j.contains("best")) e.best = get_field<std::string>(j, "best", "TuningEvidence");
+  if (j.contains("details")) e.details = j.at("details");
+  return e;
+}
+
+std::string TuningEvidence::summary() const {
+  std::string s =
+      fmt::format("{:.3f}x the heuristics config [{:.3f}, {:.3f}] ({:.0f}% CI, {} rounds)", ratio,
+                  lo, hi, confidence * 100, rounds);
+  if (confident) return s + ", confident";
+  return s + fmt::format(", not confidently faster beyond the {:.0f}% tie window", tie * 100);
+}
+
 Json BenchmarkData::to_json() const {
   Json j = {{"median_ms", median_ms},
             {"evaluation_times_ms", samples_ms},
@@ -36,6 +93,16 @@ Json BenchmarkData::to_json() const {
             {"scratch_bytes", scratch_bytes},
             {"cold_cache", cold_cache}};
   if (finalist) j["finalist"] = true;  // absent = false (files written before it existed)
+  if (!sample_rounds.empty()) {
+    j["sample_rounds"] = sample_rounds;
+    j["ratios"] = nullable(ratios);
+    j["ratio"] = ratio;
+    j["ratio_ci"] = {ratio_lo, ratio_hi};
+    j["rounds"] = rounds;
+    j["stage"] = stage;
+  }
+  if (chosen) j["chosen"] = true;
+  if (evidence) j["evidence"] = evidence->to_json();
   return j;
 }
 
@@ -53,6 +120,23 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
     b.scratch_bytes = get_field<int64_t>(j, "scratch_bytes", "BenchmarkData");
   if (j.contains("cold_cache")) b.cold_cache = get_field<bool>(j, "cold_cache", "BenchmarkData");
   if (j.contains("finalist")) b.finalist = get_field<bool>(j, "finalist", "BenchmarkData");
+  if (j.contains("sample_rounds")) {
+    b.sample_rounds = get_field<std::vector<int>>(j, "sample_rounds", "BenchmarkData");
+    b.ratios = from_nullable(j.at("ratios"), "BenchmarkData 'ratios'");
+    if (b.ratios.size() != b.sample_rounds.size() || b.ratios.size() != b.samples_ms.size()) {
+      throw InvalidArgument(
+          "BenchmarkData: 'ratios', 'sample_rounds' and 'evaluation_times_ms' differ in length");
+    }
+    b.ratio = get_field<double>(j, "ratio", "BenchmarkData");
+    const auto ci = get_field<std::vector<double>>(j, "ratio_ci", "BenchmarkData");
+    if (ci.size() != 2) throw InvalidArgument("BenchmarkData: 'ratio_ci' must be [low, high]");
+    b.ratio_lo = ci[0];
+    b.ratio_hi = ci[1];
+    b.rounds = get_field<int>(j, "rounds", "BenchmarkData");
+    b.stage = get_field<int>(j, "stage", "BenchmarkData");
+  }
+  if (j.contains("chosen")) b.chosen = get_field<bool>(j, "chosen", "BenchmarkData");
+  if (j.contains("evidence")) b.evidence = TuningEvidence::from_json(j.at("evidence"));
   return b;
 }
 
@@ -128,6 +212,14 @@ const AutotuningData::Entry& AutotuningData::fastest() const {
              e.failure->message;
     throw Error(why);
   }
+  // The tuner's decision when it made one (several, from files merged by hand: the fastest of
+  // them).
+  const Entry* chosen = nullptr;
+  for (const auto& [k, e] : entries_) {
+    if (!e.benchmark || !e.benchmark->chosen) continue;
+    if (!chosen || e.benchmark->median_ms < chosen->benchmark->median_ms) chosen = &e;
+  }
+  if (chosen) return *chosen;
   // Within the tie window of the fastest, prefer less scratch memory, then speed, then the
   // config string (std::map order) so the choice is a pure function of the data.
   const double best = best_median_ms();
@@ -147,6 +239,17 @@ const AutotuningData::Entry& AutotuningData::fastest() const {
 
 AutotuningData AutotuningData::operator|(const AutotuningData& other) const {
   AutotuningData out = *this;
+  // A decision on the right-hand side (a newer tuning run) replaces the left's.
+  bool decides = false;
+  for (const auto& [k, e] : other.entries_) decides |= e.benchmark && e.benchmark->chosen;
+  if (decides) {
+    for (auto& [k, e] : out.entries_) {
+      if (e.benchmark) {
+        e.benchmark->chosen = false;
+        e.benchmark->evidence.reset();
+      }
+    }
+  }
   for (const auto& [k, e] : other.entries_) out.entries_[k] = e;
   if (other.heuristics_) out.heuristics_ = other.heuristics_;
   return out;
@@ -292,7 +395,9 @@ AutotuningScope::AutotuningScope(const AutotuningResult& result) : depth_(t_scop
   }
   for (const auto& [b, d] : result.data()) {
     if (!d.has_success()) continue;  // all failed: a miss, as in the disk cache
-    overlay->winners[b.family() + "/" + b.implementation()][b.key()] = d.fastest().config;
+    const auto& best = d.fastest();
+    overlay->winners[b.family() + "/" + b.implementation()][b.key()] = {
+        best.config, best.benchmark->evidence ? best.benchmark->evidence->summary() : ""};
   }
   t_scopes.push_back(std::move(overlay));
 }

@@ -26,8 +26,11 @@ class Backend : public TuningBackend {
       if (f == (*it)->winners.end()) continue;
       auto c = f->second.find(bound.key());
       if (c == f->second.end()) continue;
-      if (detail) *detail = (*it)->name;
-      return c->second;
+      if (detail) {
+        *detail = (*it)->name;
+        if (!c->second.evidence.empty()) *detail += "; tuned: " + c->second.evidence;
+      }
+      return c->second.config;
     }
     return std::nullopt;
   }

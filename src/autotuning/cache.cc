@@ -186,7 +186,11 @@ Loaded load_for(const Implementation& impl, const std::string& family) {
       try {
         AutotuningData d = AutotuningData::from_json(configs, impl);
         if (!d.has_success()) continue;  // every config failed: a miss
-        l.winners[key] = {d.fastest().config, path};
+        const auto& best = d.fastest();
+        l.winners[key] = {best.config,
+                          best.benchmark->evidence
+                              ? path + "; tuned: " + best.benchmark->evidence->summary()
+                              : path};
       } catch (const std::exception& e) {
         warn_once("ignoring an entry of cache file " + path + ": " + e.what());
       }

@@ -13,8 +13,12 @@ namespace tokamax {
 struct ScopeOverlay {
   std::string device_kind;
   std::string name;
+  struct Winner {
+    Config config;
+    std::string evidence;  // the tuner's evidence for it, one line ("" when none was recorded)
+  };
   // "family/implementation" -> key -> winning config.
-  std::unordered_map<std::string, std::unordered_map<std::string, Config>> winners;
+  std::unordered_map<std::string, std::unordered_map<std::string, Winner>> winners;
 };
 
 const std::vector<std::shared_ptr<const ScopeOverlay>>& active_scopes();

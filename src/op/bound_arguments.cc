@@ -1,4 +1,6 @@
 // BoundArguments: identity + canonical spec + key.
+#include <limits>
+
 #include "tokamax/op/op.h"
 
 namespace tokamax {
@@ -81,6 +83,10 @@ Config Implementation::config_from_json(const Json& j) const {
   if (j.is_object() && j.empty()) return Config::null();
   throw InvalidArgument("implementation '" + name() + "' has no config fields; got config " +
                         canonical_dump(j));
+}
+
+double Implementation::estimate_ms(const CallBase&, const Config&) const {
+  return std::numeric_limits<double>::quiet_NaN();
 }
 
 bool ArgSpec::has_tag(const std::string& t) const {

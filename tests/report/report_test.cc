@@ -79,11 +79,10 @@ class ReportTest : public ::testing::Test {
 
   static AutotuneOptions quick() {
     AutotuneOptions o;
-    o.timing.min_samples = 5;
-    o.timing.min_time_s = 0.005;
-    o.timing.warmup = 1;
+    o.first_rounds = 2;
+    o.max_rounds = 6;
+    o.sample_min_ms = 0.2;
     o.candidate_timeout_s = 0.5;
-    o.remeasure_rounds = 2;
     return o;
   }
 

@@ -558,9 +558,9 @@ TEST(Extract, NotATrace) {
 // Few, short samples: these tests check what is tuned, not how well.
 AutotuneOptions quick_tuning() {
   AutotuneOptions o;
-  o.timing.min_samples = 3;
-  o.timing.min_time_s = 0.002;
-  o.remeasure_rounds = 1;
+  o.first_rounds = 1;
+  o.max_rounds = 2;
+  o.sample_min_ms = 0.2;
   return o;
 }
 

@@ -1,10 +1,12 @@
 // The autotuner, with XLA's discipline: candidates (heuristics config + search space,
-// deduplicated, deterministic order) are prepared in parallel, then measured one at a time with
-// nothing else running; every candidate's output is checked against the reference
-// implementation (outputs poisoned with NaN and surrounded by guard zones); failures are
-// recorded per config with their reason; the winner is the fastest median, the least scratch
-// memory within a tie window among the finalists (the fastest few of a first pass, and the
-// heuristics config always), re-measured side by side in interleaved rounds.
+// deduplicated, ranked by the implementation's cost model where it has one) are prepared in
+// parallel, then run one at a time with nothing else running; every candidate's output is
+// checked against the reference implementation (outputs poisoned with NaN and surrounded by
+// guard zones); failures are recorded per config with their reason. The candidates that pass are
+// measured in interleaved rounds against the heuristics config as the control, with successive
+// halving and a bootstrap confidence (src/autotuning/rounds.h): the stored winner is the best
+// finalist when it is confidently faster than the heuristics config beyond the tie window, else
+// the heuristics config itself; its entry carries the evidence (TuningEvidence).
 #pragma once
 
 #include <functional>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "tokamax/autotuning/autotuning.h"
-#include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/export.h"
 
 TOKAMAX_PUBLIC_BEGIN
@@ -27,17 +28,36 @@ struct AutotuneProgress {
 };
 
 struct AutotuneOptions {
-  TimingOptions timing{
-      .warmup = 2, .min_samples = 10, .min_time_s = 0.05, .max_samples = 200, .max_time_s = 2.0};
+  // Measurement in interleaved rounds (src/autotuning/rounds.h): every candidate gets
+  // `first_rounds` accepted rounds, the better half goes on to twice as many, and so on down to
+  // `finalists` (plus the heuristics config), who are measured until decided at `confidence`
+  // or `max_rounds`; the rounds of one key stop at `measure_budget_s`.
+  int first_rounds = 3;
+  int finalists = 3;
+  int max_rounds = 24;
+  double measure_budget_s = 20;
+  double confidence = 0.95;
+  // Relative tie window: a winner must be faster than the heuristics config by more than this
+  // (and by more than 2 us) to be stored instead of it.
+  double tie = 0.01;
+  // A sample times back-to-back calls (warm) or repeated flush-and-call (cold) lasting at least
+  // this long, so that short calls are not timer noise.
+  double sample_min_ms = 1;
+  // Control checks (rounds.h): a segment is discarded when its control strays more than `stray`
+  // above its quiet level or its two control samples differ by more than `bracket`.
+  double stray = 0.12;
+  double bracket = 0.08;
+  // Cost-model pruning: when the implementation has a model, only this best-ranked fraction of
+  // the search space (and the heuristics config) is measured, and candidates are checked in the
+  // model's order so that a budget cut drops the worst-ranked.
+  double model_fraction = 1.0;
   std::optional<bool> cold_cache;   // default: the family's memory_bound(call)
   double candidate_timeout_s = 10;  // the checked run of a candidate; slower -> timeout
   double budget_s = 1e30;           // whole run, seconds; must be > 0
   int max_candidates = 1 << 30;     // per key; must be > 0 (the heuristics config is always kept)
-  int finalists = 3;                // re-measured interleaved, plus the heuristics config
-  int remeasure_rounds = 5;
-  int prepare_threads = 0;      // 0 = num_threads() (the pool's size caps it)
-  uint64_t seed = 0;            // inputs, shared by all candidates
-  std::vector<Config> configs;  // explicit candidates (empty = heuristics + search space)
+  int prepare_threads = 0;          // 0 = num_threads() (the pool's size caps it)
+  uint64_t seed = 0;                // inputs (shared by all candidates), round order, bootstrap
+  std::vector<Config> configs;      // explicit candidates (empty = heuristics + search space)
   // autotune(fn): also tune keys an AutotuningScope or the disk cache already answers.
   bool ignore_cache = false;
   // tune_all / autotune(fn): tune every implementation of the family supported here, not only
@@ -61,12 +81,14 @@ class Autotuner {
   // left out. Bound arguments without an implementation are tuned for every implementation of
   // their family that is supported here.
   AutotuningResult tune_all(const std::vector<BoundArguments>& list) const;
-  // The candidate list tune() would measure, in order.
+  // The candidate list tune() would check, in order (before the cost model's cut).
   std::vector<Config> candidates(const BoundArguments& bound) const;
 
  private:
   AutotuningData tune_uncoordinated(const BoundArguments& bound) const;
-  std::vector<Config> candidates_for(const Implementation& impl, const CallBase& call) const;
+  // *model_cut (when given): how many of the list the cost model keeps (SIZE_MAX: no model).
+  std::vector<Config> candidates_for(const Implementation& impl, const CallBase& call,
+                                     size_t* model_cut = nullptr) const;
   AutotuneOptions options_;
 };
 

@@ -19,6 +19,26 @@
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
+// Why a key's winner was chosen: the best finalist against the heuristics config, measured
+// side by side in interleaved rounds. `ratio` is best / heuristics (ratio of median per-round
+// ratios) with its bootstrap interval at `confidence`; `confident` when the interval's upper end
+// is below 1 - tie (faster beyond the tie window). A best that is not confidently faster is not
+// stored: the heuristics config is (same speed, fewer distinct configs), and `best` names the
+// candidate that was set aside. `details`: stages, rounds, discarded segments with their reasons,
+// the control's samples, the time spent.
+struct TuningEvidence {
+  double ratio = 1, lo = 1, hi = 1;
+  double confidence = 0.95;
+  double tie = 0.01;
+  int rounds = 0;  // accepted rounds of the best
+  bool confident = false;
+  std::string best;  // the best finalist's config (canonical JSON)
+  Json details = Json::object();
+  Json to_json() const;
+  static TuningEvidence from_json(const Json& j);
+  std::string summary() const;  // one line, for explain and cache show
+};
+
 struct BenchmarkData {
   double median_ms = 0;
   std::vector<double> samples_ms;
@@ -30,6 +50,19 @@ struct BenchmarkData {
   // winner is chosen among them only (their medians come from the same minutes; the others'
   // first-pass medians do not, and cannot be compared with them fairly).
   bool finalist = false;
+  // Interleaved rounds against the heuristics config (the control): per sample, its round and
+  // its time over the mean of the two control samples bracketing its segment (NaN, written as
+  // null, when the segment was discarded); the median of the accepted ratios with its bootstrap
+  // interval; accepted rounds; the successive-halving stage it reached. Empty / 0 in files
+  // written before rounds existed.
+  std::vector<int> sample_rounds;
+  std::vector<double> ratios;
+  double ratio = 0, ratio_lo = 0, ratio_hi = 0;
+  int rounds = 0;
+  int stage = 0;
+  // The tuner's decision for its key: the config stored as the winner (see TuningEvidence).
+  bool chosen = false;
+  std::optional<TuningEvidence> evidence;  // on the chosen entry
   Json to_json() const;
   static BenchmarkData from_json(const Json& j);
 };
@@ -66,17 +99,18 @@ class AutotuningData {
   const std::map<std::string, Entry>& entries() const { return entries_; }
   bool empty() const { return entries_.empty(); }
   bool has_success() const;
-  // The winner: among the finalists if any entry is one (else among all successes), the
-  // fastest median; within the tie window (tie_window_ms) of it the least scratch memory, then
-  // the fastest, then the smallest config string. Error naming every failure when none
-  // succeeded.
+  // The winner: the entry the tuner chose (`chosen`) when there is one; else among the
+  // finalists if any entry is one (else among all successes), the fastest median; within the tie
+  // window (tie_window_ms) of it the least scratch memory, then the fastest, then the smallest
+  // config string. Error naming every failure when none succeeded.
   const Entry& fastest() const;
   // Whether `e` competes for the win: it succeeded, and it is a finalist or there are none.
   bool competes(const Entry& e) const;
   // The fastest median among the entries that compete (0 when none succeeded): where the tie
   // window starts.
   double best_median_ms() const;
-  // Right-hand side wins per config.
+  // Right-hand side wins per config; a right-hand side with a chosen entry (a newer decision)
+  // clears the left's.
   AutotuningData operator|(const AutotuningData& other) const;
   // The implementation's heuristics config for this key, when the tuner measured it (for
   // reports such as "winner is 1.3x the heuristics config"). Result files mark its entry with

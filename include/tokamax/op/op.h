@@ -117,6 +117,10 @@ class Implementation {
   // Names of the config fields, for `tokamax ops`.
   virtual std::vector<std::string> config_fields() const { return {}; }
   virtual int64_t scratch_bytes(const CallBase&, const Config&) const { return 0; }
+  // A cost model's estimate of one call's time in ms with this config (a roofline over the
+  // arithmetic, the bytes each blocking level moves and the measured ceilings), or NaN where
+  // the implementation has none. The autotuner ranks candidates by it.
+  virtual double estimate_ms(const CallBase&, const Config&) const;
   virtual std::shared_ptr<const Prepared> prepare(const CallBase&, const Config&) const {
     return nullptr;
   }

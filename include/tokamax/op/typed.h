@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "tokamax/core/export.h"
@@ -26,6 +27,8 @@ class TypedImplementation : public Implementation {
   // The search space; every config valid for the call.
   virtual std::vector<ConfigT> search_space(const CallT&) const { return {}; }
   virtual int64_t scratch(const CallT&, const ConfigT&) const { return 0; }
+  // The cost model (Implementation::estimate_ms); NaN: none.
+  virtual double estimate(const CallT&, const ConfigT&) const;
   virtual void run_call(CallT& call, const ConfigT& config, const Prepared* prepared) const = 0;
 
   bool has_config() const final { return true; }
@@ -46,10 +49,18 @@ class TypedImplementation : public Implementation {
   int64_t scratch_bytes(const CallBase& call, const Config& config) const final {
     return scratch(call_as<CallT>(call), config.get<ConfigT>());
   }
+  double estimate_ms(const CallBase& call, const Config& config) const final {
+    return estimate(call_as<CallT>(call), config.get<ConfigT>());
+  }
   void run(CallBase& call, const Config& config, const Prepared* prepared) const final {
     run_call(call_as<CallT>(call), config.get<ConfigT>(), prepared);
   }
 };
+
+template <class CallT, class ConfigT>
+double TypedImplementation<CallT, ConfigT>::estimate(const CallT&, const ConfigT&) const {
+  return std::numeric_limits<double>::quiet_NaN();
+}
 
 // An implementation with nothing to tune (the null config).
 template <class CallT>

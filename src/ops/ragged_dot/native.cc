@@ -2,6 +2,7 @@
 // the framework-free grouped GEMM (src/kernels/grouped_gemm.h) with an epilogue that applies the
 // activation and converts; and the weights packed ahead (pack_rhs).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/thread_pool.h"
@@ -225,6 +226,54 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
       }
     }
     return out;
+  }
+
+  // The cost model the autotuner ranks the search space by: a roofline over the blocking with
+  // nominal ceilings (only the ranking matters, so absolute rates cancel; their ratios are
+  // typical of this class of core: 2 FMA ports at 3 GHz, ~12 GB/s of DRAM and 4x that from the
+  // last-level cache per core). Terms: arithmetic on padded tiles (rows to the tile height,
+  // columns to the panel width) at the microkernel's efficiency for its tile height (the B loads
+  // of each k step are its overhead); the weights streamed from DRAM once and re-read from the
+  // last-level cache once per further row block; A re-read once per column block and partial
+  // sums of C re-read once per K block; work items rounded up to whole waves of threads; a
+  // fixed cost per item.
+  double estimate(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg) const override {
+    if (c.dims == RaggedDimNums::kRaggedContracting) return std::nan("");
+    const auto& ks = k::best_kernels();
+    const bool bf16 = native_uses_bf16_dot(c);
+    const double lanes = ks.nr / 2.0;  // two vectors per panel row
+    const double f32_rate = 4 * lanes * 3e9;
+    const double rate = !bf16 ? f32_rate : ks.amx ? 16 * f32_rate : 2 * f32_rate;
+    const double dram = 12e9, llc = 48e9;
+    const double wb = bf16 ? 2 : dtype_size(c.rhs.dtype());
+    const int tile_rows = bf16 && ks.amx ? k::kAmxRows : cfg.mr;
+    const double eff = cfg.mr * 2.0 / (cfg.mr * 2.0 + 2.0);
+    const int64_t cols_pad = round_up(std::max<int64_t>(c.n, 1), ks.nr);
+    const int64_t col_blocks = (c.n + cfg.nc - 1) / cfg.nc;
+    const int64_t k_blocks = (c.k + cfg.kc - 1) / cfg.kc;
+    double flops = 0, dram_bytes = 0, llc_bytes = 0;
+    int64_t items = 0;
+    for (int64_t gi = 0; gi < c.g; ++gi) {
+      const int64_t m = c.offsets[gi + 1] - c.offsets[gi];
+      if (m == 0) continue;
+      const int64_t row_blocks = (m + cfg.mc - 1) / cfg.mc;
+      int64_t rows_pad = 0;
+      for (int64_t r = 0; r < m; r += cfg.mc)
+        rows_pad += round_up(std::min<int64_t>(cfg.mc, m - r), tile_rows);
+      flops += 2.0 * static_cast<double>(rows_pad * cols_pad * c.k);
+      const double w = static_cast<double>(c.k * c.n) * wb;
+      dram_bytes += w + static_cast<double>(m * c.k) * 4 + static_cast<double>(m * c.n) * 4;
+      llc_bytes += w * static_cast<double>(row_blocks - 1) +
+                   static_cast<double>(m * c.k * 4 * (col_blocks - 1)) +
+                   static_cast<double>(m * c.n * 8 * (k_blocks - 1));
+      items += row_blocks * col_blocks;
+    }
+    const int threads = std::max(1, c.num_threads);
+    const double waves = std::ceil(static_cast<double>(items) / threads);
+    const double imbalance = items > 0 ? waves * threads / static_cast<double>(items) : 1;
+    const double compute_s = flops / (rate * eff) / threads * imbalance;
+    const double memory_s = dram_bytes / (dram * threads) + llc_bytes / (llc * threads);
+    return (std::max(compute_s, memory_s) + waves * 2e-6) * 1e3;
   }
 
   int64_t scratch(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg) const override {

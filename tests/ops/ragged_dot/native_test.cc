@@ -191,10 +191,9 @@ TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
     const BoundArguments b =
         fam.bind_json(find_arg_specs("ragged_dot", spec)[0].arguments, "native");
     AutotuneOptions o;
-    o.timing.min_samples = 1;
-    o.timing.min_time_s = 0;
-    o.timing.warmup = 0;
-    o.remeasure_rounds = 0;
+    o.first_rounds = 1;
+    o.max_rounds = 1;
+    o.sample_min_ms = 0;
     o.seed = fresh_seed();
     const AutotuningData d = Autotuner(o).tune(b);
     EXPECT_GE(d.entries().size(), 3u) << spec;

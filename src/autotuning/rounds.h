@@ -1,0 +1,108 @@
+// The autotuner's decision logic on a noisy machine: candidates measured in interleaved rounds
+// against a control (the heuristics config), successive halving, and a bootstrap confidence for
+// the winner. Pure logic over two injected functions, one that takes a sample of a candidate and
+// one that reads a clock, so that tests drive it with synthetic timings and a fake clock.
+//
+// Why this shape: on a shared machine a neighbour can slow every call by 2x for seconds to
+// minutes. A candidate measured alone in such a phase looks slow and loses for good. Here each
+// round runs every remaining candidate once in a fresh random order, in short segments each
+// bracketed by two samples of the control; a candidate's score is its time divided by the mean
+// of its segment's two control samples, so a phase that slows the whole segment cancels. A
+// segment whose control strays above the control's quiet level (a low quantile of all control
+// samples), or whose two control samples disagree (the machine changed mid-segment), is
+// discarded and its candidates measured again later: under load the fastest config differs from
+// the quiet machine's (a config with more work items balances better around a busy core), and
+// the quiet machine's winner is the one wanted.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tokamax::tuning {
+
+struct RoundOptions {
+  // A segment is discarded when one of its control samples is more than `stray` above the
+  // control's quiet level, or when its two control samples differ by more than `bracket`.
+  double stray = 0.12;
+  double bracket = 0.08;
+  // Relative tie window: candidates within it are equally fast.
+  double tie = 0.01;
+  double confidence = 0.95;  // two-sided bootstrap interval
+  int bootstrap = 400;       // resamples
+  // Successive halving: every candidate gets `first_rounds` accepted rounds; then the better
+  // half (by median ratio) is kept and measured to twice as many rounds, and so on, until at
+  // most `finalists` remain (the control always among them). The finalists are then measured
+  // until every one is decided against the best (confidently slower, or confidently within the
+  // tie window) or `max_rounds` or the budget is reached.
+  int first_rounds = 3;
+  int finalists = 3;
+  int max_rounds = 24;
+  // Segments between control samples last about this long (estimated from earlier samples).
+  double segment_s = 0.6;
+  // Measurement budget (seconds of the injected clock). When it runs out, decisions are taken
+  // on what was measured; a candidate with no accepted round cannot win.
+  double budget_s = 20;
+  // A discarded segment's candidates are measured again, up to this many times each per stage.
+  int max_repeats = 6;
+  uint64_t seed = 0;
+};
+
+// One discarded segment.
+struct DiscardedSegment {
+  int round = 0;
+  std::vector<int> candidates;
+  std::string reason;
+};
+
+struct CandidateRounds {
+  std::vector<double> samples_ms;  // every raw sample, in order
+  std::vector<int> sample_round;   // the round of each sample
+  std::vector<double> ratios;      // per sample: ratio to its segment's control, NaN if discarded
+  int accepted = 0;                // samples with a ratio
+  int stage = 0;                   // last successive-halving stage it was measured in
+  bool finalist = false;
+  // Median of the accepted ratios and its bootstrap interval (NaN when none was accepted).
+  double ratio = 0, ratio_lo = 0, ratio_hi = 0;
+};
+
+struct RoundsResult {
+  std::vector<CandidateRounds> candidates;
+  std::vector<double> control_ms;  // every control sample, in order
+  double control_quiet_ms = 0;     // the control's quiet level at the end
+  std::vector<DiscardedSegment> discarded;
+  int rounds = 0;  // rounds run
+  int stages = 0;  // successive-halving stages run
+  bool budget_exhausted = false;
+  bool decided = false;  // every finalist decided against the best
+  int best = -1;         // lowest median ratio among the finalists
+  // The best against the control: ratio of medians with its bootstrap interval, and whether it
+  // is confidently faster beyond the tie window (upper bound below 1 - tie).
+  double vs_control = 1, vs_control_lo = 1, vs_control_hi = 1;
+  bool confident = false;
+  double elapsed_s = 0;
+};
+
+// Candidates 0..n-1; `control` is one of them (also measured as a candidate, so its own ratio
+// carries the same noise as the others'). sample(i) returns one sample of candidate i in ms;
+// est_ms[i] (may be empty) is a first estimate of its time, for sizing segments. An exception
+// from sample() propagates.
+RoundsResult run_rounds(int n, int control, const std::function<double(int)>& sample,
+                        const std::function<double()>& clock, const std::vector<double>& est_ms,
+                        const RoundOptions& options);
+
+// Ratio of (low) medians a/b with a bootstrap interval (independent resampling of each), at the
+// given two-sided confidence; deterministic for a seed. Empty inputs give NaN.
+struct RatioInterval {
+  double ratio, lo, hi;
+};
+RatioInterval bootstrap_ratio(const std::vector<double>& a, const std::vector<double>& b,
+                              double confidence, int resamples, uint64_t seed);
+
+// The low median (for an even count, the lower of the two middle values): one slow outlier
+// among six samples (a preempted call) cannot move it; with the mean of the middle two it
+// moves halfway to the outlier, and a bootstrap over six samples then straddles 1.
+double median_of(std::vector<double> v);
+
+}  // namespace tokamax::tuning
