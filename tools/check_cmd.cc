@@ -123,6 +123,7 @@ SpecCheck check_one(const BoundArguments& b, const std::string& spec, const Chec
   oo.first_rounds = oo.max_rounds = co.oracle_rounds;
   oo.finalists = 1 << 20;
   oo.model_fraction = 1;
+  oo.max_repeats = 1 << 20;  // every candidate gets all its rounds (the budget bounds it)
   oo.measure_budget_s = co.oracle_budget_s;
   oo.seed = 1000;
   const double t0 = now_seconds();

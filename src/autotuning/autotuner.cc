@@ -94,7 +94,7 @@ void AutotuneOptions::validate() const {
         first_rounds, finalists, max_rounds));
   }
   if (!(measure_budget_s > 0) || !(confidence > 0 && confidence < 1) || !(tie >= 0 && tie < 1) ||
-      !(sample_min_ms >= 0) || !(stray > 0) || !(bracket > 0) ||
+      !(sample_min_ms >= 0) || !(stray > 0) || !(bracket > 0) || max_repeats < 0 ||
       !(model_fraction > 0 && model_fraction <= 1)) {
     throw InvalidArgument(fmt::format(
         "autotuning options: need measure_budget_s > 0 (got {:g}), 0 < confidence < 1 ({:g}), "
@@ -334,17 +334,32 @@ struct TuningRun {
     }
   }
 
+  // A cold start for the next call: its tensors (inputs and outputs) evicted line by line when
+  // they are small next to the last-level cache (a stream through twice the cache costs ~50 ms
+  // on a machine with a large one, more than most memory-bound calls), else the stream.
+  void evict_inputs() const {
+    int64_t bytes = 0;
+    for (const Tensor& t : call->owned) bytes += t.spec().bytes();
+    for (const TensorView& v : call->outputs) bytes += v.spec().bytes();
+    if (4 * bytes > flush_cache_bytes()) return flush_cache();
+    for (const Tensor& t : call->owned)
+      evict_range(t.data(), static_cast<size_t>(t.spec().bytes()));
+    for (const TensorView& v : call->outputs)
+      evict_range(v.data(), static_cast<size_t>(v.spec().bytes()));
+  }
+
   // One sample of candidate cands[i] (ms per call), sized from its latest time `est_ms`.
   double sample(int i, double est_ms) const {
     const Config& cfg = cands[i];
     const Prepared* prep = preps[i].prepared.get();
     const double want = std::max(o.sample_min_ms, 1e-3);
     if (cold) {
+      // Flushed calls, the median of enough of them to span sample_min_ms.
       const int k =
-          static_cast<int>(std::clamp(std::ceil(want / std::max(est_ms, 1e-3)), 1.0, 16.0));
+          static_cast<int>(std::clamp(std::ceil(want / std::max(est_ms, 1e-3)), 1.0, 9.0));
       std::vector<double> t;
       for (int j = 0; j < k; ++j) {
-        flush_cache();
+        evict_inputs();
         const double t0 = now_seconds();
         impl->run(*call, cfg, prep);
         t.push_back((now_seconds() - t0) * 1e3);
@@ -419,9 +434,17 @@ struct TuningRun {
     ro.first_rounds = o.first_rounds;
     ro.finalists = o.finalists;
     ro.max_rounds = o.max_rounds;
+    ro.max_repeats = o.max_repeats;
     ro.budget_s = std::max(1e-3, std::min(o.measure_budget_s, budget_left_s));
     ro.seed = o.seed;
-    std::vector<double> est = first_ms;
+    std::vector<double> est = first_ms;   // per call, for batching short calls
+    std::vector<double> wall = first_ms;  // per sample, for sizing segments
+    if (cold) {
+      const double t0 = now_seconds();
+      evict_inputs();
+      const double flush_ms = (now_seconds() - t0) * 1e3;
+      for (double& w : wall) w += flush_ms;
+    }
     const tuning::RoundsResult r = tuning::run_rounds(
         n, control,
         [&](int j) {
@@ -429,7 +452,7 @@ struct TuningRun {
           est[j] = t;
           return t;
         },
-        [] { return now_seconds(); }, first_ms, ro);
+        [] { return now_seconds(); }, wall, ro);
     const double quiet = r.control_quiet_ms;
     for (int j = 0; j < n; ++j) data.set(cands[ok[j]], enter(j, &r.candidates[j], quiet));
     if (r.best < 0) {

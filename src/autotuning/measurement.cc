@@ -7,6 +7,10 @@
 #include <memory>
 #include <mutex>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "tokamax/core/device.h"
 #include "tokamax/core/tensor.h"
 
@@ -39,12 +43,25 @@ SampleStats SampleStats::of(std::vector<double> samples) {
   return s;
 }
 
+int64_t flush_cache_bytes() { return std::max<int64_t>(2 * device_info().l3_bytes, 8 << 20); }
+
+void evict_range(const void* data, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+  const char* p = static_cast<const char*>(data);
+  for (size_t i = 0; i < bytes; i += 64) _mm_clflush(p + i);
+  if (bytes > 0) _mm_clflush(p + bytes - 1);
+  _mm_mfence();
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 void flush_cache() {
   static std::once_flag once;
   static std::unique_ptr<Tensor> buffer;
   std::call_once(once, [] {
-    const int64_t bytes = std::max<int64_t>(2 * device_info().l3_bytes, 8 << 20);
-    buffer = std::make_unique<Tensor>(Tensor::zeros({bytes / 8}, DType::kF64));
+    buffer = std::make_unique<Tensor>(Tensor::zeros({flush_cache_bytes() / 8}, DType::kF64));
   });
   const double* p = buffer->data_as<double>();
   const int64_t n = buffer->size();

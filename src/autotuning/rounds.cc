@@ -59,7 +59,8 @@ class Rounds {
     int target = std::max(1, std::min(o_.first_rounds, o_.max_rounds));
     while (true) {
       ++r_.stages;
-      measure_until(alive, target, r_.stages);
+      std::vector<int> repeats(static_cast<size_t>(n_), 0);
+      measure_until(alive, target, r_.stages, repeats);
       update_stats(alive);
       if (static_cast<int>(alive.size()) <= std::max(1, o_.finalists) || r_.budget_exhausted) break;
       std::stable_sort(alive.begin(), alive.end(),
@@ -83,8 +84,17 @@ class Rounds {
     return r_.budget_exhausted;
   }
 
+  // One sample of candidate i; its wall time (which may include work the sample does not
+  // report, such as a cache flush) becomes the estimate that sizes segments.
+  double timed_sample(int i) {
+    const double t0 = clock_();
+    const double t = sample_(i);
+    est_[i] = std::max((clock_() - t0) * 1e3, 1e-6);
+    return t;
+  }
+
   double control_sample() {
-    const double t = sample_(control_);
+    const double t = timed_sample(control_);
     r_.control_ms.push_back(t);
     return t;
   }
@@ -99,9 +109,10 @@ class Rounds {
   }
 
   // Rounds over `set` until each has `target` accepted samples (or has been discarded
-  // max_repeats times in this call, or the budget is gone).
-  void measure_until(const std::vector<int>& set, int target, int stage) {
-    std::vector<int> repeats(static_cast<size_t>(n_), 0);
+  // max_repeats times in this stage, or the budget is gone).
+  // `repeats` counts each candidate's discarded samples over the whole stage.
+  void measure_until(const std::vector<int>& set, int target, int stage,
+                     std::vector<int>& repeats) {
     while (true) {
       std::vector<int> need;
       for (int c : set) {
@@ -136,10 +147,7 @@ class Rounds {
   void run_segment(const std::vector<int>& seg, int stage, std::vector<int>& repeats) {
     const double c0 = control_sample();
     std::vector<double> t(seg.size());
-    for (size_t j = 0; j < seg.size(); ++j) {
-      t[j] = sample_(seg[j]);
-      est_[seg[j]] = t[j];
-    }
+    for (size_t j = 0; j < seg.size(); ++j) t[j] = timed_sample(seg[j]);
     const double c1 = control_sample();
     const double quiet = quiet_level();
     std::string reason;
@@ -202,6 +210,7 @@ class Rounds {
   void finish(const std::vector<int>& finalists) {
     for (int c : finalists) r_.candidates[c].finalist = true;
     const int stage = ++r_.stages;
+    std::vector<int> repeats(static_cast<size_t>(n_), 0);
     while (true) {
       update_stats(finalists);
       const int best = best_of(finalists);
@@ -225,7 +234,7 @@ class Rounds {
       else
         undecided.push_back(best);
       const int before = r_.rounds;
-      measure_until(undecided, std::min(o_.max_rounds, most + 2), stage);
+      measure_until(undecided, std::min(o_.max_rounds, most + 2), stage, repeats);
       if (r_.rounds == before) break;  // nothing could be measured (repeats exhausted)
     }
     const int best = r_.best;

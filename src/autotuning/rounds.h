@@ -86,8 +86,8 @@ struct RoundsResult {
 
 // Candidates 0..n-1; `control` is one of them (also measured as a candidate, so its own ratio
 // carries the same noise as the others'). sample(i) returns one sample of candidate i in ms;
-// est_ms[i] (may be empty) is a first estimate of its time, for sizing segments. An exception
-// from sample() propagates.
+// est_ms[i] (may be empty) is a first estimate of a sample's wall time, for sizing segments
+// (later ones come from the clock around each sample). An exception from sample() propagates.
 RoundsResult run_rounds(int n, int control, const std::function<double(int)>& sample,
                         const std::function<double()>& clock, const std::vector<double>& est_ms,
                         const RoundOptions& options);

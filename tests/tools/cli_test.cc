@@ -100,6 +100,9 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   EXPECT_NE(r.out.find("ragged_dot_native.json"), std::string::npos) << r.out;
   r = run("cache show");
   EXPECT_NE(r.out.find("ms  finalist"), std::string::npos) << r.out;
+  // The stored winner's evidence line (chosen, with its ratio to the heuristics config).
+  EXPECT_NE(r.out.find("chosen"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("x the heuristics config ["), std::string::npos) << r.out;
   r = run("cache show --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_GE(Json::parse(r.out).size(), 1u);
@@ -201,6 +204,36 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   EXPECT_NE(html.find("smoke_f32"), std::string::npos);
   EXPECT_NE(html.find("Candidates of ragged_dot/native"), std::string::npos);
   EXPECT_NE(html.find("tokamax autotune --spec smoke_decode"), std::string::npos);
+}
+
+// The tuning-quality check on a smoke spec: its JSON has one entry per spec with every rerun's
+// winner and regret against the oracle, and the summary's counts agree with the entries.
+TEST_F(Cli, AutotuneCheckScoresRerunsAgainstTheOracle) {
+  const Result r =
+      run("autotune-check --spec smoke_f32 --impl native --reruns 2 --oracle-rounds 3 --json -o " +
+          path("check.json"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const Json doc = Json::parse(r.out);
+  EXPECT_EQ(read_json_file(path("check.json")), doc);
+  ASSERT_EQ(doc["specs"].size(), 1u);
+  const Json& s = doc["specs"][0];
+  EXPECT_EQ(s["spec"], "smoke_f32");
+  ASSERT_EQ(s["runs"].size(), 2u);
+  int within = 0;
+  for (const Json& run : s["runs"]) {
+    // A regret is the winner's oracle score over the oracle's best, minus 1: never negative.
+    EXPECT_GE(run["regret"].get<double>(), 0) << run.dump();
+    within += run["regret"].get<double>() <= 0.03;
+    EXPECT_FALSE(run["winner"].get<std::string>().empty());
+  }
+  EXPECT_EQ(doc["summary"]["runs"], 2);
+  EXPECT_EQ(doc["summary"]["runs_within_3pct"], within);
+  EXPECT_GE(s["oracle"]["candidates"].get<int>(), 2);
+  EXPECT_EQ(s["oracle"]["rounds"], 3);
+  // ragged_dot native has a cost model: the oracle's best has a rank in it.
+  EXPECT_GE(s["model_rank"].get<int>(), 1);
+  EXPECT_LE(s["model_rank"].get<int>(), s["oracle"]["candidates"].get<int>());
+  EXPECT_NE(run("autotune-check --spec smoke_f32 --reruns 0").code, 0);
 }
 
 TEST_F(Cli, ReportWithoutUsableInputIsBadUsage) {

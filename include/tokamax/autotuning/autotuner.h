@@ -47,6 +47,9 @@ struct AutotuneOptions {
   // above its quiet level or its two control samples differ by more than `bracket`.
   double stray = 0.12;
   double bracket = 0.08;
+  // A candidate whose segments were discarded this many times in one stage goes on with the
+  // rounds it has (the budget bounds the rest).
+  int max_repeats = 6;
   // Cost-model pruning: when the implementation has a model, only this best-ranked fraction of
   // the search space (and the heuristics config) is measured, and candidates are checked in the
   // model's order so that a budget cut drops the worst-ranked.

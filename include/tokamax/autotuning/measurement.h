@@ -4,6 +4,7 @@
 // roofline.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -38,6 +39,13 @@ SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& 
 
 // Evicts the last-level cache by streaming through a buffer twice its size.
 void flush_cache();
+// Evicts [data, data + bytes) from every cache level (a flush of each line; written-back where
+// dirty): a cold start for a call whose inputs are small next to the last-level cache, at a
+// cost in proportion to them rather than to the cache. No-op where the CPU has no such
+// instruction.
+void evict_range(const void* data, size_t bytes);
+// The size of the buffer flush_cache() streams through.
+int64_t flush_cache_bytes();
 
 }  // namespace tokamax
 TOKAMAX_PUBLIC_END
