@@ -636,7 +636,7 @@ KeyView view_of(const ResultInput& file, const BoundArguments& bound, const Auto
   return v;
 }
 
-// Bars by status, dark to light (winner, finalist, first pass only): the palette's navy and
+// Bars by status, dark to light (winner, finalist, halved away earlier): the palette's navy and
 // blue, and a grey; the tie window a pale yellow behind them.
 constexpr char kWinnerColour[] = "#1b2a5c";
 constexpr char kFinalistColour[] = "#2a6fb0";
@@ -722,8 +722,8 @@ std::string candidates_svg(const KeyView& v, const std::string& id) {
     lx += 44 + 6.8 * static_cast<double>(text.size());
   };
   swatch(kWinnerColour, "#333333", "winner");
-  swatch(kFinalistColour, "#333333", "finalist (re-measured side by side)");
-  swatch(kOtherColour, "#333333", "first pass only");
+  swatch(kFinalistColour, "#333333", "finalist (measured to the last stage)");
+  swatch(kOtherColour, "#333333", "halved away earlier");
   swatch("url(#" + stripes_id + ")", kHeuristicsColour, "heuristics config");
   swatch(kWindowColour, "none", "tie window");
   return svg.str();
@@ -761,7 +761,12 @@ std::string key_section(const KeyView& v, int n) {
     } else {
       s += esc(speedup_text(v)) + ". ";
     }
-    if (w.median_ms > v.best) {
+    if (w.evidence) {
+      // The tuner's decision from interleaved rounds against the heuristics config.
+      s += "Tuning evidence: best finalist " + json_code(w.evidence->best) + " " +
+           esc(w.evidence->summary()) +
+           (w.evidence->confident ? ". " : "; the heuristics config is stored instead. ");
+    } else if (w.median_ms > v.best) {
       s += "It is not the fastest competing median: within the tie window it needs the least "
            "scratch memory. ";
     }
@@ -1049,9 +1054,12 @@ std::string page(const Loaded& l, const About& about) {
     h += "<p class=\"muted\">No autotuning result given.</p>";
   } else {
     h += "<p class=\"muted\">Per key, every candidate config the autotuner measured, fastest "
-         "first. When there are finalists only they compete: their medians were re-measured "
-         "side by side, the others' come from the first pass. Within the tie window the "
-         "candidate with the least scratch memory wins.</p>";
+         "first. Candidates are measured in interleaved rounds against the heuristics config "
+         "with successive halving; a median is the candidate's median ratio to the heuristics "
+         "config times that config's quiet time, and the finalists reached the last stage. The "
+         "stored winner is the best finalist when it is confidently faster than the heuristics "
+         "config (else the heuristics config); within the tie window the candidate with the "
+         "least scratch memory wins.</p>";
   }
   for (size_t i = 0; i < keys.size(); ++i) h += key_section(keys[i], static_cast<int>(i));
 
