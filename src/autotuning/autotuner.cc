@@ -487,12 +487,9 @@ struct TuningRun {
     ev.best = cands[ok[pick]].str();
     ev.rounds = r.candidates[pick].accepted;
     if (pick != control) {
-      // Against the control measured as a candidate (the same noise as the pick's) when it has
-      // its first-stage rounds; else against its definition, a ratio of 1.
-      std::vector<double> base = accepted(control);
-      if (static_cast<int>(base.size()) < o.first_rounds) base = {1.0};
+      // The pick's ratios to the control against 1 (as rounds.cc decides).
       const tuning::RatioInterval iv =
-          tuning::bootstrap_ratio(accepted(pick), base, o.confidence, 1000, o.seed + 101);
+          tuning::bootstrap_ratio(accepted(pick), {1.0}, o.confidence, 1000, o.seed + 101);
       ev.ratio = iv.ratio;
       ev.lo = iv.lo;
       ev.hi = iv.hi;

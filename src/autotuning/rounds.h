@@ -36,9 +36,9 @@ struct RoundOptions {
   // most `finalists` remain (the control always among them). The finalists are then measured
   // until every one is decided against the best (confidently slower, or confidently within the
   // tie window) or `max_rounds` or the budget is reached.
-  int first_rounds = 3;
+  int first_rounds = 2;
   int finalists = 3;
-  int max_rounds = 24;
+  int max_rounds = 48;
   // Segments between control samples last about this long (estimated from earlier samples).
   double segment_s = 0.6;
   // Measurement budget (seconds of the injected clock). When it runs out, decisions are taken
@@ -77,8 +77,9 @@ struct RoundsResult {
   bool budget_exhausted = false;
   bool decided = false;  // every finalist decided against the best
   int best = -1;         // lowest median ratio among the finalists
-  // The best against the control: ratio of medians with its bootstrap interval, and whether it
-  // is confidently faster beyond the tie window (upper bound below 1 - tie).
+  // The best against the control: the median of its ratios to the control with a bootstrap
+  // interval, and whether it is confidently faster beyond the tie window (upper bound below
+  // 1 - tie).
   double vs_control = 1, vs_control_lo = 1, vs_control_hi = 1;
   bool confident = false;
   double elapsed_s = 0;

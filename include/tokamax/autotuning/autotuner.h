@@ -32,9 +32,9 @@ struct AutotuneOptions {
   // `first_rounds` accepted rounds, the better half goes on to twice as many, and so on down to
   // `finalists` (plus the heuristics config), who are measured until decided at `confidence`
   // or `max_rounds`; the rounds of one key stop at `measure_budget_s`.
-  int first_rounds = 3;
+  int first_rounds = 2;
   int finalists = 3;
-  int max_rounds = 24;
+  int max_rounds = 48;
   double measure_budget_s = 20;
   double confidence = 0.95;
   // Relative tie window: a winner must be faster than the heuristics config by more than this
