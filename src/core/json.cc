@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/json_scan.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/limits.h"
 #include "tokamax/core/version.h"
@@ -33,19 +34,11 @@ namespace {
 // skipped.
 void check_depth(std::string_view text, std::string_view source) {
   int depth = 0;
-  bool in_string = false, escaped = false;
+  JsonStringTracker strings;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
+    if (!strings.structural(c)) continue;
+    if (c == '[' || c == '{') {
       if (++depth > kMaxJsonDepth) {
         throw InvalidArgument("JSON in " + std::string(source) + " nests deeper than " +
                               std::to_string(kMaxJsonDepth) + " levels at byte " +

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/json_scan.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/json.h"
 #include "tokamax/core/limits.h"
@@ -37,20 +38,12 @@ std::vector<PayloadSpan> find_payloads(std::string_view s) {
   // Scans from the '{' at `begin`; returns its object's end or kUnbalanced.
   auto scan = [&](size_t begin) {
     open.clear();
-    bool in_string = false, escaped = false;
+    JsonStringTracker strings;
     size_t k = begin;
     for (; k < s.size(); ++k) {
       const char c = s[k];
-      if (in_string) {
-        if (escaped)
-          escaped = false;
-        else if (c == '\\')
-          escaped = true;
-        else if (c == '"')
-          in_string = false;
-      } else if (c == '"') {
-        in_string = true;
-      } else if (c == '{') {
+      if (!strings.structural(c)) continue;
+      if (c == '{') {
         open.push_back(k);
       } else if (c == '}') {
         const size_t o = open.back();
