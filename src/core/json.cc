@@ -60,6 +60,10 @@ Json parse_json(std::string_view text, std::string_view source) {
   } catch (const Json::parse_error& e) {
     throw InvalidArgument("malformed JSON in " + std::string(source) + " at byte " +
                           std::to_string(e.byte) + ": " + e.what());
+  } catch (const Json::exception& e) {
+    // A number beyond double's range (1e400) is out_of_range, not parse_error (found by
+    // fuzz_json): still the input's fault.
+    throw InvalidArgument("unreadable JSON in " + std::string(source) + ": " + e.what());
   }
 }
 

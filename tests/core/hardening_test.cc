@@ -56,6 +56,9 @@ TEST(Hardening, DeepJsonIsRefusedBeforeParsing) {
   EXPECT_THROW(AutotuningResult::loads(deep), InvalidArgument);
   EXPECT_THROW(BoundArguments::loads_list(deep, "deep"), InvalidArgument);
   EXPECT_NO_THROW(extract_bound_args(deep, "deep.json"));  // reported, not fatal
+  // Found by fuzz_json: a number beyond double's range escaped as nlohmann's out_of_range.
+  expect_invalid_argument([&] { parse_json("[1e400]", "'big.json'"); },
+                          "unreadable JSON in 'big.json': [json.exception.out_of_range.406]");
 }
 
 TEST(Hardening, ReadFileRefusesDirectoriesAndHugeFiles) {

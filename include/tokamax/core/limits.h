@@ -29,8 +29,6 @@ inline constexpr int64_t kMaxSpecGroupTotal = (int64_t{1} << 31) - 1;
 // from a file: a spec's tensors are allocated when it is benchmarked or tuned.
 inline constexpr int kMaxSpecRank = 16;
 inline constexpr int64_t kMaxSpecElements = int64_t{1} << 36;
-// Measurement samples of one config in a result or cache file.
-inline constexpr int64_t kMaxSamples = int64_t{1} << 20;
 // Threads (--threads, TOKAMAX_NUM_THREADS, a key's num_threads).
 inline constexpr int kMaxThreads = 4096;
 
