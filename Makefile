@@ -1,6 +1,6 @@
 # Thin wrapper: `make run` (the main job) and `make test` (every test through ctest).
 JOBS ?= 2
-.PHONY: deps build run test asan clean
+.PHONY: deps build run test asan fuzz clean
 
 deps:
 	@scripts/install-deps
@@ -30,6 +30,14 @@ asan: deps
 	cmake --preset asan >/dev/null
 	cmake --build build/asan -j$(JOBS)
 	ctest --preset asan -j$(JOBS)
+
+# Every libFuzzer target for FUZZ_SECONDS each (fuzz/README.md), one after the other, from the
+# seed corpora in fuzz/seeds plus the shipped tuning data; findings land in build/fuzz/findings.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build build/fuzz -j$(JOBS)
+	scripts/run-fuzzers build/fuzz $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build

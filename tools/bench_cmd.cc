@@ -171,6 +171,13 @@ struct RowVariant {
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls_in, double min_time_s) {
   if (!op.empty()) find_family(op);
+  // Unknown implementation names are bad usage, said before any measuring (they were error
+  // rows of a run that exited 0).
+  for (const ArgSpec& s : specs) {
+    const OpFamily& fam = find_family(s.family);
+    for (const std::string& name : impls_in)
+      fam.implementation(RowVariant::parse(fam, name).implementation);
+  }
   const Roofline& roof = cached_roofline();
   // The read ceiling for memory-bound specs is timed in the same rounds as their rows (below);
   // the process-wide roofline figure can be minutes old, and this machine's bandwidth is not

@@ -172,6 +172,8 @@ SpecCheck check_one(const BoundArguments& b, const std::string& spec, const Chec
 int autotune_check(const CheckOptions& co) {
   if (co.reruns < 1) throw InvalidArgument("--reruns must be >= 1");
   if (co.oracle_rounds < 3) throw InvalidArgument("--oracle-rounds must be >= 3");
+  if (!(co.oracle_budget_s > 0)) throw InvalidArgument("--oracle-budget-s must be > 0");
+  if (!co.out_path.empty()) check_writable(co.out_path);  // before the work, not after it
   check_one_source(co.spec, co.tag, "");
   const auto specs = find_arg_specs(co.op, co.spec, co.tag);
   if (specs.empty())
@@ -246,7 +248,7 @@ int autotune_check(const CheckOptions& co) {
   if (!co.out_path.empty()) write_file_atomic(co.out_path, doc.dump(1));
   if (co.json) {
     std::cout << doc.dump(2) << "\n";
-    return 0;
+    return kExitSuccess;
   }
   fmt::print("{:<38} {:>8} {:>9} {:>8} {:>6} {:>9} {:>7}  {}\n", "spec", "regret", "worst %",
              "tune s", "agree", "oracle x", "model", "winners (run 1 first)");
@@ -271,7 +273,7 @@ int autotune_check(const CheckOptions& co) {
       co.noise ? "with --noise" : "quiet", runs_ok, runs, runs ? 100.0 * runs_ok / runs : 0,
       specs_ok, n, n ? 100.0 * specs_ok / n : 0, agree, n, n ? 100.0 * agree / n : 0,
       runs ? sum_s / runs : 0, max_s, top_quarter, ranked);
-  return 0;
+  return kExitSuccess;
 }
 
 }  // namespace tokamax::cli

@@ -8,6 +8,18 @@
 
 namespace tokamax::cli {
 
+// The exit status of every command (README, "Exit status"): 0 success; 1 the work failed
+// (nothing, or not everything, was produced: a key none of whose configs ran, a bench row that
+// errored, a file that failed verification, a write that failed); 2 bad usage or bad input (an
+// unknown option, op or implementation, a malformed or unusable file, an unwritable output).
+inline constexpr int kExitSuccess = 0, kExitWorkFailed = 1, kExitBadInput = 2;
+// The status for an exception that ended a command: InvalidArgument (and a JSON value of the
+// wrong type that escaped a reader) is bad input, anything else work that failed.
+int exit_status_of(const std::exception& e);
+// After tuning: names the keys none of whose configs succeeded on stderr; kExitWorkFailed if
+// there are any.
+int report_failed_keys(const AutotuningResult& r);
+
 // Bound arguments for --spec NAME / --tag T / --bound-args FILE (exactly one) of op `op` (empty:
 // every op), each bound to `impls` (empty: the family's implementations supported here).
 std::vector<BoundArguments> select_bound_args(const std::string& op, const std::string& spec,
@@ -53,6 +65,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
 // `tokamax bench --json`'s document: the rows, with what a reader needs to judge them alone
 // (library version, device, the roofline the rows' percentages are against, command, time).
 Json bench_document(const std::vector<BenchRow>& rows);
+// After benchmarking: kExitWorkFailed (the failures are named in the rows) if a row errored.
+int report_failed_rows(const std::vector<BenchRow>& rows);
 
 // `tokamax autotune-check`: re-tunes each spec `reruns` times (with `noise`, a busy process on
 // one core in random on/off phases during the tuning runs), runs an oracle (every candidate,

@@ -239,6 +239,7 @@ int cmd_autotune(Args& a) {
   tk::Autotuner tuner(o);
   const auto list =
       tk::cli::select_bound_args(a.op, a.spec, a.tag, a.bound_args, split_csv(a.impl_csv));
+  if (!a.out_path.empty()) tk::check_writable(a.out_path);  // before the run, not after it
   const tk::AutotuningResult r = tuner.tune_all(list);
   if (!a.out_path.empty()) {
     // The result file as the library writes it, plus where it came from (readers of result
@@ -253,7 +254,7 @@ int cmd_autotune(Args& a) {
     std::cout << r.dumps() << "\n";
   else
     print_result_table(r);
-  return 0;
+  return tk::cli::report_failed_keys(r);
 }
 
 int cmd_explain(Args& a) {
@@ -316,20 +317,29 @@ int cmd_cache_show(Args& a) {
       fmt::print("{} [{}]\n  key {}\n", e["file"].get<std::string>(),
                  e["implementation"].get<std::string>(), e["key"].get<std::string>());
       for (const auto& [cfg, bd] : e["configs"].items()) {
-        if (bd.contains("failure")) {
-          fmt::print("    {} failed: {}\n", cfg, bd["failure"].value("kind", "?"));
-        } else {
-          fmt::print("    {} {:.4f} ms{}{}\n", cfg, bd.value("median_ms", 0.0),
-                     bd.value("finalist", false) ? "  finalist" : "",
-                     bd.value("chosen", false) ? "  chosen" : "");
-          if (bd.contains("evidence")) {
+        // Shown as they are: a mistyped field is printed, not fatal (`cache verify` judges).
+        const Json none;
+        auto field = [&](const Json& j, const char* name) -> const Json& {
+          return j.is_object() && j.contains(name) ? j[name] : none;
+        };
+        const Json& failure = field(bd, "failure");
+        const Json& median = field(bd, "median_ms");
+        if (!failure.is_null()) {
+          const Json& kind = field(failure, "kind");
+          fmt::print("    {} failed: {}\n", cfg, kind.is_string() ? kind.get<std::string>() : "?");
+        } else if (median.is_number()) {
+          fmt::print("    {} {:.4f} ms{}{}\n", cfg, median.get<double>(),
+                     field(bd, "finalist") == true ? "  finalist" : "",
+                     field(bd, "chosen") == true ? "  chosen" : "");
+          if (!field(bd, "evidence").is_null()) {
             try {
-              fmt::print("      {}\n",
-                         tk::TuningEvidence::from_json(bd["evidence"]).summary());
+              fmt::print("      {}\n", tk::TuningEvidence::from_json(bd["evidence"]).summary());
             } catch (const std::exception& ex) {
               fmt::print("      evidence unreadable: {}\n", ex.what());
             }
           }
+        } else {
+          fmt::print("    {} unusable: median_ms = {}\n", cfg, median.dump());
         }
       }
     }
@@ -377,6 +387,7 @@ int cmd_cache_verify(Args& a) {
 
 int cmd_bench(Args& a) {
   tk::cli::check_one_source(a.spec, a.tag, a.bound_args);
+  if (!a.out_path.empty()) tk::check_writable(a.out_path);
   const auto rows =
       tk::cli::run_bench(a.op,
                          a.bound_args.empty() ? tk::find_arg_specs(a.op, a.spec, a.tag)
@@ -404,8 +415,7 @@ int cmd_bench(Args& a) {
           r.allocated_bytes / 1e6, r.config, r.rung);
     }
   }
-
-  return 0;
+  return tk::cli::report_failed_rows(rows);
 }
 
 int cmd_report(Args& a) {
@@ -479,7 +489,8 @@ int main(int argc, char** argv) {
   check->add_option("--op", check_opts.op, "op family");
   check->add_option("--spec", check_opts.spec, "a spec name");
   check->add_option("--tag", check_opts.tag, "every spec with this tag");
-  check->add_option("--impl", check_impls, "implementations, comma separated (default: all tunable)");
+  check->add_option("--impl", check_impls,
+                    "implementations, comma separated (default: all tunable)");
   check->add_option("--reruns", check_opts.reruns, "tuning runs per spec (default 3)");
   check->add_flag("--noise", check_opts.noise,
                   "a busy process on one core in random on/off phases during the tuning runs");
@@ -557,7 +568,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every usage error 2, not CLI11's own codes (104-109).
+    const int code = app.exit(e);
+    return code == 0 ? 0 : tk::cli::kExitBadInput;
   }
   a.have_budget = budget_opt->count() > 0;
   a.op_given = trace_extract->count("--op") > 0;
@@ -570,9 +583,10 @@ int main(int argc, char** argv) {
     }
     if (std::any_of(threads_opts.begin(), threads_opts.end(),
                     [](const CLI::Option* o) { return o->count() > 0; })) {
-      if (threads <= 0) {
+      if (threads <= 0 || threads > tk::kMaxThreads) {
         throw tk::InvalidArgument("--threads " + std::to_string(threads) +
-                                  ": expected a positive integer");
+                                  ": expected a positive integer (at most " +
+                                  std::to_string(tk::kMaxThreads) + ")");
       }
       tk::set_num_threads(threads);
     }
@@ -604,12 +618,9 @@ int main(int argc, char** argv) {
     } else if (report->parsed()) {
       return cmd_report(a);
     }
-  } catch (const tk::Error& e) {
-    std::cerr << "tokamax: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
     std::cerr << "tokamax: " << e.what() << "\n";
-    return 2;
+    return tk::cli::exit_status_of(e);
   }
-  return 0;
+  return tk::cli::kExitSuccess;
 }

@@ -11,6 +11,7 @@
 #include "tokamax/autotuning/autotuning.h"
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/core/enum_names.h"
+#include "tokamax/core/limits.h"
 #include "tokamax/core/log.h"
 
 namespace tokamax {
@@ -111,6 +112,14 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
   b.median_ms = get_field<double>(j, "median_ms", "BenchmarkData");
   if (!std::isfinite(b.median_ms) || b.median_ms < 0)
     throw InvalidArgument("BenchmarkData: bad median_ms");
+  // Checked before the lists are copied out of the document.
+  for (const char* list : {"evaluation_times_ms", "sample_rounds", "ratios"}) {
+    if (j.is_object() && j.contains(list) && j.at(list).is_array() &&
+        static_cast<int64_t>(j.at(list).size()) > kMaxSamplesPerConfig) {
+      throw InvalidArgument(fmt::format("BenchmarkData: '{}' has {} entries; at most {}", list,
+                                        j.at(list).size(), kMaxSamplesPerConfig));
+    }
+  }
   if (j.contains("evaluation_times_ms"))
     b.samples_ms = get_field<std::vector<double>>(j, "evaluation_times_ms", "BenchmarkData");
   if (j.contains("iqr_ms")) b.iqr_ms = get_field<double>(j, "iqr_ms", "BenchmarkData");

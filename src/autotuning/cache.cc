@@ -35,9 +35,27 @@ std::string user_cache_dir() {
   return ".tokamax-cache";
 }
 
+namespace {
+// A device kind, op or implementation name as a path component: it may come from a file (a
+// result's device_kind), and "../../x" must not lead out of the cache directory.
+const std::string& path_component(const std::string& s, const char* what) {
+  const bool safe = !s.empty() && s != "." && s != ".." &&
+                    s.find_first_not_of(
+                        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                        "0123456789_-.") == std::string::npos;
+  if (!safe) {
+    throw InvalidArgument(std::string(what) + " '" + s.substr(0, 100) +
+                          "' cannot name a cache file; expected letters, digits, '_', '-' and "
+                          "'.' (not '.' or '..')");
+  }
+  return s;
+}
+}  // namespace
+
 std::string cache_file_path(const std::string& dir, const std::string& kind,
                             const std::string& family, const std::string& implementation) {
-  return dir + "/" + kind + "/" + family + "_" + implementation + ".json";
+  return dir + "/" + path_component(kind, "device kind") + "/" + path_component(family, "op") +
+         "_" + path_component(implementation, "implementation") + ".json";
 }
 
 Json CacheFile::to_json() const {
@@ -141,7 +159,21 @@ void merge_into_cache_file(const std::string& path, const std::string& family,
                            const std::map<std::string, AutotuningData>& entries) {
   FileLock lock(path);
   CacheFile f;
-  if (auto existing = read_cache_file(path, impl)) f = std::move(*existing);
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    try {
+      f = CacheFile::from_json(read_json_file(path), path);
+      f.check_versions(impl);
+    } catch (const std::exception& e) {
+      // Replacing it would lose what it holds (a hand edit gone wrong, another version's
+      // entries): kept under another name for its owner, and said where.
+      const std::string aside = move_aside(path);
+      TOKAMAX_LOG("cache", kWarning,
+                  "cache file " + path + " cannot be merged into (" + e.what() +
+                      "); moved it aside to " + aside + " and writing a new one");
+      f = CacheFile{};
+    }
+  }
   f.schema_version = kCacheSchemaVersion;
   f.tokamax_version = library_version();
   f.family = family;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tokamax/core/error.h"
+#include "tokamax/core/limits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -314,9 +315,9 @@ int num_threads() {
     if (!env || !*env) return 0;
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
-    if (*end != '\0' || v <= 0 || v > 4096) {
+    if (*end != '\0' || v <= 0 || v > kMaxThreads) {
       throw InvalidArgument("TOKAMAX_NUM_THREADS='" + std::string(env) +
-                            "': expected a positive integer");
+                            "': expected an integer in [1, " + std::to_string(kMaxThreads) + "]");
     }
     return static_cast<int>(v);
   }();

@@ -2,16 +2,20 @@
 #include "tokamax/core/json.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
+#include "core/json_scan.h"
 #include "tokamax/core/error.h"
+#include "tokamax/core/limits.h"
 #include "tokamax/core/version.h"
 
 namespace tokamax {
@@ -22,35 +26,126 @@ std::string canonical_dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+namespace {
+
+// Nesting deeper than kMaxJsonDepth is refused before parsing: nlohmann's parser is iterative,
+// but dumping, comparing and destroying a value recurse once per level, and a file of 100,000
+// nested brackets would overflow the stack in any of them. One pass over the text, strings
+// skipped.
+void check_depth(std::string_view text, std::string_view source) {
+  int depth = 0;
+  JsonStringTracker strings;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (!strings.structural(c)) continue;
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        throw InvalidArgument("JSON in " + std::string(source) + " nests deeper than " +
+                              std::to_string(kMaxJsonDepth) + " levels at byte " +
+                              std::to_string(i + 1) + "; expected at most " +
+                              std::to_string(kMaxJsonDepth));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;  // unbalanced text is the parser's to report
+    }
+  }
+}
+
+}  // namespace
+
 Json parse_json(std::string_view text, std::string_view source) {
+  check_depth(text, source);
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
     throw InvalidArgument("malformed JSON in " + std::string(source) + " at byte " +
                           std::to_string(e.byte) + ": " + e.what());
+  } catch (const Json::exception& e) {
+    // A number beyond double's range (1e400) is out_of_range, not parse_error (found by
+    // fuzz_json): still the input's fault.
+    throw InvalidArgument("unreadable JSON in " + std::string(source) + ": " + e.what());
   }
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InvalidArgument("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  // open + fstat rather than ifstream: a directory opens as a stream and reads as empty (it
+  // was reported as "malformed JSON"), and the size is known before anything is allocated.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InvalidArgument("cannot open '" + path + "': " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw InvalidArgument("cannot stat '" + path + "': " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw InvalidArgument("'" + path + "' is a directory; expected a file");
+  auto too_big = [&] {
+    return InvalidArgument("'" + path + "' is larger than " + std::to_string(kMaxInputFileBytes) +
+                           " bytes (kMaxInputFileBytes); expected a smaller file");
+  };
+  if (S_ISREG(st.st_mode) && st.st_size > kMaxInputFileBytes) throw too_big();
+  std::string out;
+  if (S_ISREG(st.st_mode)) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw InvalidArgument("cannot read '" + path + "': " + std::strerror(errno));
+    }
+    if (n == 0) break;
+    // Pipes and devices have no size up front: the limit is checked as they are read.
+    if (static_cast<int64_t>(out.size()) + n > kMaxInputFileBytes) throw too_big();
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
 }
 
 Json read_json_file(const std::string& path) {
   return parse_json(read_file(path), "'" + path + "'");
 }
 
-void write_file_atomic(const std::string& path, std::string_view content) {
+int create_temp_file(const std::string& path, std::string* tmp_path) {
   namespace fs = std::filesystem;
   const fs::path target(path);
-  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  if (target.has_parent_path()) {
+    std::error_code ec;
+    fs::create_directories(target.parent_path(), ec);
+    if (ec) {
+      throw InvalidArgument("cannot create the directory of '" + path + "': " + ec.message());
+    }
+  }
+  // A random name, created exclusively and never through a link: a file or symlink planted
+  // at a predictable name cannot redirect the write (O_EXCL fails on any existing name).
   std::random_device rd;
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(rd());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot create '" + tmp + "': " + std::strerror(errno));
+  int err = 0;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." +
+                            std::to_string((static_cast<uint64_t>(rd()) << 32) | rd());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      *tmp_path = tmp;
+      return fd;
+    }
+    err = errno;
+    if (err != EEXIST) break;
+  }
+  throw InvalidArgument("cannot create a file next to '" + path + "': " + std::strerror(err));
+}
+
+void check_writable(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw InvalidArgument("'" + path + "' is a directory; expected a file to write");
+  std::string tmp;
+  ::close(create_temp_file(path, &tmp));
+  ::unlink(tmp.c_str());
+}
+
+void write_file_atomic(const std::string& path, std::string_view content) {
+  std::string tmp;
+  const int fd = create_temp_file(path, &tmp);
   size_t done = 0;
   while (done < content.size()) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
@@ -73,6 +168,33 @@ void write_file_atomic(const std::string& path, std::string_view content) {
     ::unlink(tmp.c_str());
     throw Error("cannot rename '" + tmp + "' to '" + path + "': " + why);
   }
+}
+
+std::string move_aside(const std::string& path) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  // A second one within the same second gets a suffix rather than replacing the first.
+  for (int n = 0; n < 1000; ++n) {
+    std::string aside = path;
+    aside += ".corrupt-";
+    aside += stamp;
+    if (n > 0) {
+      aside += '.';
+      aside += std::to_string(n);
+    }
+    struct stat st {};
+    if (::lstat(aside.c_str(), &st) == 0) continue;
+    // link + unlink, not rename: link refuses to replace a name that appeared in between.
+    if (::link(path.c_str(), aside.c_str()) == 0) {
+      ::unlink(path.c_str());
+      return aside;
+    }
+    if (errno != EEXIST) break;
+  }
+  throw Error("cannot move '" + path + "' aside: " + std::strerror(errno));
 }
 
 void append_json_string(std::string& out, std::string_view s) {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <new>
 
+#include "core/random.h"
 #include "tokamax/core/error.h"
 
 namespace tokamax {
@@ -204,6 +205,8 @@ void fill_randn(const TensorView& v, uint64_t seed) {
           std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
   }
 }
+
+double uniform_at(uint64_t seed, uint64_t index) { return unit(mix(seed, index)); }
 
 void fill_uniform(const TensorView& v, uint64_t seed, double low, double high) {
   if (!v.is_contiguous()) throw InvalidArgument("fill_uniform: view must be contiguous");

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <system_error>
 
 #include "tokamax/core/device.h"
+#include "tokamax/core/error.h"
 
 namespace tokamax {
 
@@ -23,12 +25,22 @@ struct InPoolJob {
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < std::max(1, num_threads); ++i) {
-    workers_.emplace_back([this, i] { worker_loop(i); });
+  try {
+    for (int i = 1; i < std::max(1, num_threads); ++i) {
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    }
+  } catch (const std::system_error& e) {
+    // The threads started so far are stopped and joined here: unwinding with them joinable
+    // would terminate the process, and they would wait forever for a pool that never runs.
+    const size_t started = workers_.size();
+    stop_workers();
+    throw Error("cannot start thread " + std::to_string(started + 1) + " of " +
+                std::to_string(num_threads) + " (" + e.what() +
+                "); expected fewer threads (--threads, TOKAMAX_NUM_THREADS, set_num_threads)");
   }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -36,7 +48,10 @@ ThreadPool::~ThreadPool() {
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_workers(); }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
@@ -114,13 +129,16 @@ void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
 ThreadPool& ThreadPool::global() {
   static std::mutex mu;
   // Pools are never destroyed: a caller may still be inside run() of a smaller pool when
-  // set_num_threads() asks for a bigger one. Growing is rare; the old pool just idles.
-  static std::vector<std::unique_ptr<ThreadPool>> pools;
+  // set_num_threads() asks for a bigger one. Growing is rare; the old pool just idles. Not at
+  // exit either (the vector is leaked on purpose): a child forked while workers slept on the
+  // condition variable hung in its destructor at exit(), waiting for waiters that exist only in
+  // the parent.
+  static auto* pools = new std::vector<std::unique_ptr<ThreadPool>>;
   const int want = num_threads();
   std::lock_guard<std::mutex> lock(mu);
-  if (pools.empty() || pools.back()->size() < want)
-    pools.push_back(std::make_unique<ThreadPool>(want));
-  return *pools.back();
+  if (pools->empty() || pools->back()->size() < want)
+    pools->push_back(std::make_unique<ThreadPool>(want));
+  return *pools->back();
 }
 
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {

@@ -16,6 +16,7 @@ namespace tokamax {
 
 class ThreadPool {
  public:
+  // Error naming the thread count when a thread cannot be started (a memory or process limit).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -33,6 +34,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void stop_workers();
 
   std::vector<std::thread> workers_;
   std::mutex mu_;

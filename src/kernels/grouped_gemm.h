@@ -25,6 +25,14 @@ struct Blocking {
   int nc = 256;  // columns per work item (multiple of the panel width)
 };
 
+// A config's blocks size per-thread scratch (mc x kc of A, kc x nc of B): each product is held
+// to this many floats (64 MiB), so a config from a file cannot ask for gigabytes. Tuned and
+// heuristic blockings stay far below (at most 2880 x 1024 so far).
+inline constexpr int64_t kMaxBlockFloats = int64_t{1} << 24;
+inline bool blocks_bounded(int mc, int kc, int nc) {
+  return int64_t{mc} * kc <= kMaxBlockFloats && int64_t{kc} * nc <= kMaxBlockFloats;
+}
+
 // Elements (floats, or bf16 pairs) of one packed panel of K rows and nr columns.
 int64_t panel_elems(int64_t K, bool pairs, int nr);
 

@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <vector>
 
@@ -32,17 +31,20 @@ namespace tokamax {
 class TraceWriter {
  public:
   explicit TraceWriter(std::string path) : path_(std::move(path)) {
-    static std::atomic<int> counter{0};
-    const std::filesystem::path p(path_);
-    if (p.has_parent_path()) {
-      std::error_code ec;
-      std::filesystem::create_directories(p.parent_path(), ec);
+    // The library's one way to create a file (a random name, O_EXCL | O_NOFOLLOW): a symlink
+    // planted at a predictable temporary name cannot redirect the trace onto another file.
+    int fd = -1;
+    try {
+      fd = create_temp_file(path_, &tmp_);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("trace path '" + path_ + "': " + e.message());
     }
-    tmp_ = path_ + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-    f_ = std::fopen(tmp_.c_str(), "w");
+    f_ = ::fdopen(fd, "w");
     if (!f_) {
-      throw InvalidArgument("trace path '" + path_ + "': cannot create '" + tmp_ +
-                            "': " + std::strerror(errno));
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp_.c_str());
+      throw InvalidArgument("trace path '" + path_ + "': cannot open '" + tmp_ + "': " + why);
     }
     std::setvbuf(f_, nullptr, _IOFBF, 1 << 16);
     const Json other = {{"tokamax_version", library_version()},

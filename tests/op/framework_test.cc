@@ -180,8 +180,9 @@ namespace {
 struct TwoInts {
   int a = 0, b = 0;
 };
+// b is not a size: it declares its own range.
 constexpr ConfigFields<TwoInts, 2> kTwoInts{"test config",
-                                            {{{"a", &TwoInts::a}, {"b", &TwoInts::b}}}};
+                                            {{{"a", &TwoInts::a}, {"b", &TwoInts::b, -100, 100}}}};
 
 TEST(ConfigFields, EncodeDecodeAndNameTheFields) {
   const TwoInts v = kTwoInts.from_json(kTwoInts.to_json(TwoInts{3, -4}));

@@ -335,5 +335,104 @@ TEST_F(Cli, BadInput) {
   EXPECT_NE(r.err.find("unknown level 'loud'"), std::string::npos) << r.err;
 }
 
+// One exit-status rule for every command (README, "Exit status"): 0 success, 1 the work failed,
+// 2 bad usage or bad input; never CLI11's own codes.
+TEST_F(Cli, ExitStatusRule) {
+  EXPECT_EQ(run("--help").code, 0);
+  EXPECT_EQ(run("autotune --nope").code, 2);  // was 109
+  EXPECT_EQ(run("cache").code, 2);            // a subcommand is required: was 106
+  EXPECT_EQ(run("bench --min-time fast").code, 2);
+  // An unknown implementation was an error row of a run that exited 0.
+  Result r = run("bench --spec smoke_decode --impl bogus --min-time 0.01");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("unknown implementation 'bogus'"), std::string::npos) << r.err;
+  // Every key failed (here: a budget too small to measure anything): the output has no data.
+  std::ofstream(path("one.json"))
+      << R"([{"op": {"family": "ragged_dot", "implementation": "native"}, "arguments": )"
+      << R"({"lhs": "f32[8,64]", "rhs": "f32[2,64,64]", "group_sizes": [1, 3]}}])";
+  r = run("autotune --bound-args " + path("one.json") + " --budget-s 0.000001 -o " +
+          path("out.json"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("1 of 1 keys have no result"), std::string::npos) << r.err;
+  // Threads: bounded as TOKAMAX_NUM_THREADS is.
+  r = run("explain --spec smoke_decode --threads 5000");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--threads 5000: expected a positive integer (at most 4096)"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(Cli, OutputPathsAreCheckedBeforeTheWork) {
+  std::filesystem::create_directories(path("adir"));
+  for (const std::string& out : {path("adir"), std::string("/proc/no/such/dir/out.json")}) {
+    const Result r = run("autotune --spec smoke_decode -o " + out);
+    EXPECT_EQ(r.code, 2) << out;
+    EXPECT_NE(r.err.find(out), std::string::npos) << r.err;
+    // Refused before tuning: nothing measured, nothing printed.
+    EXPECT_EQ(r.out, "") << r.out;
+  }
+  // A directory where a file is expected was "malformed JSON".
+  const Result r = run("cache verify " + path("adir"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("'" + path("adir") + "' is a directory; expected a file"), std::string::npos)
+      << r.out;
+}
+
+TEST_F(Cli, IntoCacheKeepsACorruptCacheFile) {
+  const Result dev = run("device --json");
+  const std::string kind = Json::parse(dev.out)["device_kind"].get<std::string>();
+  const std::filesystem::path file = dir_ / "cache" / kind / "ragged_dot_blas.json";
+  std::filesystem::create_directories(file.parent_path());
+  std::ofstream(file) << "{\"schema_version\": 1, \"entr";
+  const Result r = run("autotune --spec smoke_decode --impl blas --into-cache");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("moved it aside to " + file.string() + ".corrupt-"), std::string::npos)
+      << r.err;
+  int aside = 0;
+  for (const auto& e : std::filesystem::directory_iterator(file.parent_path()))
+    aside += e.path().filename().string().rfind("ragged_dot_blas.json.corrupt-", 0) == 0;
+  EXPECT_EQ(aside, 1);
+  EXPECT_EQ(run("cache verify " + file.string()).code, 0);
+}
+
+TEST_F(Cli, MistypedFieldsAreSkippedOrNamed) {
+  const Result dev = run("device --json");
+  const std::string kind = Json::parse(dev.out)["device_kind"].get<std::string>();
+  const std::filesystem::path file = dir_ / "cache" / kind / "ragged_dot_native.json";
+  std::filesystem::create_directories(file.parent_path());
+  std::ofstream(file) << R"({"schema_version": 1, "family": "ragged_dot", "implementation": )"
+                      << R"("native", "implementation_version": 2, "device_kind": "x", )"
+                      << R"("entries": {"k": {"{\"kc\":64,\"mc\":8,\"mr\":4,\"nc\":32}": )"
+                      << R"({"median_ms": "fast"}}}})";
+  Result r = run("cache show --op ragged_dot");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("unusable: median_ms = \"fast\""), std::string::npos) << r.out;
+  // A bound-args entry with a mistyped field is skipped with a warning naming it.
+  std::ofstream(path("prec.json"))
+      << R"([{"op": {"family": "ragged_dot"}, "arguments": {"lhs": "f32[8,64]", )"
+      << R"("rhs": "f32[2,64,64]", "group_sizes": [1, 3], "precision": 5}}, )"
+      << R"({"op": {"family": "ragged_dot"}, "arguments": {"lhs": "f32[8,64]", )"
+      << R"("rhs": "f32[2,64,64]", "group_sizes": [1, 3]}}])";
+  r = run("autotune --bound-args " + path("prec.json") + " --impl blas");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("entry #0: InvalidArgument: ragged_dot arguments: 'precision' = 5"),
+            std::string::npos)
+      << r.err;
+  std::ofstream(path("trace.json"))
+      << R"({"traceEvents": [{"name": 5, "ph": "X", "dur": "long", "args": {"payload": )"
+      << R"("tokamax:{\"arguments\":{},\"format\":1,\"op\":{\"config\":5,\"rung\":7}}"}}]})";
+  r = run("trace summary " + path("trace.json") + " --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  // Deeply nested JSON in an input file is refused, not a crash.
+  std::ofstream(path("deep.json")) << std::string(100000, '[') << std::string(100000, ']');
+  for (const std::string& cmd :
+       {"cache verify " + path("deep.json"), "trace extract " + path("deep.json"),
+        "autotune --bound-args " + path("deep.json"), "bench --bound-args " + path("deep.json"),
+        "trace summary " + path("deep.json")}) {
+    r = run(cmd);
+    EXPECT_TRUE(r.code == 1 || r.code == 2) << cmd << ": " << r.code << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace tokamax

@@ -66,10 +66,19 @@ class Config {
 //   constexpr ConfigFields<MyConfig, 2> kFields{"my_op native config",
 //                                               {{{"tile", &MyConfig::tile}, {"k",
 //                                               &MyConfig::k}}}};
+//
+// Fields are sizes (a block, a tile, rows per item): decoding refuses values outside [min, max]
+// (default [1, kMaxConfigFieldValue]) before anything is allocated on their strength (a cached
+// {"kc": 2000000000} failed the call with bad_alloc), so a bad cached config is skipped with a
+// warning and the ladder falls through to its next rung. Implementations check the relations
+// between fields in check_config.
+inline constexpr int kMaxConfigFieldValue = 1 << 16;
 template <class T>
 struct IntField {
   std::string_view name;
   int T::*member;
+  int min = 1;
+  int max = kMaxConfigFieldValue;
 };
 
 template <class T, size_t N>
@@ -89,6 +98,19 @@ struct ConfigFields {
       if (it == j.end() || !it->is_number_integer()) {
         throw InvalidArgument(std::string(what) + " " + canonical_dump(j) +
                               ": expected integer fields " + join(names(), ", "));
+      }
+      // Compared as 64-bit values (get<int> would wrap 2^32 + 8 to 8); parsed non-negative
+      // integers are unsigned.
+      const bool in_range =
+          it->is_number_unsigned()
+              ? it->template get<uint64_t>() <= static_cast<uint64_t>(f.max) &&
+                    (f.min <= 0 || it->template get<uint64_t>() >= static_cast<uint64_t>(f.min))
+              : it->template get<int64_t>() >= f.min && it->template get<int64_t>() <= f.max;
+      if (!in_range) {
+        throw InvalidArgument(std::string(what) + " " + canonical_dump(j) + ": field '" +
+                              std::string(f.name) + "' = " + it->dump() +
+                              "; expected an integer in [" + std::to_string(f.min) + ", " +
+                              std::to_string(f.max) + "]");
       }
       value.*f.member = it->template get<int>();
     }

@@ -23,6 +23,7 @@
 #include "tokamax/core/error.h"
 #include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
+#include "tokamax/core/limits.h"
 #include "tokamax/core/strings.h"
 #include "tokamax/core/tensor.h"
 #include "tokamax/op/dispatch.h"
@@ -208,6 +209,13 @@ struct Args {
   static TensorView view_of(const Json& j) {
     if (!j.is_string()) throw InvalidArgument("expected a ShapeDtype string like \"f32[8,128]\"");
     const ShapeDtype s = ShapeDtype::parse(j.get<std::string>());
+    // A spec's arrays are allocated when it is benchmarked or tuned: bounded before that.
+    if (s.shape.size() > static_cast<size_t>(kMaxSpecRank) || s.size() > kMaxSpecElements) {
+      throw InvalidArgument(s.str() + " has " + std::to_string(s.shape.size()) +
+                            " dimensions and " + std::to_string(s.size()) +
+                            " elements; expected at most " + std::to_string(kMaxSpecRank) +
+                            " and " + std::to_string(kMaxSpecElements));
+    }
     return TensorView(nullptr, s.dtype, s.shape);
   }
 
@@ -251,6 +259,11 @@ class TypedFamily : public OpFamily {
   virtual std::vector<std::string> bench_rows_of(const CallT& call) const {
     return OpFamily::bench_rows(call);
   }
+  // Whether input `name` of a call may lack data because the call holds it in another form
+  // (weights packed ahead: the view then only carries their logical shape).
+  virtual bool data_held_elsewhere(const CallT&, const std::string& /*name*/) const {
+    return false;
+  }
   // A made call after its inputs are filled and it is bound (ragged_dot packs the weights of a
   // packed_rhs spec here, as a program does at load time).
   virtual void finish_made_call(CallT&) const {}
@@ -274,6 +287,15 @@ class TypedFamily : public OpFamily {
   // The public call path: bind, allocate the outputs, dispatch; returns the outputs.
   std::vector<Tensor> run(CallT& call, const CallOptions& options) const {
     bind_and_key(call);
+    // bind accepts inputs without data (specs bind too); a call needs them. A null pointer from
+    // the caller is refused here rather than read by a kernel.
+    for (const ArgField<CallT>& f : fields_) {
+      const TensorView* v = f.input ? f.input(call) : nullptr;
+      if (v && v->data() == nullptr && v->size() > 0 && !data_held_elsewhere(call, f.name)) {
+        throw InvalidArgument(name_ + ": '" + f.name + "' " + v->spec().str() +
+                              " has a null data pointer; expected the array's elements");
+      }
+    }
     std::vector<Tensor> out;
     call.outputs.clear();
     for (const ShapeDtype& s : output_specs(call)) {
@@ -346,8 +368,9 @@ class TypedFamily : public OpFamily {
     call.num_threads = 0;
     if (const auto it = arguments.find("num_threads"); it != arguments.end()) {
       if (!it->is_number_integer() || it->template get<int64_t>() <= 0 ||
-          it->template get<int64_t>() > 4096) {
-        throw bad("num_threads = " + canonical_dump(*it) + "; expected an integer in [1, 4096]");
+          it->template get<int64_t>() > kMaxThreads) {
+        throw bad("num_threads = " + canonical_dump(*it) + "; expected an integer in [1, " +
+                  std::to_string(kMaxThreads) + "]");
       }
       call.num_threads = it->template get<int>();
     }

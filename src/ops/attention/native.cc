@@ -47,7 +47,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
 
   void check_config(const AttentionNativeConfig& c) const override {
     const int nr = k::best_kernels().nr;
-    if (c.block_q < 1 || c.block_kv < nr || c.block_kv % nr != 0) {
+    // The score block (block_q x block_kv floats per thread) is held to 64 MiB.
+    if (c.block_q < 1 || c.block_kv < nr || c.block_kv % nr != 0 ||
+        int64_t{c.block_q} * c.block_kv > (int64_t{1} << 24)) {
       throw InvalidArgument(fmt_config(c) + ": expected block_q >= 1 and block_kv a multiple of " +
                             std::to_string(nr));
     }

@@ -43,10 +43,13 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
 
   void check_config(const AttentionVjpNativeConfig& c) const override {
     const int nr = k::best_kernels().nr;
-    if (c.block_q < 1 || c.block_kv < nr || c.block_kv % nr != 0) {
-      throw InvalidArgument(
-          "dot_product_attention_vjp native config " + canonical_dump(c.to_json()) +
-          ": expected block_q >= 1 and block_kv a multiple of " + std::to_string(nr));
+    // The score block (block_q x block_kv floats per thread) is held to 64 MiB.
+    if (c.block_q < 1 || c.block_kv < nr || c.block_kv % nr != 0 ||
+        int64_t{c.block_q} * c.block_kv > (int64_t{1} << 24)) {
+      throw InvalidArgument("dot_product_attention_vjp native config " +
+                            canonical_dump(c.to_json()) +
+                            ": expected block_q >= 1 and block_kv a multiple of " +
+                            std::to_string(nr) + ", block_q * block_kv at most 2^24");
     }
   }
 

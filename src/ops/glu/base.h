@@ -86,6 +86,9 @@ class Family : public TypedFamily<GluCall> {
   std::vector<std::pair<std::string, Json>> argument_variants() const override {
     return {{"packed", Json{{"packed_w", true}}}};
   }
+  bool data_held_elsewhere(const GluCall& call, const std::string& name) const override {
+    return name == "w" && !call.packed.empty();
+  }
 };
 const Family& family();
 

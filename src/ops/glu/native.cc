@@ -76,11 +76,13 @@ k::Blocking blocking(const GluNativeConfig& c) { return {c.mr, c.mc, c.kc, c.nc}
 
 void check(const GluNativeConfig& c, const k::KernelSet& ks) {
   if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
-      c.kc % 2 != 0 || c.nc < 2 * ks.nr || c.nc % (2 * ks.nr) != 0) {
+      c.kc % 2 != 0 || c.nc < 2 * ks.nr || c.nc % (2 * ks.nr) != 0 ||
+      !k::blocks_bounded(c.mc, c.kc, c.nc)) {
     throw InvalidArgument(
         "gated_linear_unit native config " + canonical_dump(c.to_json()) + " is invalid for ISA " +
         ks.name + ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
-        ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(2 * ks.nr));
+        ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(2 * ks.nr) +
+        ", mc * kc and kc * nc at most " + std::to_string(k::kMaxBlockFloats));
   }
 }
 
@@ -279,7 +281,17 @@ std::shared_ptr<const Implementation> make_native() { return std::make_shared<Na
 
 }  // namespace glu
 
+namespace {
+void check_weights_data(const TensorView& w, const char* name) {
+  if (w.data() == nullptr && w.size() > 0) {
+    throw InvalidArgument(std::string("pack_glu_weights: ") + name + " " + w.spec().str() +
+                          " has a null data pointer; expected the weights");
+  }
+}
+}  // namespace
+
 PackedGluWeights pack_glu_weights(const TensorView& w) {
+  check_weights_data(w, "w");
   glu::GluCall c;
   c.x = TensorView(nullptr, w.dtype(), {1, w.rank() == 3 ? w.dim(0) : 0});
   c.w = w;
@@ -288,6 +300,8 @@ PackedGluWeights pack_glu_weights(const TensorView& w) {
 }
 
 PackedGluWeights pack_glu_weights(const TensorView& w_gate, const TensorView& w_up) {
+  check_weights_data(w_gate, "w_gate");
+  check_weights_data(w_up, "w_up");
   glu::GluCall c;
   c.x = TensorView(nullptr, w_gate.dtype(), {1, w_gate.rank() == 2 ? w_gate.dim(0) : 0});
   c.w = w_gate;

@@ -54,12 +54,13 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
     const auto& ks = k::best_kernels();
     if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
         c.kc % 2 != 0 || c.nc < ks.nr || c.nc % ks.nr != 0 || c.nc > 8192 || c.block_v < ks.nr ||
-        c.block_v % ks.nr != 0) {
+        c.block_v % ks.nr != 0 || !k::blocks_bounded(c.mc, c.kc, c.nc)) {
       throw InvalidArgument(kFields.to_json(c).dump() + " is invalid for ISA " + ks.name +
                             ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
                             ", mc a multiple of mr, kc even, nc (<= 8192) and block_v multiples"
                             " of " +
-                            std::to_string(ks.nr));
+                            std::to_string(ks.nr) + ", mc * kc and kc * nc at most " +
+                            std::to_string(k::kMaxBlockFloats));
     }
   }
   // Measured (tokamax autotune --tag primary, B=512, H=2048, V=32000): 8-row tiles in items

@@ -69,6 +69,10 @@ Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, const TensorView
     throw InvalidArgument("ragged_dot: group_sizes has spec " + group_sizes.spec().str() +
                           "; expected a contiguous i32[G] tensor");
   }
+  if (group_sizes.data() == nullptr && group_sizes.size() > 0) {
+    throw InvalidArgument("ragged_dot: group_sizes " + group_sizes.spec().str() +
+                          " has a null data pointer; expected its G sizes");
+  }
   return ragged_dot(
       lhs, rhs, std::span<const int32_t>(group_sizes.data_as<const int32_t>(), group_sizes.dim(0)),
       o);
@@ -80,6 +84,13 @@ RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs,
   RaggedDotCall c = make(lhs, group_sizes, RaggedDimNums::kForward, o);
   c.rhs = rhs;
   rdot::family().bind(c);
+  for (const auto& [name, v] :
+       {std::pair{"lhs", &lhs}, std::pair{"rhs", &rhs}, std::pair{"dout", &dout}}) {
+    if (v->data() == nullptr && v->size() > 0) {
+      throw InvalidArgument(std::string("ragged_dot_vjp: ") + name + " " + v->spec().str() +
+                            " has a null data pointer; expected the array's elements");
+    }
+  }
   if (dout.rank() != 2 || dout.dim(0) != c.m || dout.dim(1) != c.n || !dout.is_contiguous()) {
     throw InvalidArgument("ragged_dot_vjp: dout has spec " + dout.spec().str() +
                           "; expected contiguous [" + std::to_string(c.m) + "," +

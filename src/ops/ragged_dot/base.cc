@@ -7,9 +7,11 @@
 #include <mutex>
 #include <numeric>
 
+#include "core/random.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "tokamax/core/enum_names.h"
+#include "tokamax/core/limits.h"
 
 namespace tokamax {
 
@@ -61,6 +63,14 @@ void Family::bind(RaggedDotCall& c) const {
     }
   }
   const int64_t M = lhs.dim(0), K = lhs.dim(1);
+  if (c.pending_groups >= 0) {
+    if (c.key_total_rows > M) {
+      throw bad(fmt::format("group_sizes total_size = {} exceeds the {} rows of lhs {}",
+                            c.key_total_rows, M, lhs.spec().str()));
+    }
+    c.group_sizes = generate_group_sizes(c.key_total_rows, c.pending_groups, 0);
+    c.pending_groups = -1;
+  }
   const int64_t G = static_cast<int64_t>(c.group_sizes.size());
   const RaggedDimNums dims = c.dims;
   c.k = K;
@@ -185,10 +195,12 @@ void Reference::run_call(RaggedDotCall& c, const Prepared*) const {
 std::vector<int32_t> generate_group_sizes(int64_t total, int64_t groups, uint64_t seed) {
   std::vector<int32_t> sizes(static_cast<size_t>(std::max<int64_t>(groups, 0)), 0);
   if (groups <= 0) return sizes;
-  Tensor u = Tensor::uniform({total}, DType::kF64, seed ^ 0x5eed);
+  // The values Tensor::uniform({total}, f64, seed ^ 0x5eed) would hold, one at a time: `total`
+  // comes from a spec, and holding them all cost 8 bytes a row (2 GB for 250M rows) before the
+  // sum was checked against lhs.
   for (int64_t r = 0; r < total; ++r) {
-    sizes[static_cast<size_t>(
-        std::min<int64_t>(groups - 1, static_cast<int64_t>(u.data_as<double>()[r] * groups)))]++;
+    const double u = uniform_at(seed ^ 0x5eed, static_cast<uint64_t>(r));
+    sizes[static_cast<size_t>(std::min<int64_t>(groups - 1, static_cast<int64_t>(u * groups)))]++;
   }
   return sizes;
 }
@@ -227,22 +239,41 @@ Field group_sizes_field() {
       },
       [](RaggedDotCall& c, const Json& j) {
         if (j.is_array()) {
-          for (const Json& x : j) {
-            if (!x.is_number_integer()) throw InvalidArgument("a list must hold integers");
-            c.group_sizes.push_back(x.get<int32_t>());
+          if (static_cast<int64_t>(j.size()) > kMaxSpecGroups) {
+            throw InvalidArgument(fmt::format("a list of {} group sizes; expected at most {}",
+                                              j.size(), kMaxSpecGroups));
+          }
+          for (size_t i = 0; i < j.size(); ++i) {
+            const Json& x = j[i];
+            // Checked as the 64-bit value it is: get<int32_t> wrapped 2^32 + 1 to 1, another key.
+            const bool fits = x.is_number_unsigned()
+                                  ? x.get<uint64_t>() <= uint64_t{INT32_MAX}
+                                  : x.is_number_integer() && x.get<int64_t>() >= INT32_MIN &&
+                                        x.get<int64_t>() <= INT32_MAX;
+            if (!fits) {
+              throw InvalidArgument(fmt::format(
+                  "group size #{} = {}; expected an integer in [0, {}]", i, x.dump(), INT32_MAX));
+            }
+            c.group_sizes.push_back(static_cast<int32_t>(x.get<int64_t>()));
           }
           c.representative_group_sizes = c.group_sizes;
           return;
         }
-        const auto count = [&](const char* name) {
+        const auto count = [&](const char* name, int64_t limit) {
           const auto it = j.is_object() ? j.find(name) : j.end();
-          if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+          if (it == j.end() || !it->is_number_integer() ||
+              (!it->is_number_unsigned() && it->get<int64_t>() < 0))
             throw InvalidArgument(
                 "expected a list of ints or {\"num_groups\": G, \"total_size\": M} (G, M >= 0)");
+          if (it->get<uint64_t>() > static_cast<uint64_t>(limit)) {
+            throw InvalidArgument(
+                fmt::format("{} = {}; expected at most {}", name, it->dump(), limit));
+          }
           return it->get<int64_t>();
         };
-        const int64_t groups = count("num_groups"), total = count("total_size");
-        c.group_sizes = generate_group_sizes(total, groups, 0);
+        const int64_t groups = count("num_groups", kMaxSpecGroups),
+                      total = count("total_size", kMaxSpecGroupTotal);
+        c.pending_groups = groups;
         c.key_total_rows = total;
       },
       [](const RaggedDotCall& c, Signature& sig) {

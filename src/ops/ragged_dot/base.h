@@ -35,6 +35,10 @@ struct RaggedDotCall : CallBase {
   // {num_groups, total_size = key_total_rows} (the rows of lhs unless a spec says otherwise).
   std::optional<std::vector<int32_t>> representative_group_sizes;
   int64_t key_total_rows = -1;
+  // A {num_groups, total_size} spec's group count, until bind spreads key_total_rows over that
+  // many groups (after checking them against lhs: the spread takes time in proportion to the
+  // rows); -1 otherwise.
+  int64_t pending_groups = -1;
 
   // Filled by bind.
   std::vector<int64_t> offsets;  // G+1 exclusive prefix sums
@@ -87,6 +91,9 @@ class Family : public TypedFamily<RaggedDotCall> {
     return {{"packed", Json{{"packed_rhs", true}}}};
   }
   void finish_made_call(RaggedDotCall& call) const override;
+  bool data_held_elsewhere(const RaggedDotCall& call, const std::string& name) const override {
+    return name == "rhs" && !call.packed.empty();
+  }
 };
 
 const Family& family();

@@ -57,6 +57,9 @@ std::shared_ptr<const PackedRhs::Rep> pack(const TensorView& rhs, RaggedDimNums 
     throw InvalidArgument("pack_rhs: rhs has shape " + rhs.spec().str() + "; expected rank 3");
   if (!rhs.is_contiguous())
     throw InvalidArgument("pack_rhs: rhs " + rhs.spec().str() + " must be contiguous");
+  if (rhs.data() == nullptr && rhs.size() > 0)
+    throw InvalidArgument("pack_rhs: rhs " + rhs.spec().str() +
+                          " has a null data pointer; expected the weights");
   if (rhs.dtype() != DType::kF32 && rhs.dtype() != DType::kBF16) {
     throw InvalidArgument("pack_rhs: rhs dtype " + std::string(dtype_name(rhs.dtype())) +
                           "; expected f32 or bf16");
@@ -119,11 +122,13 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
 
   static void check(const RaggedDotNativeConfig& c, const k::KernelSet& ks) {
     if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
-        c.kc % 2 != 0 || c.nc < ks.nr || c.nc % ks.nr != 0) {
+        c.kc % 2 != 0 || c.nc < ks.nr || c.nc % ks.nr != 0 ||
+        !k::blocks_bounded(c.mc, c.kc, c.nc)) {
       throw InvalidArgument(
           "ragged_dot native config " + canonical_dump(c.to_json()) + " is invalid for ISA " +
           ks.name + ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
-          ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(ks.nr));
+          ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(ks.nr) +
+          ", mc * kc and kc * nc at most " + std::to_string(k::kMaxBlockFloats));
     }
   }
 
