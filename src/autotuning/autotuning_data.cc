@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <tuple>
 #include <unordered_map>
 
 #include "autotuning/scope_stack.h"
@@ -33,6 +34,13 @@ T get_field(const Json& j, const char* name, const char* what) {
 }  // namespace
 
 namespace {
+// A [low, high] interval field.
+std::pair<double, double> get_interval(const Json& j, const char* name, const char* what) {
+  const auto v = get_field<std::vector<double>>(j, name, what);
+  if (v.size() != 2) throw InvalidArgument(fmt::format("{}: '{}' must be [low, high]", what, name));
+  return {v[0], v[1]};
+}
+
 // NaN (a discarded round's ratio) as JSON null, and back.
 Json nullable(const std::vector<double>& v) {
   Json a = Json::array();
@@ -65,10 +73,7 @@ Json TuningEvidence::to_json() const {
 TuningEvidence TuningEvidence::from_json(const Json& j) {
   TuningEvidence e;
   e.ratio = get_field<double>(j, "ratio", "TuningEvidence");
-  const auto ci = get_field<std::vector<double>>(j, "ci", "TuningEvidence");
-  if (ci.size() != 2) throw InvalidArgument("TuningEvidence: 'ci' must be [low, high]");
-  e.lo = ci[0];
-  e.hi = ci[1];
+  std::tie(e.lo, e.hi) = get_interval(j, "ci", "TuningEvidence");
   e.confidence = get_field<double>(j, "confidence", "TuningEvidence");
   if (j.contains("tie")) e.tie = get_field<double>(j, "tie", "TuningEvidence");
   e.rounds = get_field<int>(j, "rounds", "TuningEvidence");
@@ -137,10 +142,7 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
           "BenchmarkData: 'ratios', 'sample_rounds' and 'evaluation_times_ms' differ in length");
     }
     b.ratio = get_field<double>(j, "ratio", "BenchmarkData");
-    const auto ci = get_field<std::vector<double>>(j, "ratio_ci", "BenchmarkData");
-    if (ci.size() != 2) throw InvalidArgument("BenchmarkData: 'ratio_ci' must be [low, high]");
-    b.ratio_lo = ci[0];
-    b.ratio_hi = ci[1];
+    std::tie(b.ratio_lo, b.ratio_hi) = get_interval(j, "ratio_ci", "BenchmarkData");
     b.rounds = get_field<int>(j, "rounds", "BenchmarkData");
     b.stage = get_field<int>(j, "stage", "BenchmarkData");
   }

@@ -38,6 +38,25 @@ struct FakeMachine {
   }
 };
 
+// A neighbour that slows the machine by `factor` in phases of random length in [lo, hi]
+// seconds, alternating with quiet phases of the same distribution, over the first `span` s.
+std::function<double(double)> neighbour(std::mt19937_64& rng, double lo, double hi, double factor,
+                                        double span) {
+  std::uniform_real_distribution<double> len(lo, hi);
+  std::vector<std::pair<double, double>> busy;  // [start, end)
+  for (double t = 0; t < span;) {
+    const double quiet = len(rng), on = len(rng);
+    busy.emplace_back(t + quiet, t + quiet + on);
+    t += quiet + on;
+  }
+  return [busy, factor](double now) {
+    for (const auto& [a, b] : busy) {
+      if (now >= a && now < b) return factor;
+    }
+    return 1.0;
+  };
+}
+
 // 12 candidates around 20 ms; candidate 7 is the true best (15% faster than the next);
 // candidate 0, the control, is 30% slower than the best.
 std::vector<double> twelve() {
@@ -104,20 +123,7 @@ TEST(Rounds, SuccessiveHalvingKeepsTheTrueBestUnderNoise) {
     m.noise = 0.03;
     m.rng.seed(static_cast<uint64_t>(seed));
     std::mt19937_64 phases(static_cast<uint64_t>(seed) + 1000);
-    std::vector<std::pair<double, double>> busy;  // [start, end)
-    double t = 0;
-    while (t < 200) {
-      std::uniform_real_distribution<double> len(0.3, 3.0);
-      const double quiet = len(phases), on = len(phases);
-      busy.emplace_back(t + quiet, t + quiet + on);
-      t += quiet + on;
-    }
-    m.slowdown = [busy](double now) {
-      for (const auto& [a, b] : busy) {
-        if (now >= a && now < b) return 1.6;
-      }
-      return 1.0;
-    };
+    m.slowdown = neighbour(phases, 0.3, 3.0, 1.6, 200);
     o.seed = static_cast<uint64_t>(seed);
     const RoundsResult r = m.run(0, o);
     wins += r.best == 7;
@@ -144,18 +150,7 @@ TEST(Rounds, StoredConfigWithinThreePercentUnderANeighbour) {
     m.true_ms[0] = 40 * (1.05 + 0.03 * u(rng));
     m.noise = 0.03;
     m.rng.seed(static_cast<uint64_t>(seed) + 77);
-    std::vector<std::pair<double, double>> busy;
-    for (double t = 0; t < 100;) {
-      const double quiet = 0.2 + 1.8 * u(rng), on = 0.2 + 1.8 * u(rng);
-      busy.emplace_back(t + quiet, t + quiet + on);
-      t += quiet + on;
-    }
-    m.slowdown = [busy](double now) {
-      for (const auto& [a, b] : busy) {
-        if (now >= a && now < b) return 1.7;
-      }
-      return 1.0;
-    };
+    m.slowdown = neighbour(rng, 0.2, 2.0, 1.7, 100);
     RoundOptions o;
     o.seed = static_cast<uint64_t>(seed);
     const RoundsResult r = m.run(0, o);
