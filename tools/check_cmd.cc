@@ -120,10 +120,10 @@ SpecCheck check_one(const BoundArguments& b, const std::string& spec, const Chec
   }
   // The oracle: every candidate, no halving, no model cut, the same rounds for all.
   AutotuneOptions oo;
-  oo.first_rounds = oo.max_rounds = co.oracle_rounds;
-  oo.finalists = 1 << 20;
+  oo.rounds.first_rounds = oo.rounds.max_rounds = co.oracle_rounds;
+  oo.rounds.finalists = 1 << 20;
   oo.model_fraction = 1;
-  oo.max_repeats = 1 << 20;  // every candidate gets all its rounds (the budget bounds it)
+  oo.rounds.max_repeats = 1 << 20;  // every candidate gets all its rounds (the budget bounds it)
   oo.measure_budget_s = co.oracle_budget_s;
   oo.seed = 1000;
   const double t0 = now_seconds();

@@ -87,20 +87,24 @@ void AutotuneOptions::validate() const {
     throw InvalidArgument("autotuning max_candidates is " + std::to_string(max_candidates) +
                           "; expected > 0");
   }
-  if (first_rounds < 1 || finalists < 1 || max_rounds < first_rounds) {
+  const RoundOptions& r = rounds;
+  if (r.first_rounds < 1 || r.finalists < 1 || r.max_rounds < r.first_rounds) {
     throw InvalidArgument(fmt::format(
         "autotuning rounds: need first_rounds >= 1, finalists >= 1, max_rounds >= first_rounds; "
         "got {}, {}, {}",
-        first_rounds, finalists, max_rounds));
+        r.first_rounds, r.finalists, r.max_rounds));
   }
-  if (!(measure_budget_s > 0) || !(confidence > 0 && confidence < 1) || !(tie >= 0 && tie < 1) ||
-      !(sample_min_ms >= 0) || !(stray > 0) || !(bracket > 0) || max_repeats < 0 ||
+  if (!(measure_budget_s > 0) || !(r.confidence > 0 && r.confidence < 1) ||
+      !(r.tie >= 0 && r.tie < 1) || !(sample_min_ms >= 0) || !(r.stray > 0) || !(r.bracket > 0) ||
+      r.max_repeats < 0 || r.bootstrap < 1 || !(r.segment_s > 0) ||
       !(model_fraction > 0 && model_fraction <= 1)) {
     throw InvalidArgument(fmt::format(
         "autotuning options: need measure_budget_s > 0 (got {:g}), 0 < confidence < 1 ({:g}), "
         "0 <= tie < 1 ({:g}), sample_min_ms >= 0 ({:g}), stray > 0 ({:g}), bracket > 0 ({:g}), "
+        "max_repeats >= 0 ({}), bootstrap >= 1 ({}), segment_s > 0 ({:g}), "
         "0 < model_fraction <= 1 ({:g})",
-        measure_budget_s, confidence, tie, sample_min_ms, stray, bracket, model_fraction));
+        measure_budget_s, r.confidence, r.tie, sample_min_ms, r.stray, r.bracket, r.max_repeats,
+        r.bootstrap, r.segment_s, model_fraction));
   }
 }
 
@@ -427,14 +431,7 @@ struct TuningRun {
                             : static_cast<int>(std::min_element(first_ms.begin(), first_ms.end()) -
                                                first_ms.begin());
     tuning::RoundOptions ro;
-    ro.stray = o.stray;
-    ro.bracket = o.bracket;
-    ro.tie = o.tie;
-    ro.confidence = o.confidence;
-    ro.first_rounds = o.first_rounds;
-    ro.finalists = o.finalists;
-    ro.max_rounds = o.max_rounds;
-    ro.max_repeats = o.max_repeats;
+    static_cast<RoundOptions&>(ro) = o.rounds;
     ro.budget_s = std::max(1e-3, std::min(o.measure_budget_s, budget_left_s));
     ro.seed = o.seed;
     std::vector<double> est = first_ms;   // per call, for batching short calls
@@ -464,7 +461,7 @@ struct TuningRun {
     }
     // The tie-break on memory (XLA's): among the finalists within the tie window of the best,
     // the least scratch, then the fastest.
-    const double tie = std::max(o.tie, 2e-3 / std::max(quiet, 1e-9));
+    const double tie = std::max(o.rounds.tie, 2e-3 / std::max(quiet, 1e-9));
     int pick = r.best;
     for (int j = 0; j < n; ++j) {
       const auto& k = r.candidates[j];
@@ -482,14 +479,14 @@ struct TuningRun {
       return a;
     };
     TuningEvidence ev;
-    ev.confidence = o.confidence;
+    ev.confidence = o.rounds.confidence;
     ev.tie = tie;
     ev.best = cands[ok[pick]].str();
     ev.rounds = r.candidates[pick].accepted;
     if (pick != control) {
       // The pick's ratios to the control against 1 (as rounds.cc decides).
       const tuning::RatioInterval iv =
-          tuning::bootstrap_ratio(accepted(pick), {1.0}, o.confidence, 1000, o.seed + 101);
+          tuning::bootstrap_ratio(accepted(pick), {1.0}, o.rounds.confidence, 1000, o.seed + 101);
       ev.ratio = iv.ratio;
       ev.lo = iv.lo;
       ev.hi = iv.hi;

@@ -20,32 +20,16 @@
 #include <string>
 #include <vector>
 
+#include "tokamax/autotuning/autotuner.h"
+
 namespace tokamax::tuning {
 
-struct RoundOptions {
-  // A segment is discarded when one of its control samples is more than `stray` above the
-  // control's quiet level, or when its two control samples differ by more than `bracket`.
-  double stray = 0.12;
-  double bracket = 0.08;
-  // Relative tie window: candidates within it are equally fast.
-  double tie = 0.01;
-  double confidence = 0.95;  // two-sided bootstrap interval
-  int bootstrap = 400;       // resamples
-  // Successive halving: every candidate gets `first_rounds` accepted rounds; then the better
-  // half (by median ratio) is kept and measured to twice as many rounds, and so on, until at
-  // most `finalists` remain (the control always among them). The finalists are then measured
-  // until every one is decided against the best (confidently slower, or confidently within the
-  // tie window) or `max_rounds` or the budget is reached.
-  int first_rounds = 2;
-  int finalists = 3;
-  int max_rounds = 48;
-  // Segments between control samples last about this long (estimated from earlier samples).
-  double segment_s = 0.6;
-  // Measurement budget (seconds of the injected clock). When it runs out, decisions are taken
-  // on what was measured; a candidate with no accepted round cannot win.
+// The public measurement options, plus what one run of the rounds is given: its budget
+// (seconds of the injected clock; when it runs out, decisions are taken on what was measured,
+// and a candidate with no accepted round cannot win) and the seed of its round order and
+// bootstrap.
+struct RoundOptions : ::tokamax::RoundOptions {
   double budget_s = 20;
-  // A discarded segment's candidates are measured again, up to this many times each per stage.
-  int max_repeats = 6;
   uint64_t seed = 0;
 };
 

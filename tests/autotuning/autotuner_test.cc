@@ -19,8 +19,8 @@ using testing::TileConfig;
 
 AutotuneOptions quick() {
   AutotuneOptions o;
-  o.first_rounds = 2;
-  o.max_rounds = 6;
+  o.rounds.first_rounds = 2;
+  o.rounds.max_rounds = 6;
   o.sample_min_ms = 0.2;
   o.measure_budget_s = 3;
   o.candidate_timeout_s = 0.5;  // a loaded CI machine can take tens of ms to start a thread
@@ -45,7 +45,7 @@ TEST(Autotuner, FindsFastestAndMeasuresEveryCandidate) {
 TEST(Autotuner, HeuristicsConfigIsAlwaysAFinalist) {
   // one_field: tile 3 fastest, tiles 2 and 4 next, the heuristics config (tile 1) slowest.
   AutotuneOptions o = quick();
-  o.finalists = 1;
+  o.rounds.finalists = 1;
   const AutotuningData d = Autotuner(o).tune(bound("one_field"));
   auto finalist = [&](int tile) {
     return d.entries().at(Config::make(TileConfig{tile}).str()).benchmark->finalist;

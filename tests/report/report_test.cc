@@ -79,8 +79,8 @@ class ReportTest : public ::testing::Test {
 
   static AutotuneOptions quick() {
     AutotuneOptions o;
-    o.first_rounds = 2;
-    o.max_rounds = 6;
+    o.rounds.first_rounds = 2;
+    o.rounds.max_rounds = 6;
     o.sample_min_ms = 0.2;
     o.candidate_timeout_s = 0.5;
     return o;

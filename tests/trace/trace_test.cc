@@ -558,8 +558,8 @@ TEST(Extract, NotATrace) {
 // Few, short samples: these tests check what is tuned, not how well.
 AutotuneOptions quick_tuning() {
   AutotuneOptions o;
-  o.first_rounds = 1;
-  o.max_rounds = 2;
+  o.rounds.first_rounds = 1;
+  o.rounds.max_rounds = 2;
   o.sample_min_ms = 0.2;
   return o;
 }

@@ -27,29 +27,37 @@ struct AutotuneProgress {
   std::string config;  // the candidate just finished
 };
 
-struct AutotuneOptions {
-  // Measurement in interleaved rounds (src/autotuning/rounds.h): every candidate gets
-  // `first_rounds` accepted rounds, the better half goes on to twice as many, and so on down to
-  // `finalists` (plus the heuristics config), who are measured until decided at `confidence`
-  // or `max_rounds`; the rounds of one key stop at `measure_budget_s`.
+// How the candidates of one key are measured and decided (src/autotuning/rounds.h): every
+// candidate gets `first_rounds` accepted rounds against the control (the heuristics config),
+// the better half goes on to twice as many, and so on down to `finalists` (plus the control),
+// who are measured until decided at `confidence` or `max_rounds`.
+struct RoundOptions {
   int first_rounds = 2;
   int finalists = 3;
   int max_rounds = 48;
-  double measure_budget_s = 20;
-  double confidence = 0.95;
-  // Relative tie window: a winner must be faster than the heuristics config by more than this
-  // (and by more than 2 us) to be stored instead of it.
+  double confidence = 0.95;  // two-sided bootstrap interval
+  int bootstrap = 400;       // resamples
+  // Relative tie window: a winner must be faster than the control by more than this (and by
+  // more than 2 us) to be stored instead of it.
   double tie = 0.01;
-  // A sample times back-to-back calls (warm) or repeated flush-and-call (cold) lasting at least
-  // this long, so that short calls are not timer noise.
-  double sample_min_ms = 1;
-  // Control checks (rounds.h): a segment is discarded when its control strays more than `stray`
-  // above its quiet level or its two control samples differ by more than `bracket`.
+  // Control checks: a segment is discarded when one of its control samples strays more than
+  // `stray` above the control's quiet level, or its two control samples differ by more than
+  // `bracket`.
   double stray = 0.12;
   double bracket = 0.08;
+  // Segments between control samples last about this long.
+  double segment_s = 0.6;
   // A candidate whose segments were discarded this many times in one stage goes on with the
   // rounds it has (the budget bounds the rest).
   int max_repeats = 6;
+};
+
+struct AutotuneOptions {
+  RoundOptions rounds;
+  double measure_budget_s = 20;  // the rounds of one key stop here
+  // A sample times back-to-back calls (warm) or repeated flush-and-call (cold) lasting at least
+  // this long, so that short calls are not timer noise.
+  double sample_min_ms = 1;
   // Cost-model pruning: when the implementation has a model, only this best-ranked fraction of
   // the search space (and the heuristics config) is measured, and candidates are checked in the
   // model's order so that a budget cut drops the worst-ranked.

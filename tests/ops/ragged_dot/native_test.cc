@@ -191,8 +191,8 @@ TEST(RaggedDotNative, EveryConfigOfTheSearchSpaceIsCorrect) {
     const BoundArguments b =
         fam.bind_json(find_arg_specs("ragged_dot", spec)[0].arguments, "native");
     AutotuneOptions o;
-    o.first_rounds = 1;
-    o.max_rounds = 1;
+    o.rounds.first_rounds = 1;
+    o.rounds.max_rounds = 1;
     o.sample_min_ms = 0;
     o.seed = fresh_seed();
     const AutotuningData d = Autotuner(o).tune(b);
