@@ -34,45 +34,55 @@ T get_field(const Json& j, const char* name, const char* what) {
 }  // namespace
 
 namespace {
-// A [low, high] interval field.
-std::pair<double, double> get_interval(const Json& j, const char* name, const char* what) {
-  const auto v = get_field<std::vector<double>>(j, name, what);
-  if (v.size() != 2) throw InvalidArgument(fmt::format("{}: '{}' must be [low, high]", what, name));
-  return {v[0], v[1]};
-}
-
-// NaN (a discarded round's ratio) as JSON null, and back.
+// NaN (a discarded round's ratio; the median ratio of a candidate with no accepted round) as
+// JSON null, and back.
+Json nullable(double x) { return std::isnan(x) ? Json() : Json(x); }
 Json nullable(const std::vector<double>& v) {
   Json a = Json::array();
-  for (double x : v) a.push_back(std::isnan(x) ? Json() : Json(x));
+  for (double x : v) a.push_back(nullable(x));
   return a;
 }
-std::vector<double> from_nullable(const Json& j, const char* what) {
+double from_nullable(const Json& x, const char* what) {
+  if (x.is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (x.is_number()) return x.get<double>();
+  throw InvalidArgument(std::string(what) + ": expected a number or null, got " +
+                        canonical_dump(x).substr(0, 80));
+}
+std::vector<double> from_nullable_list(const Json& j, const char* what) {
   if (!j.is_array()) throw InvalidArgument(std::string(what) + ": expected a list of numbers");
   std::vector<double> v;
-  for (const Json& x : j) {
-    if (x.is_null()) {
-      v.push_back(std::numeric_limits<double>::quiet_NaN());
-    } else if (x.is_number()) {
-      v.push_back(x.get<double>());
-    } else {
-      throw InvalidArgument(std::string(what) + ": expected numbers or null, got " +
-                            canonical_dump(x).substr(0, 80));
-    }
-  }
+  for (const Json& x : j) v.push_back(from_nullable(x, what));
   return v;
+}
+double get_nullable(const Json& j, const char* name, const char* what) {
+  if (!j.is_object() || !j.contains(name))
+    throw InvalidArgument(fmt::format("{}: missing field '{}'", what, name));
+  return from_nullable(j.at(name), fmt::format("{} '{}'", what, name).c_str());
+}
+// A [low, high] interval field (either end null when unknown).
+std::pair<double, double> get_interval(const Json& j, const char* name, const char* what) {
+  if (!j.is_object() || !j.contains(name))
+    throw InvalidArgument(fmt::format("{}: missing field '{}'", what, name));
+  const auto v = from_nullable_list(j.at(name), fmt::format("{} '{}'", what, name).c_str());
+  if (v.size() != 2) throw InvalidArgument(fmt::format("{}: '{}' must be [low, high]", what, name));
+  return {v[0], v[1]};
 }
 }  // namespace
 
 Json TuningEvidence::to_json() const {
-  return {{"ratio", ratio}, {"ci", {lo, hi}},    {"confidence", confidence},
-          {"tie", tie},     {"rounds", rounds},  {"confident", confident},
-          {"best", best},   {"details", details}};
+  return {{"ratio", nullable(ratio)},
+          {"ci", nullable(std::vector<double>{lo, hi})},
+          {"confidence", confidence},
+          {"tie", tie},
+          {"rounds", rounds},
+          {"confident", confident},
+          {"best", best},
+          {"details", details}};
 }
 
 TuningEvidence TuningEvidence::from_json(const Json& j) {
   TuningEvidence e;
-  e.ratio = get_field<double>(j, "ratio", "TuningEvidence");
+  e.ratio = get_nullable(j, "ratio", "TuningEvidence");
   std::tie(e.lo, e.hi) = get_interval(j, "ci", "TuningEvidence");
   e.confidence = get_field<double>(j, "confidence", "TuningEvidence");
   if (j.contains("tie")) e.tie = get_field<double>(j, "tie", "TuningEvidence");
@@ -102,8 +112,8 @@ Json BenchmarkData::to_json() const {
   if (!sample_rounds.empty()) {
     j["sample_rounds"] = sample_rounds;
     j["ratios"] = nullable(ratios);
-    j["ratio"] = ratio;
-    j["ratio_ci"] = {ratio_lo, ratio_hi};
+    j["ratio"] = nullable(ratio);
+    j["ratio_ci"] = nullable(std::vector<double>{ratio_lo, ratio_hi});
     j["rounds"] = rounds;
     j["stage"] = stage;
   }
@@ -136,12 +146,12 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
   if (j.contains("finalist")) b.finalist = get_field<bool>(j, "finalist", "BenchmarkData");
   if (j.contains("sample_rounds")) {
     b.sample_rounds = get_field<std::vector<int>>(j, "sample_rounds", "BenchmarkData");
-    b.ratios = from_nullable(j.at("ratios"), "BenchmarkData 'ratios'");
+    b.ratios = from_nullable_list(j.at("ratios"), "BenchmarkData 'ratios'");
     if (b.ratios.size() != b.sample_rounds.size() || b.ratios.size() != b.samples_ms.size()) {
       throw InvalidArgument(
           "BenchmarkData: 'ratios', 'sample_rounds' and 'evaluation_times_ms' differ in length");
     }
-    b.ratio = get_field<double>(j, "ratio", "BenchmarkData");
+    b.ratio = get_nullable(j, "ratio", "BenchmarkData");
     std::tie(b.ratio_lo, b.ratio_hi) = get_interval(j, "ratio_ci", "BenchmarkData");
     b.rounds = get_field<int>(j, "rounds", "BenchmarkData");
     b.stage = get_field<int>(j, "stage", "BenchmarkData");

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -74,6 +75,28 @@ TEST(Autotuner, HeuristicsConfigIsAlwaysAFinalist) {
   EXPECT_EQ(back.evidence->to_json(), win.benchmark->evidence->to_json());
   EXPECT_EQ(back.sample_rounds, win.benchmark->sample_rounds);
   EXPECT_EQ(back.ratios.size(), win.benchmark->ratios.size());
+}
+
+// A candidate halved away before any of its rounds was accepted has no median ratio (NaN):
+// written as null, read back as NaN (a number there would be made up).
+TEST(Autotuner, CandidateWithoutAcceptedRoundsRoundTrips) {
+  BenchmarkData b;
+  b.median_ms = 2;
+  b.samples_ms = {2.5, 2.0};
+  b.sample_rounds = {1, 2};
+  b.ratios = {std::nan(""), std::nan("")};
+  b.ratio = b.ratio_lo = b.ratio_hi = std::nan("");
+  b.stage = 1;
+  const Json j = b.to_json();
+  EXPECT_TRUE(j["ratio"].is_null()) << j.dump();
+  const BenchmarkData back = BenchmarkData::from_json(j);
+  EXPECT_TRUE(std::isnan(back.ratio));
+  EXPECT_TRUE(std::isnan(back.ratio_lo));
+  EXPECT_TRUE(std::isnan(back.ratios[1]));
+  EXPECT_EQ(back.rounds, 0);
+  Json bad = j;
+  bad["ratio"] = "fast";
+  EXPECT_THROW(BenchmarkData::from_json(bad), InvalidArgument);
 }
 
 TEST(Autotuner, CandidatesDeterministicHeuristicsFirst) {
