@@ -17,6 +17,8 @@ namespace {
 
 thread_local std::optional<CacheMissPolicy> t_policy;
 thread_local CallRecorder* t_recorder = nullptr;
+thread_local ConfigSource t_config_source = ConfigSource::kLadder;
+thread_local ConfigQuery* t_query = nullptr;
 std::atomic<const TuningBackend*> g_backend{nullptr};
 // The tracing-off fast path reads only g_observed (relaxed; internal linkage, so a direct load,
 // not one through the GOT); g_observer is read after it.
@@ -55,6 +57,18 @@ void update_observed_flag() {
 }
 
 }  // namespace
+
+ConfigSource config_source() { return t_config_source; }
+
+ConfigSourceScope::ConfigSourceScope(ConfigSource source) : previous_(t_config_source) {
+  t_config_source = source;
+}
+
+ConfigSourceScope::~ConfigSourceScope() { t_config_source = previous_; }
+
+ConfigQuery::ConfigQuery() : outer_(t_query) { t_query = this; }
+
+ConfigQuery::~ConfigQuery() { t_query = outer_; }
 
 void record_call(const BoundArguments& b) {
   for (CallRecorder* r = t_recorder; r; r = r->outer_) r->calls_.push_back(b);
@@ -184,6 +198,12 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
     r.detail = "implementation has nothing to tune";
     return r;
   }
+  if (t_config_source == ConfigSource::kHeuristics) {
+    r.config = impl.heuristics_config(call);
+    r.rung = Rung::kHeuristics;
+    r.detail = "heuristics only (ConfigSourceScope)";
+    return r;
+  }
   ensure_builtins();  // installs the autotuning layer's rungs on the first call
   const TuningBackend* backend = g_backend.load(std::memory_order_acquire);
   const BoundArguments bound = call.bound.with_implementation(impl.name());
@@ -299,6 +319,17 @@ std::string walk(const OpFamily& family, const CallBase& call, const CallOptions
 
 std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& options) {
   return walk(family, call, options, nullptr, [&](const Implementation& impl) {
+    if (t_query) {
+      ConfigQuery::Entry e{family.name(),
+                           impl.name(),
+                           impl.has_config() ? impl.heuristics_config(call) : Config::null(),
+                           {}};
+      // The ladder without its miss policy: a query neither tunes nor fails on a miss.
+      const CacheMissPolicyScope no_tuning(CacheMissPolicy::kHeuristics);
+      e.ladder = resolve_config(family, impl, call, options.config);
+      t_query->calls_.push_back(std::move(e));
+      return;
+    }
     const Resolution r = resolve_config(family, impl, call, options.config);
     if (t_recorder) record_call(call.bound.with_implementation(impl.name()));
     TOKAMAX_LOG("dispatch", kDebug,

@@ -1,6 +1,7 @@
 // The op framework with fake ops: dispatch, every rung of the ladder under every policy, scopes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -83,6 +84,47 @@ TEST_F(Framework, LadderRungs) {
     EXPECT_EQ(resolve_config(fake(), one, *other, std::nullopt).rung, Rung::kHeuristics);
   }
   EXPECT_EQ(resolve_config(fake(), one, *c, std::nullopt).rung, Rung::kDiskCache);
+}
+
+// ConfigSourceScope(kHeuristics) skips scopes and the disk cache (the PyTorch ops' default);
+// ConfigQuery records what dispatch would choose and runs nothing, under any miss policy.
+TEST_F(Framework, HeuristicsOnlySourceAndConfigQuery) {
+  auto c = fake_call();
+  const auto& one = *fake().one;
+  AutotuningResult res;
+  AutotuningData d;
+  d.set(Config::make(TileConfig{2}), BenchmarkData{.median_ms = 1.0});
+  res.add(c->bound.with_implementation("one_field"), d);
+  res.dump_cache();
+  ASSERT_EQ(resolve_config(fake(), one, *c, std::nullopt).rung, Rung::kDiskCache);
+  {
+    ConfigSourceScope h(ConfigSource::kHeuristics);
+    EXPECT_EQ(config_source(), ConfigSource::kHeuristics);
+    const Resolution r = resolve_config(fake(), one, *c, std::nullopt);
+    EXPECT_EQ(r.rung, Rung::kHeuristics);
+    EXPECT_EQ(r.config.get<TileConfig>().tile, 1);
+    {
+      ConfigSourceScope l(ConfigSource::kLadder);
+      EXPECT_EQ(resolve_config(fake(), one, *c, std::nullopt).rung, Rung::kDiskCache);
+    }
+    EXPECT_EQ(resolve_config(fake(), one, *c, Config::make(TileConfig{4})).rung, Rung::kExplicit);
+  }
+  EXPECT_EQ(config_source(), ConfigSource::kLadder);
+
+  for (int64_t i = 0; i < c->outputs[0].size(); ++i) c->outputs[0].set(i, NAN);
+  CacheMissPolicyScope p(CacheMissPolicy::kError);  // a query never throws CacheMiss
+  auto miss = fake_call(32);
+  ConfigQuery q;
+  EXPECT_EQ(dispatch(fake(), *c, {}), "one_field");
+  EXPECT_EQ(dispatch(fake(), *miss, {}), "one_field");
+  ASSERT_EQ(q.calls().size(), 2u);
+  EXPECT_EQ(q.calls()[0].family, "fake");
+  EXPECT_EQ(q.calls()[0].implementation, "one_field");
+  EXPECT_EQ(q.calls()[0].heuristics.get<TileConfig>().tile, 1);
+  EXPECT_EQ(q.calls()[0].ladder.rung, Rung::kDiskCache);
+  EXPECT_EQ(q.calls()[0].ladder.config.get<TileConfig>().tile, 2);
+  EXPECT_EQ(q.calls()[1].ladder.rung, Rung::kHeuristics);
+  EXPECT_TRUE(std::isnan(c->outputs[0].get(0)));  // nothing ran
 }
 
 TEST_F(Framework, AllFailedEntryIsAMiss) {

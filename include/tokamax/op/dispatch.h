@@ -35,6 +35,24 @@ class CacheMissPolicyScope {
   std::optional<CacheMissPolicy> previous_;
 };
 
+// Where a call's config comes from when its caller names none. kLadder: rungs 3-5 above.
+// kHeuristics: the implementation's heuristics config, with no scope or cache lookup: what the
+// PyTorch ops do by default, so that a compiled graph does not depend on which cache files a
+// machine has (tokamax's PyTorch bridge does the same). An explicit config still wins.
+enum class ConfigSource { kLadder, kHeuristics };
+// The innermost ConfigSourceScope on this thread; kLadder outside any.
+ConfigSource config_source();
+class ConfigSourceScope {
+ public:
+  explicit ConfigSourceScope(ConfigSource source);
+  ~ConfigSourceScope();
+  ConfigSourceScope(const ConfigSourceScope&) = delete;
+  ConfigSourceScope& operator=(const ConfigSourceScope&) = delete;
+
+ private:
+  ConfigSource previous_;
+};
+
 enum class Rung { kExplicit, kNullConfig, kScope, kDiskCache, kHeuristics, kAutotuned };
 std::string_view rung_name(Rung r);
 
@@ -79,6 +97,32 @@ struct Explanation {
 };
 // What dispatch would do, without running anything.
 Explanation explain(const OpFamily& family, const CallBase& call, const CallOptions& options);
+
+// While alive, op calls on this thread are not run: each dispatch records which implementation
+// would serve it, its heuristics config and the config the ladder would choose (scopes and the
+// disk cache, else the heuristics; never tuning, never a CacheMiss), and returns with the
+// outputs unwritten. What get_configs(op, *args) in the Python package is built on: run the
+// op's public function (forward or VJP) under a ConfigQuery and read the configs of every op
+// call it makes. Nests: the innermost query records.
+class ConfigQuery {
+ public:
+  struct Entry {
+    std::string family;
+    std::string implementation;
+    Config heuristics;  // the null config when the implementation has nothing to tune
+    Resolution ladder;  // the full ladder (an explicit config when the call gave one)
+  };
+  ConfigQuery();
+  ~ConfigQuery();
+  ConfigQuery(const ConfigQuery&) = delete;
+  ConfigQuery& operator=(const ConfigQuery&) = delete;
+  const std::vector<Entry>& calls() const { return calls_; }
+
+ private:
+  friend std::string dispatch(const OpFamily&, CallBase&, const CallOptions&);
+  ConfigQuery* outer_ = nullptr;
+  std::vector<Entry> calls_;
+};
 
 // The payload a traced call carries: "tokamax:" + compact JSON of
 //   {"format": 1, "tokamax_version": V,

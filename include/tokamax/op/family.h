@@ -277,6 +277,33 @@ class TypedFamily : public OpFamily {
   std::shared_ptr<const Implementation> reference() const final { return reference_; }
   const std::vector<ArgField<CallT>>& fields() const { return fields_; }
 
+  // bind_and_key, then refuses inputs without data: bind accepts them (specs bind too), a call
+  // needs them, and a null pointer from the caller is refused here rather than read by a kernel.
+  void bind_and_checked(CallT& call) const {
+    bind_and_key(call);
+    for (const ArgField<CallT>& f : fields_) {
+      const TensorView* v = f.input ? f.input(call) : nullptr;
+      if (v && v->data() == nullptr && v->size() > 0 && !data_held_elsewhere(call, f.name)) {
+        throw InvalidArgument(name_ + ": '" + f.name + "' " + v->spec().str() +
+                              " has a null data pointer; expected the array's elements");
+      }
+    }
+  }
+
+  // Whether two views' byte ranges (first to last element) intersect.
+  static bool overlaps(const TensorView& a, const TensorView& b) {
+    if (a.size() == 0 || b.size() == 0 || !a.data() || !b.data()) return false;
+    auto range = [](const TensorView& t) {
+      int64_t last = 0;
+      for (int64_t d = 0; d < t.rank(); ++d) last += (t.dim(d) - 1) * t.strides()[d];
+      const auto* p = static_cast<const char*>(t.data());
+      return std::pair{p, p + (last + 1) * static_cast<int64_t>(dtype_size(t.dtype()))};
+    };
+    const auto [a0, a1] = range(a);
+    const auto [b0, b1] = range(b);
+    return a0 < b1 && b0 < a1;
+  }
+
   // Binds the call (num_threads 0 = the library's num_threads()) and gives it its key.
   void bind_and_key(CallT& call) const {
     if (call.num_threads <= 0) call.num_threads = tokamax::num_threads();
@@ -286,16 +313,7 @@ class TypedFamily : public OpFamily {
 
   // The public call path: bind, allocate the outputs, dispatch; returns the outputs.
   std::vector<Tensor> run(CallT& call, const CallOptions& options) const {
-    bind_and_key(call);
-    // bind accepts inputs without data (specs bind too); a call needs them. A null pointer from
-    // the caller is refused here rather than read by a kernel.
-    for (const ArgField<CallT>& f : fields_) {
-      const TensorView* v = f.input ? f.input(call) : nullptr;
-      if (v && v->data() == nullptr && v->size() > 0 && !data_held_elsewhere(call, f.name)) {
-        throw InvalidArgument(name_ + ": '" + f.name + "' " + v->spec().str() +
-                              " has a null data pointer; expected the array's elements");
-      }
-    }
+    bind_and_checked(call);
     std::vector<Tensor> out;
     call.outputs.clear();
     for (const ShapeDtype& s : output_specs(call)) {
@@ -304,6 +322,36 @@ class TypedFamily : public OpFamily {
     }
     dispatch(*this, call, options);
     return out;
+  }
+
+  // The same into the caller's buffers (the out-variants): each must have its output's exact
+  // shape and dtype, be contiguous and overlap no input, else InvalidArgument naming it.
+  void run_into(CallT& call, const CallOptions& options,
+                const std::vector<std::pair<std::string, TensorView>>& outputs) const {
+    bind_and_checked(call);
+    const std::vector<ShapeDtype> specs = output_specs(call);
+    if (outputs.size() != specs.size()) {
+      throw InvalidArgument(name_ + ": " + std::to_string(outputs.size()) + " output buffers; " +
+                            "expected " + std::to_string(specs.size()));
+    }
+    call.outputs.clear();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto& [out_name, v] = outputs[i];
+      if (v.spec() != specs[i] || !v.is_contiguous() || (v.data() == nullptr && v.size() > 0)) {
+        throw InvalidArgument(name_ + ": output '" + out_name + "' has spec " + v.spec().str() +
+                              (v.is_contiguous() ? "" : " (not contiguous)") +
+                              "; expected a contiguous " + specs[i].str() + " buffer");
+      }
+      for (const ArgField<CallT>& f : fields_) {
+        const TensorView* in = f.input ? f.input(call) : nullptr;
+        if (in && overlaps(*in, v)) {
+          throw InvalidArgument(name_ + ": output '" + out_name + "' overlaps input '" + f.name +
+                                "'; expected a buffer of its own");
+        }
+      }
+      call.outputs.push_back(v);
+    }
+    dispatch(*this, call, options);
   }
 
   BoundArguments bind_json(const Json& arguments, const std::string& implementation) const final {

@@ -70,6 +70,15 @@ Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs,
                   std::span<const int32_t> group_sizes, const RaggedDotOptions& options = {});
 Tensor ragged_dot(const TensorView& lhs, const PackedRhs& rhs, std::span<const int32_t> group_sizes,
                   const RaggedDotOptions& options = {});
+// The out-variants: write into `out` (contiguous, exactly the output's shape and dtype, no
+// overlap with an input; else InvalidArgument) instead of allocating, so that a serving loop
+// reuses one buffer per step (the analogue of buffer donation). Every element is written.
+void ragged_dot_into(const TensorView& lhs, const TensorView& rhs,
+                     std::span<const int32_t> group_sizes, const TensorView& out,
+                     const RaggedDotOptions& options = {});
+void ragged_dot_into(const TensorView& lhs, const PackedRhs& rhs,
+                     std::span<const int32_t> group_sizes, const TensorView& out,
+                     const RaggedDotOptions& options = {});
 // group_sizes as an i32 tensor of shape [G].
 Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, const TensorView& group_sizes,
                   const RaggedDotOptions& options = {});

@@ -32,6 +32,18 @@ RaggedDotCall make(const TensorView& lhs, std::span<const int32_t> group_sizes, 
   return c;
 }
 
+// A call reading pre-packed weights (the logical rhs has no data of its own).
+RaggedDotCall make_packed(const TensorView& lhs, const PackedRhs& rhs,
+                          std::span<const int32_t> group_sizes, const RaggedDotOptions& o) {
+  if (rhs.empty()) throw InvalidArgument("ragged_dot: rhs is an empty PackedRhs");
+  RaggedDotCall c = make(lhs, group_sizes, rhs.dim_nums(), o);
+  const ShapeDtype logical = rhs.logical();
+  c.rhs = TensorView(nullptr, logical.dtype, logical.shape);
+  c.packed = rhs;
+  c.packed_rhs = true;
+  return c;
+}
+
 Tensor run_call(RaggedDotCall& c, const RaggedDotOptions& o) {
   return std::move(rdot::family().run(c, CallOptions{o.implementation, o.config}).at(0));
 }
@@ -53,13 +65,23 @@ Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs,
 
 Tensor ragged_dot(const TensorView& lhs, const PackedRhs& rhs, std::span<const int32_t> group_sizes,
                   const RaggedDotOptions& o) {
-  if (rhs.empty()) throw InvalidArgument("ragged_dot: rhs is an empty PackedRhs");
-  RaggedDotCall c = make(lhs, group_sizes, rhs.dim_nums(), o);
-  const ShapeDtype logical = rhs.logical();
-  c.rhs = TensorView(nullptr, logical.dtype, logical.shape);
-  c.packed = rhs;
-  c.packed_rhs = true;
+  RaggedDotCall c = make_packed(lhs, rhs, group_sizes, o);
   return run_call(c, o);
+}
+
+void ragged_dot_into(const TensorView& lhs, const TensorView& rhs,
+                     std::span<const int32_t> group_sizes, const TensorView& out,
+                     const RaggedDotOptions& o) {
+  RaggedDotCall c = make(lhs, group_sizes, RaggedDimNums::kForward, o);
+  c.rhs = rhs;
+  rdot::family().run_into(c, CallOptions{o.implementation, o.config}, {{"out", out}});
+}
+
+void ragged_dot_into(const TensorView& lhs, const PackedRhs& rhs,
+                     std::span<const int32_t> group_sizes, const TensorView& out,
+                     const RaggedDotOptions& o) {
+  RaggedDotCall c = make_packed(lhs, rhs, group_sizes, o);
+  rdot::family().run_into(c, CallOptions{o.implementation, o.config}, {{"out", out}});
 }
 
 Tensor ragged_dot(const TensorView& lhs, const TensorView& rhs, const TensorView& group_sizes,

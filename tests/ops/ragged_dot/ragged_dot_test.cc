@@ -65,6 +65,45 @@ TEST(RaggedDot, PublicCallKeyIsItsSpecKey) {
   EXPECT_THROW(rdot::family().bind_json(Json{{"lhs", "f32[2,2]"}}, ""), InvalidArgument);
 }
 
+// The out-variant writes every element of the caller's buffer (poisoned first, so an element
+// it skipped stays NaN), plain and packed, and refuses a wrong, strided or aliasing buffer.
+TEST(RaggedDot, IntoWritesTheCallersBuffer) {
+  const std::vector<int32_t> sizes = {5, 0, 9};  // 3 rows past the groups: must become zero
+  Tensor lhs = Tensor::randn({17, 24}, DType::kF32, fresh_seed());
+  Tensor rhs = Tensor::randn({3, 24, 19}, DType::kF32, fresh_seed());
+  const Tensor want = ragged_dot(lhs, rhs, sizes, {.implementation = "reference"});
+  Tensor out({17, 19}, DType::kF32);
+  for (const std::string impl : {"native", "blas", "reference"}) {
+    out.poison();
+    ragged_dot_into(lhs, rhs, sizes, out, {.implementation = impl});
+    for (int64_t i = 0; i < want.size(); ++i) ASSERT_NEAR(out.get(i), want.get(i), 1e-4) << impl;
+  }
+  out.poison();
+  ragged_dot_into(lhs, pack_rhs(rhs), sizes, out);
+  for (int64_t i = 0; i < want.size(); ++i) ASSERT_NEAR(out.get(i), want.get(i), 1e-4);
+  testing::expect_invalid_argument(
+      [&] {
+        ragged_dot_into(lhs, rhs, sizes, Tensor({17, 18}, DType::kF32));
+      },
+      "output 'out' has spec f32[17,18]; expected a contiguous f32[17,19] buffer");
+  testing::expect_invalid_argument(
+      [&] {
+        ragged_dot_into(lhs, rhs, sizes, Tensor({17, 19}, DType::kBF16));
+      },
+      "bf16[17,19]");
+  Tensor wide({17, 38}, DType::kF32);
+  testing::expect_invalid_argument(
+      [&] {
+        ragged_dot_into(lhs, rhs, sizes, TensorView(wide.data(), DType::kF32, {17, 19}, {38, 1}));
+      },
+      "(not contiguous)");
+  testing::expect_invalid_argument(
+      [&] {
+        ragged_dot_into(lhs, rhs, sizes, TensorView(lhs.data(), DType::kF32, {17, 19}));
+      },
+      "overlaps input 'lhs'");
+}
+
 TEST(RaggedDot, BadInputIsAClearError) {
   Tensor lhs = Tensor::randn({6, 8}, DType::kF32, 1),
          rhs = Tensor::randn({2, 8, 5}, DType::kF32, 2);
