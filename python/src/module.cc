@@ -1,0 +1,965 @@
+// tokamax_cpp._core: the nanobind module behind the Python package (python/tokamax_cpp).
+//
+// Arrays come in through DLPack (numpy, ml_dtypes bfloat16, torch, jax: anything with
+// __dlpack__ or the buffer protocol), zero-copy, CPU only, contiguous only (a strided array is
+// refused with a message saying how to copy it: a silent copy would hide a slow path). Outputs
+// are the library's own Tensors handed over without a copy: numpy arrays, or torch tensors when
+// the first array argument was one. Kernels run with the GIL released. C++ errors become
+// ValueError (InvalidArgument), NotImplementedError (Unsupported) and CacheMissError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tokamax/tokamax.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tokamax {
+namespace {
+
+PyObject* g_cache_miss_error = nullptr;
+
+// --- arrays in -----------------------------------------------------------------------------
+
+nb::object torch_tensor_type() {
+  // Looked up once torch is imported (never imports it: numpy users need not have torch).
+  static nb::object type;
+  if (!type.is_valid()) {
+    nb::dict modules = nb::borrow<nb::dict>(PySys_GetObject("modules"));
+    if (modules.contains("torch")) type = modules["torch"].attr("Tensor");
+  }
+  return type;
+}
+
+bool is_torch(nb::handle h) {
+  nb::object t = torch_tensor_type();
+  return t.is_valid() && PyObject_IsInstance(h.ptr(), t.ptr()) == 1;
+}
+
+std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
+  using C = nb::dlpack::dtype_code;
+  if (d.lanes != 1) return std::nullopt;
+  switch (static_cast<C>(d.code)) {
+    case C::Float:
+      if (d.bits == 32) return DType::kF32;
+      if (d.bits == 16) return DType::kF16;
+      if (d.bits == 64) return DType::kF64;
+      break;
+    case C::Bfloat:
+      if (d.bits == 16) return DType::kBF16;
+      break;
+    case C::Int:
+      if (d.bits == 32) return DType::kI32;
+      if (d.bits == 64) return DType::kI64;
+      break;
+    case C::UInt:
+      if (d.bits == 8) return DType::kU8;
+      break;
+    case C::Bool:
+      if (d.bits == 8) return DType::kBool;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+nb::dlpack::dtype to_dlpack(DType t) {
+  using C = nb::dlpack::dtype_code;
+  auto make = [](C code, int bits) {
+    return nb::dlpack::dtype{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1};
+  };
+  switch (t) {
+    case DType::kF32:
+      return make(C::Float, 32);
+    case DType::kBF16:
+      return make(C::Bfloat, 16);
+    case DType::kF16:
+      return make(C::Float, 16);
+    case DType::kF64:
+      return make(C::Float, 64);
+    case DType::kI32:
+      return make(C::Int, 32);
+    case DType::kI64:
+      return make(C::Int, 64);
+    case DType::kU8:
+      return make(C::UInt, 8);
+    case DType::kBool:
+      return make(C::Bool, 8);
+  }
+  return make(C::Float, 32);
+}
+
+std::string py_type_name(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+
+// The arrays of one call: their views, kept alive until the call returns.
+class ArrayArgs {
+ public:
+  explicit ArrayArgs(const char* op) : op_(op) {}
+
+  TensorView add(nb::handle h, const char* name) {
+    nb::ndarray<> a;
+    if (h.is_none() || !nb::try_cast(h, a, /*convert=*/false)) {
+      throw InvalidArgument(std::string(op_) + ": " + name + " is a " + py_type_name(h) +
+                            "; expected an array (numpy, or a DLPack producer such as a torch "
+                            "tensor or a jax array)");
+    }
+    if (first_ && is_torch(h)) torch_ = true;
+    first_ = false;
+    return view(a, name);
+  }
+
+  std::optional<TensorView> add_optional(nb::handle h, const char* name) {
+    if (h.is_none()) return std::nullopt;
+    return add(h, name);
+  }
+
+  // Whether outputs are torch tensors (the first array was one).
+  bool torch() const { return torch_; }
+  const char* op() const { return op_; }
+
+ private:
+  TensorView view(const nb::ndarray<>& a, const char* name) {
+    std::string spec = "(";
+    for (size_t i = 0; i < a.ndim(); ++i) spec += (i ? "," : "") + std::to_string(a.shape(i));
+    spec += a.ndim() == 1 ? ",)" : ")";
+    if (a.device_type() != nb::device::cpu::value) {
+      throw InvalidArgument(std::string(op_) + ": " + name + " " + spec + " is on DLPack device " +
+                            std::to_string(a.device_type()) +
+                            "; this build of tokamax serves CPU arrays only (move it with "
+                            ".cpu() or jax.device_get)");
+    }
+    const std::optional<DType> dt = from_dlpack(a.dtype());
+    if (!dt) {
+      throw InvalidArgument(std::string(op_) + ": " + name + " " + spec +
+                            " has a dtype tokamax does not read (DLPack code " +
+                            std::to_string(a.dtype().code) + ", " + std::to_string(a.dtype().bits) +
+                            " bits); expected float32, bfloat16, int32, int64 or bool");
+    }
+    Shape shape(a.ndim());
+    int64_t expect = 1;
+    bool contiguous = true;
+    for (size_t i = a.ndim(); i-- > 0;) {
+      shape[i] = static_cast<int64_t>(a.shape(i));
+      if (shape[i] != 1 && a.stride(i) != expect) contiguous = false;
+      expect *= shape[i];
+    }
+    if (!contiguous && expect > 0) {
+      std::string strides = "(";
+      for (size_t i = 0; i < a.ndim(); ++i) strides += (i ? "," : "") + std::to_string(a.stride(i));
+      throw InvalidArgument(std::string(op_) + ": " + name + " " + spec + " has element strides " +
+                            strides + ")" +
+                            "; tokamax reads contiguous row-major arrays and does not copy "
+                            "silently: pass np.ascontiguousarray(x) or x.contiguous()");
+    }
+    keep_.push_back(a);
+    return TensorView(a.data(), *dt, std::move(shape));
+  }
+
+  const char* op_;
+  bool first_ = true, torch_ = false;
+  std::vector<nb::ndarray<>> keep_;
+};
+
+// group_sizes: an i32 or i64 array of rank 1, or a sequence of Python ints (converted to i32,
+// range-checked: jax and torch users hold them as i64 too).
+std::vector<int32_t> group_sizes_of(ArrayArgs& args, nb::handle h) {
+  std::vector<int32_t> out;
+  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
+    size_t i = 0;
+    for (nb::handle v : h) {
+      if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr())) {
+        throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
+                              "] is a " + py_type_name(v) + "; expected integers");
+      }
+      const long long x = PyLong_AsLongLong(v.ptr());
+      if (x < 0 || x > INT32_MAX || PyErr_Occurred()) {
+        PyErr_Clear();
+        throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
+                              "] = " + nb::str(v).c_str() + "; expected a size in [0, 2^31)");
+      }
+      out.push_back(static_cast<int32_t>(x));
+      ++i;
+    }
+    return out;
+  }
+  const TensorView g = args.add(h, "group_sizes");
+  if (g.rank() != 1 || (g.dtype() != DType::kI32 && g.dtype() != DType::kI64)) {
+    throw InvalidArgument(std::string(args.op()) + ": group_sizes has spec " + g.spec().str() +
+                          "; expected an integer array of shape [G] (int32 or int64)");
+  }
+  out.resize(static_cast<size_t>(g.dim(0)));
+  for (int64_t i = 0; i < g.dim(0); ++i) {
+    const int64_t x =
+        g.dtype() == DType::kI32 ? g.data_as<const int32_t>()[i] : g.data_as<const int64_t>()[i];
+    if (x < INT32_MIN || x > INT32_MAX) {
+      throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
+                            "] = " + std::to_string(x) + " does not fit in int32");
+    }
+    out[static_cast<size_t>(i)] = static_cast<int32_t>(x);
+  }
+  return out;
+}
+
+// --- arrays out ----------------------------------------------------------------------------
+
+nb::object bf16_numpy_dtype() {
+  static nb::object dtype;
+  if (!dtype.is_valid()) {
+    try {
+      dtype = nb::module_::import_("ml_dtypes").attr("bfloat16");
+    } catch (const nb::python_error&) {
+      throw InvalidArgument(
+          "a bfloat16 result as a numpy array needs the ml_dtypes package (pip install "
+          "ml_dtypes), or pass torch tensors");
+    }
+  }
+  return dtype;
+}
+
+// Hands `t` to Python without a copy: the capsule owns it.
+nb::object wrap(Tensor t, bool torch) {
+  if (!t.data() && t.size() == 0) t = Tensor(t.shape(), t.dtype());
+  auto* held = new Tensor(std::move(t));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  std::vector<size_t> shape(held->shape().begin(), held->shape().end());
+  const bool bf16_numpy = !torch && held->dtype() == DType::kBF16;
+  const nb::dlpack::dtype dt = bf16_numpy ? nb::dtype<uint16_t>() : to_dlpack(held->dtype());
+  if (torch) {
+    return nb::cast(
+        nb::ndarray<nb::pytorch>(held->data(), shape.size(), shape.data(), owner, nullptr, dt));
+  }
+  nb::object arr = nb::cast(
+      nb::ndarray<nb::numpy>(held->data(), shape.size(), shape.data(), owner, nullptr, dt));
+  if (bf16_numpy) return arr.attr("view")(bf16_numpy_dtype());
+  return arr;
+}
+
+// --- options -------------------------------------------------------------------------------
+
+std::optional<std::string> name_of(nb::handle h) {
+  if (h.is_none()) return std::nullopt;
+  if (nb::isinstance<nb::str>(h)) return nb::cast<std::string>(h);
+  if (nb::hasattr(h, "name") && nb::isinstance<nb::str>(h.attr("name")))
+    return nb::cast<std::string>(h.attr("name"));  // numpy dtypes, jax.lax.Precision
+  if (nb::hasattr(h, "__name__")) return nb::cast<std::string>(h.attr("__name__"));  // jnp types
+  return std::string(nb::str(h).c_str());                                            // torch
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::optional<DType> dtype_arg(nb::handle h, const char* what) {
+  std::optional<std::string> n = name_of(h);
+  if (!n) return std::nullopt;
+  std::string s = lower(*n);
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  if (s == "float32" || s == "f32") return DType::kF32;
+  if (s == "bfloat16" || s == "bf16") return DType::kBF16;
+  throw InvalidArgument(std::string(what) + " is '" + *n + "'; expected float32 or bfloat16");
+}
+
+Precision precision_arg(nb::handle h) {
+  std::optional<std::string> n = name_of(h);
+  if (!n) return Precision::kDefault;
+  const std::string s = lower(*n);
+  if (s == "default") return Precision::kDefault;
+  if (s == "highest" || s == "float32") return Precision::kHighest;
+  throw InvalidArgument("precision is '" + *n + "'; expected None, 'default' or 'highest'");
+}
+
+Activation activation_arg(nb::handle h, Activation none) {
+  std::optional<std::string> n = name_of(h);
+  if (!n) return none;
+  std::string s = lower(*n);
+  if (s == "swish") s = "silu";
+  return parse_activation(s);
+}
+
+// implementation and config, as the C++ options take them. A config (a dict or its JSON text)
+// needs its implementation, which decodes and validates it.
+struct Choice {
+  std::string implementation;
+  std::optional<Config> config;
+};
+
+Choice choice(const char* family, nb::handle implementation, nb::handle config) {
+  Choice c;
+  if (!implementation.is_none()) c.implementation = nb::cast<std::string>(implementation);
+  if (config.is_none()) return c;
+  if (c.implementation.empty()) {
+    throw InvalidArgument(std::string(family) + ": a config needs the implementation it is for");
+  }
+  const std::string text =
+      nb::isinstance<nb::str>(config)
+          ? nb::cast<std::string>(config)
+          : nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(config));
+  c.config =
+      find_family(family).implementation(c.implementation)->config_from_json(Json::parse(text));
+  return c;
+}
+
+nb::object json_to_py(const Json& j) {
+  return nb::module_::import_("json").attr("loads")(j.dump());
+}
+
+Json py_to_json(nb::handle h) {
+  if (nb::isinstance<nb::str>(h)) return Json::parse(nb::cast<std::string>(h));
+  return Json::parse(nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(h)));
+}
+
+// Runs `fn` with the GIL released and, when asked, with heuristics as the only config source.
+template <class Fn>
+auto run(bool heuristics_only, Fn&& fn) {
+  nb::gil_scoped_release unlocked;
+  ConfigSourceScope source(heuristics_only ? ConfigSource::kHeuristics : config_source());
+  return fn();
+}
+
+// --- autotuning ----------------------------------------------------------------------------
+
+// AutotuningResult plus the scopes `with result:` entered on it (a stack: the same result may be
+// entered again inside itself). A scope applies to the thread that entered it.
+struct PyResult {
+  AutotuningResult result;
+  std::vector<std::unique_ptr<AutotuningScope>> scopes;
+  PyResult() = default;
+  explicit PyResult(AutotuningResult r) : result(std::move(r)) {}
+  PyResult(const PyResult& other) : result(other.result) {}  // a copy enters no scope
+  PyResult(PyResult&&) = default;
+};
+
+AutotuneOptions autotune_options(bool ignore_cache, bool all_implementations,
+                                 std::optional<double> budget_s,
+                                 std::optional<double> measure_budget_s,
+                                 std::optional<int> max_candidates, uint64_t seed) {
+  AutotuneOptions o;
+  o.ignore_cache = ignore_cache;
+  o.all_implementations = all_implementations;
+  if (budget_s) o.budget_s = *budget_s;
+  if (measure_budget_s) o.measure_budget_s = *measure_budget_s;
+  if (max_candidates) o.max_candidates = *max_candidates;
+  o.seed = seed;
+  o.validate();
+  return o;
+}
+
+nb::list bound_list(const std::vector<BoundArguments>& v) {
+  nb::list l;
+  for (const auto& b : v) l.append(nb::cast(b));
+  return l;
+}
+
+void translate(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const InvalidArgument& e) {
+    PyErr_SetString(PyExc_ValueError, e.message().c_str());
+  } catch (const Unsupported& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.message().c_str());
+  } catch (const CacheMiss& e) {
+    PyErr_SetString(g_cache_miss_error, e.message().c_str());
+  } catch (const Json::exception& e) {
+    PyErr_SetString(PyExc_ValueError, (std::string("malformed JSON: ") + e.what()).c_str());
+  }
+}
+
+}  // namespace
+}  // namespace tokamax
+
+NB_MODULE(_core, m) {
+  using namespace tokamax;
+  m.doc() = "tokamax C++ kernels (see the tokamax_cpp package)";
+  g_cache_miss_error =
+      PyErr_NewExceptionWithDoc("tokamax_cpp.CacheMissError",
+                                "No tuned config for a call and the cache-miss policy is 'error'.",
+                                PyExc_LookupError, nullptr);
+  m.attr("CacheMissError") = nb::handle(g_cache_miss_error);
+  nb::register_exception_translator(translate);
+
+  m.def("version", &library_version);
+  m.def("device_kind", &device_kind);
+  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, "n"_a);
+
+  // --- ragged_dot ---
+  nb::class_<PackedRhs>(m, "PackedRhs",
+                        "Weights packed once for the native kernel (pack_rhs); immutable.")
+      .def_prop_ro("shape",
+                   [](const PackedRhs& p) {
+                     nb::list l;
+                     for (int64_t d : p.logical().shape) l.append(d);
+                     return nb::tuple(l);
+                   })
+      .def_prop_ro("dtype", [](const PackedRhs& p) { return dtype_name(p.logical().dtype); })
+      .def_prop_ro("dim_nums", [](const PackedRhs& p) { return dim_nums_name(p.dim_nums()); })
+      .def_prop_ro("bf16_dot", &PackedRhs::bf16_dot)
+      .def("__repr__", [](const PackedRhs& p) {
+        return "PackedRhs(" + p.logical().str() + ", " + std::string(dim_nums_name(p.dim_nums())) +
+               ")";
+      });
+
+  m.def(
+      "pack_rhs",
+      [](nb::handle rhs, std::string dim_nums, nb::handle precision) {
+        ArrayArgs args("pack_rhs");
+        const TensorView r = args.add(rhs, "rhs");
+        const RaggedDimNums d = parse_dim_nums(dim_nums);
+        const Precision p = precision_arg(precision);
+        return run(false, [&] { return pack_rhs(r, d, p); });
+      },
+      "rhs"_a, "dim_nums"_a = "forward", "precision"_a = nb::none());
+
+  auto ragged_options = [](nb::handle preferred, nb::handle activation, nb::handle precision,
+                           nb::handle implementation, nb::handle config,
+                           nb::handle representative) {
+    RaggedDotOptions o;
+    o.preferred_element_type = dtype_arg(preferred, "preferred_element_type");
+    o.activation = activation_arg(activation, Activation::kNone);
+    o.precision = precision_arg(precision);
+    Choice c = choice("ragged_dot", implementation, config);
+    o.implementation = std::move(c.implementation);
+    o.config = std::move(c.config);
+    if (!representative.is_none()) {
+      ArrayArgs a("ragged_dot");
+      o.representative_group_sizes = group_sizes_of(a, representative);
+    }
+    return o;
+  };
+
+  m.def(
+      "ragged_dot",
+      [ragged_options](nb::handle lhs, nb::handle rhs, nb::handle group_sizes,
+                       nb::handle preferred_element_type, nb::handle activation,
+                       nb::handle precision, nb::handle implementation, nb::handle config,
+                       nb::handle representative_group_sizes, nb::handle out,
+                       bool heuristics_only) -> nb::object {
+        ArrayArgs args("ragged_dot");
+        const TensorView l = args.add(lhs, "lhs");
+        const PackedRhs* packed = nb::inst_check(rhs) && nb::isinstance<PackedRhs>(rhs)
+                                      ? nb::inst_ptr<PackedRhs>(rhs)
+                                      : nullptr;
+        const TensorView r = packed ? TensorView() : args.add(rhs, "rhs");
+        const std::vector<int32_t> g = group_sizes_of(args, group_sizes);
+        const RaggedDotOptions o =
+            ragged_options(preferred_element_type, activation, precision, implementation, config,
+                           representative_group_sizes);
+        if (!out.is_none()) {
+          if (nb::hasattr(out, "flags") && !nb::cast<bool>(out.attr("flags").attr("writeable"))) {
+            throw InvalidArgument("ragged_dot: out is read-only; expected a writable array");
+          }
+          const TensorView ov = args.add(out, "out");
+          run(heuristics_only, [&] {
+            if (packed) {
+              ragged_dot_into(l, *packed, g, ov, o);
+            } else {
+              ragged_dot_into(l, r, g, ov, o);
+            }
+            return 0;
+          });
+          return nb::borrow(out);
+        }
+        Tensor t = run(heuristics_only, [&] {
+          return packed ? ragged_dot(l, *packed, g, o) : ragged_dot(l, r, g, o);
+        });
+        return wrap(std::move(t), args.torch());
+      },
+      "lhs"_a, "rhs"_a, "group_sizes"_a, nb::kw_only(), "preferred_element_type"_a = nb::none(),
+      "activation"_a = nb::none(), "precision"_a = nb::none(), "implementation"_a = nb::none(),
+      "config"_a = nb::none(), "representative_group_sizes"_a = nb::none(), "out"_a = nb::none(),
+      "heuristics_only"_a = false);
+
+  m.def(
+      "ragged_dot_general",
+      [ragged_options](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, std::string dim_nums,
+                       nb::handle preferred_element_type, nb::handle activation,
+                       nb::handle precision, nb::handle implementation, nb::handle config,
+                       bool heuristics_only) {
+        ArrayArgs args("ragged_dot_general");
+        const TensorView l = args.add(lhs, "lhs");
+        const TensorView r = args.add(rhs, "rhs");
+        const std::vector<int32_t> g = group_sizes_of(args, group_sizes);
+        const RaggedDimNums d = parse_dim_nums(dim_nums);
+        const RaggedDotOptions o = ragged_options(preferred_element_type, activation, precision,
+                                                  implementation, config, nb::none());
+        Tensor t = run(heuristics_only, [&] { return ragged_dot_general(l, r, g, d, o); });
+        return wrap(std::move(t), args.torch());
+      },
+      "lhs"_a, "rhs"_a, "group_sizes"_a, "dim_nums"_a, nb::kw_only(),
+      "preferred_element_type"_a = nb::none(), "activation"_a = nb::none(),
+      "precision"_a = nb::none(), "implementation"_a = nb::none(), "config"_a = nb::none(),
+      "heuristics_only"_a = false);
+
+  m.def(
+      "ragged_dot_vjp",
+      [ragged_options](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, nb::handle dout,
+                       nb::handle preferred_element_type, nb::handle activation,
+                       nb::handle precision, nb::handle implementation, bool heuristics_only) {
+        ArrayArgs args("ragged_dot_vjp");
+        const TensorView l = args.add(lhs, "lhs");
+        const TensorView r = args.add(rhs, "rhs");
+        const std::vector<int32_t> g = group_sizes_of(args, group_sizes);
+        const TensorView d = args.add(dout, "dout");
+        const RaggedDotOptions o = ragged_options(preferred_element_type, activation, precision,
+                                                  implementation, nb::none(), nb::none());
+        RaggedDotGrads grads = run(heuristics_only, [&] { return ragged_dot_vjp(l, r, g, d, o); });
+        return nb::make_tuple(wrap(std::move(grads.dlhs), args.torch()),
+                              wrap(std::move(grads.drhs), args.torch()));
+      },
+      "lhs"_a, "rhs"_a, "group_sizes"_a, "dout"_a, nb::kw_only(),
+      "preferred_element_type"_a = nb::none(), "activation"_a = nb::none(),
+      "precision"_a = nb::none(), "implementation"_a = nb::none(), "heuristics_only"_a = false);
+
+  // --- dot_product_attention ---
+  auto attention_options = [](ArrayArgs& args, nb::handle bias, nb::handle mask, nb::handle scale,
+                              bool is_causal, nb::handle q_lens, nb::handle kv_lens,
+                              nb::handle window, nb::handle soft_cap, nb::handle implementation,
+                              nb::handle config) {
+    AttentionOptions o;
+    o.bias = args.add_optional(bias, "bias");
+    o.mask = args.add_optional(mask, "mask");
+    if (!scale.is_none()) o.scale = nb::cast<double>(scale);
+    o.is_causal = is_causal;
+    o.q_seq_lengths = args.add_optional(q_lens, "query_seq_lengths");
+    o.kv_seq_lengths = args.add_optional(kv_lens, "key_value_seq_lengths");
+    if (!window.is_none()) {
+      auto w = nb::cast<std::pair<nb::object, nb::object>>(window);
+      // jax's convention: None on a side means unbounded.
+      const int64_t big = int64_t{1} << 40;
+      o.local_window_size = std::pair{w.first.is_none() ? big : nb::cast<int64_t>(w.first),
+                                      w.second.is_none() ? big : nb::cast<int64_t>(w.second)};
+    }
+    if (!soft_cap.is_none()) o.logits_soft_cap = nb::cast<double>(soft_cap);
+    Choice c = choice("dot_product_attention", implementation, config);
+    o.implementation = std::move(c.implementation);
+    o.config = std::move(c.config);
+    return o;
+  };
+
+  m.def(
+      "dot_product_attention",
+      [attention_options](nb::handle query, nb::handle key, nb::handle value, nb::handle bias,
+                          nb::handle mask, nb::handle scale, bool is_causal,
+                          nb::handle query_seq_lengths, nb::handle key_value_seq_lengths,
+                          nb::handle local_window_size, nb::handle logits_soft_cap,
+                          nb::handle implementation, nb::handle config, bool return_residuals,
+                          bool heuristics_only) -> nb::object {
+        ArrayArgs args("dot_product_attention");
+        const TensorView q = args.add(query, "query");
+        const TensorView k = args.add(key, "key");
+        const TensorView v = args.add(value, "value");
+        const AttentionOptions o = attention_options(
+            args, bias, mask, scale, is_causal, query_seq_lengths, key_value_seq_lengths,
+            local_window_size, logits_soft_cap, implementation, config);
+        if (!return_residuals) {
+          Tensor t = run(heuristics_only, [&] { return dot_product_attention(q, k, v, o); });
+          return wrap(std::move(t), args.torch());
+        }
+        AttentionResult r =
+            run(heuristics_only, [&] { return dot_product_attention_with_residuals(q, k, v, o); });
+        return nb::make_tuple(wrap(std::move(r.out), args.torch()),
+                              wrap(std::move(r.lse), args.torch()));
+      },
+      "query"_a, "key"_a, "value"_a, "bias"_a = nb::none(), "mask"_a = nb::none(), nb::kw_only(),
+      "scale"_a = nb::none(), "is_causal"_a = false, "query_seq_lengths"_a = nb::none(),
+      "key_value_seq_lengths"_a = nb::none(), "local_window_size"_a = nb::none(),
+      "logits_soft_cap"_a = nb::none(), "implementation"_a = nb::none(), "config"_a = nb::none(),
+      "return_residuals"_a = false, "heuristics_only"_a = false);
+
+  m.def(
+      "dot_product_attention_vjp",
+      [attention_options](nb::handle query, nb::handle key, nb::handle value, nb::handle out,
+                          nb::handle lse, nb::handle dout, nb::handle bias, nb::handle mask,
+                          nb::handle scale, bool is_causal, nb::handle query_seq_lengths,
+                          nb::handle key_value_seq_lengths, nb::handle local_window_size,
+                          nb::handle logits_soft_cap, nb::handle implementation, nb::handle config,
+                          bool heuristics_only) {
+        ArrayArgs args("dot_product_attention_vjp");
+        const TensorView q = args.add(query, "query");
+        const TensorView k = args.add(key, "key");
+        const TensorView v = args.add(value, "value");
+        const TensorView o_ = args.add(out, "out");
+        const TensorView l = args.add(lse, "lse");
+        const TensorView d = args.add(dout, "dout");
+        const AttentionOptions o = attention_options(
+            args, bias, mask, scale, is_causal, query_seq_lengths, key_value_seq_lengths,
+            local_window_size, logits_soft_cap, implementation, config);
+        AttentionGrads g =
+            run(heuristics_only, [&] { return dot_product_attention_vjp(q, k, v, o_, l, d, o); });
+        const bool t = args.torch();
+        return nb::make_tuple(wrap(std::move(g.dq), t), wrap(std::move(g.dk), t),
+                              wrap(std::move(g.dv), t),
+                              o.bias ? wrap(std::move(g.dbias), t) : nb::none());
+      },
+      "query"_a, "key"_a, "value"_a, "out"_a, "lse"_a, "dout"_a, "bias"_a = nb::none(),
+      "mask"_a = nb::none(), nb::kw_only(), "scale"_a = nb::none(), "is_causal"_a = false,
+      "query_seq_lengths"_a = nb::none(), "key_value_seq_lengths"_a = nb::none(),
+      "local_window_size"_a = nb::none(), "logits_soft_cap"_a = nb::none(),
+      "implementation"_a = nb::none(), "config"_a = nb::none(), "heuristics_only"_a = false);
+
+  // --- layer_norm / rms_norm ---
+  auto norm_options = [](int64_t axis, double epsilon, bool subtract_mean,
+                         nb::handle implementation, nb::handle config) {
+    LayerNormOptions o;
+    o.axis = axis;
+    o.epsilon = epsilon;
+    o.subtract_mean = subtract_mean;
+    Choice c = choice("layer_norm", implementation, config);
+    o.implementation = std::move(c.implementation);
+    o.config = std::move(c.config);
+    return o;
+  };
+  m.def(
+      "layer_norm",
+      [norm_options](nb::handle x, nb::handle scale, nb::handle offset, int64_t axis,
+                     double epsilon, bool subtract_mean, nb::handle implementation,
+                     nb::handle config, bool return_residuals, bool heuristics_only) -> nb::object {
+        ArrayArgs args("layer_norm");
+        const TensorView xv = args.add(x, "x");
+        const auto s = args.add_optional(scale, "scale");
+        const auto b = args.add_optional(offset, "offset");
+        const LayerNormOptions o =
+            norm_options(axis, epsilon, subtract_mean, implementation, config);
+        if (!return_residuals) {
+          Tensor y = run(heuristics_only, [&] { return layer_norm(xv, s, b, o); });
+          return wrap(std::move(y), args.torch());
+        }
+        LayerNormResult r =
+            run(heuristics_only, [&] { return layer_norm_with_residuals(xv, s, b, o); });
+        const bool t = args.torch();
+        return nb::make_tuple(wrap(std::move(r.y), t), nb::make_tuple(wrap(std::move(r.mean), t),
+                                                                      wrap(std::move(r.rstd), t)));
+      },
+      "x"_a, "scale"_a = nb::none(), "offset"_a = nb::none(), nb::kw_only(), "axis"_a = -1,
+      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a = nb::none(),
+      "config"_a = nb::none(), "return_residuals"_a = false, "heuristics_only"_a = false);
+
+  m.def(
+      "layer_norm_vjp",
+      [norm_options](nb::handle x, nb::handle scale, nb::handle offset, nb::handle mean,
+                     nb::handle rstd, nb::handle dy, int64_t axis, double epsilon,
+                     bool subtract_mean, nb::handle implementation, nb::handle config,
+                     bool heuristics_only) {
+        ArrayArgs args("layer_norm_vjp");
+        const TensorView xv = args.add(x, "x");
+        const auto s = args.add_optional(scale, "scale");
+        const auto b = args.add_optional(offset, "offset");
+        const TensorView mv = args.add(mean, "mean");
+        const TensorView rv = args.add(rstd, "rstd");
+        const TensorView dv = args.add(dy, "dy");
+        const LayerNormOptions o =
+            norm_options(axis, epsilon, subtract_mean, implementation, config);
+        LayerNormGrads g =
+            run(heuristics_only, [&] { return layer_norm_vjp(xv, s, b, mv, rv, dv, o); });
+        const bool t = args.torch();
+        return nb::make_tuple(wrap(std::move(g.dx), t),
+                              s ? wrap(std::move(g.dscale), t) : nb::none(),
+                              b ? wrap(std::move(g.doffset), t) : nb::none());
+      },
+      "x"_a, "scale"_a, "offset"_a, "mean"_a, "rstd"_a, "dy"_a, nb::kw_only(), "axis"_a = -1,
+      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a = nb::none(),
+      "config"_a = nb::none(), "heuristics_only"_a = false);
+
+  // --- gated_linear_unit ---
+  nb::class_<PackedGluWeights>(m, "PackedGluWeights",
+                               "GLU weights packed once for the native kernel; immutable.")
+      .def_prop_ro("k", &PackedGluWeights::k)
+      .def_prop_ro("n", &PackedGluWeights::n)
+      .def_prop_ro("dtype", [](const PackedGluWeights& p) { return dtype_name(p.dtype()); });
+  m.def(
+      "pack_glu_weights",
+      [](nb::handle weights) {
+        ArrayArgs args("pack_glu_weights");
+        if (nb::isinstance<nb::tuple>(weights) || nb::isinstance<nb::list>(weights)) {
+          auto pair = nb::cast<std::pair<nb::object, nb::object>>(weights);
+          const TensorView g = args.add(pair.first, "w_gate");
+          const TensorView u = args.add(pair.second, "w_up");
+          return run(false, [&] { return pack_glu_weights(g, u); });
+        }
+        const TensorView w = args.add(weights, "weights");
+        return run(false, [&] { return pack_glu_weights(w); });
+      },
+      "weights"_a);
+  auto glu_options = [](nb::handle activation, nb::handle implementation, nb::handle config) {
+    GluOptions o;
+    o.activation = activation_arg(activation, Activation::kNone);
+    Choice c = choice("gated_linear_unit", implementation, config);
+    o.implementation = std::move(c.implementation);
+    o.config = std::move(c.config);
+    return o;
+  };
+  m.def(
+      "gated_linear_unit",
+      [glu_options](nb::handle x, nb::handle weights, nb::handle activation,
+                    nb::handle implementation, nb::handle config, bool return_residuals,
+                    bool heuristics_only) -> nb::object {
+        ArrayArgs args("gated_linear_unit");
+        const TensorView xv = args.add(x, "x");
+        const GluOptions o = glu_options(activation, implementation, config);
+        if (nb::inst_check(weights) && nb::isinstance<PackedGluWeights>(weights)) {
+          if (return_residuals)
+            throw InvalidArgument(
+                "gated_linear_unit: return_residuals needs fused [K,2,N] weights, not packed ones");
+          const PackedGluWeights* p = nb::inst_ptr<PackedGluWeights>(weights);
+          Tensor t = run(heuristics_only, [&] { return gated_linear_unit(xv, *p, o); });
+          return wrap(std::move(t), args.torch());
+        }
+        if (nb::isinstance<nb::tuple>(weights) || nb::isinstance<nb::list>(weights)) {
+          if (return_residuals)
+            throw InvalidArgument(
+                "gated_linear_unit: return_residuals needs fused [K,2,N] weights, not a "
+                "(w_gate, w_up) pair");
+          auto pair = nb::cast<std::pair<nb::object, nb::object>>(weights);
+          const TensorView g = args.add(pair.first, "w_gate");
+          const TensorView u = args.add(pair.second, "w_up");
+          Tensor t = run(heuristics_only, [&] { return gated_linear_unit(xv, g, u, o); });
+          return wrap(std::move(t), args.torch());
+        }
+        const TensorView w = args.add(weights, "weights");
+        if (!return_residuals) {
+          Tensor t = run(heuristics_only, [&] { return gated_linear_unit(xv, w, o); });
+          return wrap(std::move(t), args.torch());
+        }
+        GluResult r =
+            run(heuristics_only, [&] { return gated_linear_unit_with_residuals(xv, w, o); });
+        return nb::make_tuple(wrap(std::move(r.out), args.torch()),
+                              wrap(std::move(r.h), args.torch()));
+      },
+      "x"_a, "weights"_a, nb::kw_only(), "activation"_a = nb::none(),
+      "implementation"_a = nb::none(), "config"_a = nb::none(), "return_residuals"_a = false,
+      "heuristics_only"_a = false);
+  m.def(
+      "gated_linear_unit_vjp",
+      [glu_options](nb::handle x, nb::handle weights, nb::handle h, nb::handle dout,
+                    nb::handle activation, nb::handle implementation, nb::handle config,
+                    bool heuristics_only) {
+        ArrayArgs args("gated_linear_unit_vjp");
+        const TensorView xv = args.add(x, "x");
+        const TensorView w = args.add(weights, "weights");
+        const TensorView hv = args.add(h, "h");
+        const TensorView d = args.add(dout, "dout");
+        const GluOptions o = glu_options(activation, implementation, config);
+        GluGrads g = run(heuristics_only, [&] { return gated_linear_unit_vjp(xv, w, hv, d, o); });
+        return nb::make_tuple(wrap(std::move(g.dx), args.torch()),
+                              wrap(std::move(g.dw), args.torch()));
+      },
+      "x"_a, "weights"_a, "h"_a, "dout"_a, nb::kw_only(), "activation"_a = nb::none(),
+      "implementation"_a = nb::none(), "config"_a = nb::none(), "heuristics_only"_a = false);
+
+  // --- linear_softmax_cross_entropy_loss ---
+  auto loss_options = [](const std::string& reduction, nb::handle implementation,
+                         nb::handle config) {
+    LossOptions o;
+    if (reduction == "sum") {
+      o.reduction = LossReduction::kSum;
+    } else if (reduction == "mean") {
+      o.reduction = LossReduction::kMean;
+    } else if (reduction == "none") {
+      o.reduction = LossReduction::kNone;
+    } else {
+      throw InvalidArgument("linear_softmax_cross_entropy_loss: reduction is '" + reduction +
+                            "'; expected 'sum', 'mean' or 'none'");
+    }
+    Choice c = choice("linear_softmax_cross_entropy_loss", implementation, config);
+    o.implementation = std::move(c.implementation);
+    o.config = std::move(c.config);
+    return o;
+  };
+  m.def(
+      "linear_softmax_cross_entropy_loss",
+      [loss_options](nb::handle x, nb::handle labels, nb::handle weights, std::string reduction,
+                     nb::handle implementation, nb::handle config, bool return_residuals,
+                     bool heuristics_only) -> nb::object {
+        ArrayArgs args("linear_softmax_cross_entropy_loss");
+        const TensorView xv = args.add(x, "x");
+        const TensorView lv = args.add(labels, "labels");
+        const TensorView w = args.add(weights, "weights");
+        const LossOptions o = loss_options(reduction, implementation, config);
+        if (!return_residuals) {
+          Tensor t =
+              run(heuristics_only, [&] { return linear_softmax_cross_entropy_loss(xv, lv, w, o); });
+          return wrap(std::move(t), args.torch());
+        }
+        LossResult r = run(heuristics_only, [&] {
+          return linear_softmax_cross_entropy_loss_with_residuals(xv, lv, w, o);
+        });
+        return nb::make_tuple(wrap(std::move(r.loss), args.torch()),
+                              wrap(std::move(r.lse), args.torch()));
+      },
+      "x"_a, "labels"_a, "weights"_a, nb::kw_only(), "reduction"_a = "sum",
+      "implementation"_a = nb::none(), "config"_a = nb::none(), "return_residuals"_a = false,
+      "heuristics_only"_a = false);
+  m.def(
+      "linear_softmax_cross_entropy_loss_vjp",
+      [loss_options](nb::handle x, nb::handle labels, nb::handle weights, nb::handle lse,
+                     nb::handle dloss, std::string reduction, nb::handle implementation,
+                     nb::handle config, bool heuristics_only) {
+        ArrayArgs args("linear_softmax_cross_entropy_loss_vjp");
+        const TensorView xv = args.add(x, "x");
+        const TensorView lv = args.add(labels, "labels");
+        const TensorView w = args.add(weights, "weights");
+        const TensorView s = args.add(lse, "lse");
+        const TensorView d = args.add(dloss, "dloss");
+        const LossOptions o = loss_options(reduction, implementation, config);
+        LossGrads g = run(heuristics_only, [&] {
+          return linear_softmax_cross_entropy_loss_vjp(xv, lv, w, s, d, o);
+        });
+        return nb::make_tuple(wrap(std::move(g.dx), args.torch()),
+                              wrap(std::move(g.dw), args.torch()));
+      },
+      "x"_a, "labels"_a, "weights"_a, "lse"_a, "dloss"_a, nb::kw_only(), "reduction"_a = "sum",
+      "implementation"_a = nb::none(), "config"_a = nb::none(), "heuristics_only"_a = false);
+
+  // --- configs: what a call would use, nothing run ---
+  m.def(
+      "query_configs",
+      [](nb::callable fn) {
+        ConfigQuery q;
+        fn();
+        nb::list out;
+        for (const ConfigQuery::Entry& e : q.calls()) {
+          nb::dict d;
+          d["op"] = e.family;
+          d["implementation"] = e.implementation;
+          d["heuristics"] = e.heuristics.is_null() ? nb::none() : json_to_py(e.heuristics.json());
+          d["config"] = e.ladder.config.is_null() ? nb::none() : json_to_py(e.ladder.config.json());
+          d["rung"] = std::string(rung_name(e.ladder.rung));
+          d["detail"] = e.ladder.detail;
+          out.append(d);
+        }
+        return out;
+      },
+      "fn"_a,
+      "Runs fn() with every op call on this thread resolved but not run (outputs unwritten); "
+      "returns, per call, its op, implementation, heuristics config and the config the ladder "
+      "(scopes, disk cache, heuristics) would choose.");
+
+  // --- autotuning ---
+  nb::class_<BoundArguments>(m, "BoundArguments",
+                             "An op call's identity: family, implementation, canonical argument "
+                             "spec (shapes, dtypes, statics; never array values).")
+      .def_prop_ro("op", &BoundArguments::family)
+      .def_prop_ro("implementation", &BoundArguments::implementation)
+      .def_prop_ro("key", &BoundArguments::key)
+      .def_prop_ro("arguments", [](const BoundArguments& b) { return json_to_py(b.arguments()); })
+      .def("to_json", [](const BoundArguments& b) { return b.to_json().dump(); })
+      .def_static(
+          "from_json", [](nb::handle j) { return BoundArguments::from_json(py_to_json(j)); },
+          "json"_a)
+      .def("__eq__",
+           [](const BoundArguments& a, const BoundArguments& b) {
+             return a.family() == b.family() && a.implementation() == b.implementation() &&
+                    a.key() == b.key();
+           })
+      .def("__hash__",
+           [](const BoundArguments& b) {
+             return nb::hash(nb::make_tuple(b.family(), b.implementation(), b.key()));
+           })
+      .def("__repr__", [](const BoundArguments& b) {
+        return "BoundArguments(" + b.family() + "/" +
+               (b.implementation().empty() ? "*" : b.implementation()) + ", " + b.key() + ")";
+      });
+  m.def("dump_bound_args",
+        [](const std::vector<BoundArguments>& l) { return BoundArguments::dumps_list(l); });
+  m.def(
+      "load_bound_args",
+      [](const std::string& text) { return bound_list(BoundArguments::loads_list(text)); },
+      "text"_a);
+  m.def(
+      "get_bound_args",
+      [](nb::callable fn, nb::args args) {
+        CallRecorder rec;
+        fn(*args);
+        return bound_list(rec.calls());
+      },
+      "fn"_a, "args"_a, "The bound arguments of every op call fn(*args) makes on this thread.");
+
+  nb::class_<PyResult>(m, "AutotuningResult",
+                       "Tuned configs per key. `with result:` applies them to the op calls made "
+                       "on the entering thread (a C++ thread-local scope: other threads, such as "
+                       "a thread pool's, do not see it); scopes nest, innermost first.")
+      .def(nb::init<>())
+      .def_prop_ro("device_kind", [](const PyResult& r) { return r.result.device_kind(); })
+      .def_prop_ro("tokamax_version", [](const PyResult& r) { return r.result.tokamax_version(); })
+      .def_prop_ro("data",
+                   [](const PyResult& r) {
+                     nb::list l;
+                     for (const auto& [b, d] : r.result.data())
+                       l.append(nb::make_tuple(nb::cast(b), json_to_py(d.to_json())));
+                     return l;
+                   })
+      .def("__len__", [](const PyResult& r) { return r.result.data().size(); })
+      .def("dumps", [](const PyResult& r) { return r.result.dumps(); })
+      .def_static(
+          "loads", [](const std::string& text) { return PyResult(AutotuningResult::loads(text)); },
+          "text"_a)
+      .def(
+          "dump", [](const PyResult& r, const std::string& path) { r.result.dump(path); }, "path"_a)
+      .def_static(
+          "load", [](const std::string& path) { return PyResult(AutotuningResult::load(path)); },
+          "path"_a)
+      .def(
+          "dump_cache", [](const PyResult& r, const std::string& dir) { r.result.dump_cache(dir); },
+          "dir"_a = "")
+      .def("__or__",
+           [](const PyResult& a, const PyResult& b) { return PyResult(a.result | b.result); })
+      .def("__enter__",
+           [](nb::handle self) {
+             PyResult& r = nb::cast<PyResult&>(self);
+             r.scopes.push_back(std::make_unique<AutotuningScope>(r.result));
+             return nb::borrow(self);
+           })
+      .def("__exit__",
+           [](PyResult& r, nb::handle, nb::handle, nb::handle) {
+             if (!r.scopes.empty()) r.scopes.pop_back();
+             return false;
+           })
+      .def("__repr__", [](const PyResult& r) {
+        return "AutotuningResult(device_kind=" + r.result.device_kind() + ", " +
+               std::to_string(r.result.data().size()) + " keys)";
+      });
+
+  m.def(
+      "autotune_fn",
+      [](nb::callable fn, nb::tuple args, bool ignore_cache, bool all_implementations,
+         std::optional<double> budget_s, std::optional<double> measure_budget_s,
+         std::optional<int> max_candidates, uint64_t seed) {
+        AutotuneOptions o = autotune_options(ignore_cache, all_implementations, budget_s,
+                                             measure_budget_s, max_candidates, seed);
+        std::function<void()> body = [&] {
+          nb::gil_scoped_acquire locked;
+          fn(*args);
+        };
+        nb::gil_scoped_release unlocked;
+        return PyResult(autotune(body, o));
+      },
+      "fn"_a, "args"_a, "ignore_cache"_a = false, "all_implementations"_a = false,
+      "budget_s"_a = nb::none(), "measure_budget_s"_a = nb::none(), "max_candidates"_a = nb::none(),
+      "seed"_a = 0);
+  m.def(
+      "autotune_bound_args",
+      [](const std::vector<BoundArguments>& list, bool ignore_cache, bool all_implementations,
+         std::optional<double> budget_s, std::optional<double> measure_budget_s,
+         std::optional<int> max_candidates, uint64_t seed) {
+        AutotuneOptions o = autotune_options(ignore_cache, all_implementations, budget_s,
+                                             measure_budget_s, max_candidates, seed);
+        nb::gil_scoped_release unlocked;
+        return PyResult(Autotuner(o).tune_all(list));
+      },
+      "bound_args"_a, "ignore_cache"_a = false, "all_implementations"_a = false,
+      "budget_s"_a = nb::none(), "measure_budget_s"_a = nb::none(), "max_candidates"_a = nb::none(),
+      "seed"_a = 0);
+}
