@@ -1,6 +1,6 @@
 # Thin wrapper: `make run` (the main job) and `make test` (every test through ctest).
 JOBS ?= 2
-.PHONY: deps build run test asan fuzz clean
+.PHONY: deps build run test test-python asan fuzz clean
 
 deps:
 	@scripts/install-deps
@@ -23,8 +23,14 @@ run: build
 	  --trace build/trace_moe_block.json -o build/report.html
 	@echo "open $(CURDIR)/build/report.html"
 
+# The C++ tests, then the Python package's (scripts/test-python: a virtual environment under
+# build/ with pinned dependencies, `pip install .`, pytest).
 test: build
 	ctest --preset release -j$(JOBS)
+	scripts/test-python
+
+test-python: deps
+	scripts/test-python
 
 asan: deps
 	cmake --preset asan >/dev/null

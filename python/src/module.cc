@@ -421,7 +421,7 @@ NB_MODULE(_core, m) {
         const Precision p = precision_arg(precision);
         return run(false, [&] { return pack_rhs(r, d, p); });
       },
-      "rhs"_a, "dim_nums"_a = "forward", "precision"_a = nb::none());
+      "rhs"_a.none(), "dim_nums"_a = "forward", "precision"_a.none() = nb::none());
 
   auto ragged_options = [](nb::handle preferred, nb::handle activation, nb::handle precision,
                            nb::handle implementation, nb::handle config,
@@ -477,9 +477,9 @@ NB_MODULE(_core, m) {
         });
         return wrap(std::move(t), args.torch());
       },
-      "lhs"_a, "rhs"_a, "group_sizes"_a, nb::kw_only(), "preferred_element_type"_a = nb::none(),
-      "activation"_a = nb::none(), "precision"_a = nb::none(), "implementation"_a = nb::none(),
-      "config"_a = nb::none(), "representative_group_sizes"_a = nb::none(), "out"_a = nb::none(),
+      "lhs"_a.none(), "rhs"_a.none(), "group_sizes"_a.none(), nb::kw_only(), "preferred_element_type"_a.none() = nb::none(),
+      "activation"_a.none() = nb::none(), "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "representative_group_sizes"_a.none() = nb::none(), "out"_a.none() = nb::none(),
       "heuristics_only"_a = false);
 
   m.def(
@@ -498,9 +498,9 @@ NB_MODULE(_core, m) {
         Tensor t = run(heuristics_only, [&] { return ragged_dot_general(l, r, g, d, o); });
         return wrap(std::move(t), args.torch());
       },
-      "lhs"_a, "rhs"_a, "group_sizes"_a, "dim_nums"_a, nb::kw_only(),
-      "preferred_element_type"_a = nb::none(), "activation"_a = nb::none(),
-      "precision"_a = nb::none(), "implementation"_a = nb::none(), "config"_a = nb::none(),
+      "lhs"_a.none(), "rhs"_a.none(), "group_sizes"_a.none(), "dim_nums"_a, nb::kw_only(),
+      "preferred_element_type"_a.none() = nb::none(), "activation"_a.none() = nb::none(),
+      "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
       "heuristics_only"_a = false);
 
   m.def(
@@ -519,9 +519,9 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(grads.dlhs), args.torch()),
                               wrap(std::move(grads.drhs), args.torch()));
       },
-      "lhs"_a, "rhs"_a, "group_sizes"_a, "dout"_a, nb::kw_only(),
-      "preferred_element_type"_a = nb::none(), "activation"_a = nb::none(),
-      "precision"_a = nb::none(), "implementation"_a = nb::none(), "heuristics_only"_a = false);
+      "lhs"_a.none(), "rhs"_a.none(), "group_sizes"_a.none(), "dout"_a.none(), nb::kw_only(),
+      "preferred_element_type"_a.none() = nb::none(), "activation"_a.none() = nb::none(),
+      "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   // --- dot_product_attention ---
   auto attention_options = [](ArrayArgs& args, nb::handle bias, nb::handle mask, nb::handle scale,
@@ -573,10 +573,10 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(r.out), args.torch()),
                               wrap(std::move(r.lse), args.torch()));
       },
-      "query"_a, "key"_a, "value"_a, "bias"_a = nb::none(), "mask"_a = nb::none(), nb::kw_only(),
-      "scale"_a = nb::none(), "is_causal"_a = false, "query_seq_lengths"_a = nb::none(),
-      "key_value_seq_lengths"_a = nb::none(), "local_window_size"_a = nb::none(),
-      "logits_soft_cap"_a = nb::none(), "implementation"_a = nb::none(), "config"_a = nb::none(),
+      "query"_a.none(), "key"_a.none(), "value"_a.none(), "bias"_a.none() = nb::none(), "mask"_a.none() = nb::none(), nb::kw_only(),
+      "scale"_a.none() = nb::none(), "is_causal"_a = false, "query_seq_lengths"_a.none() = nb::none(),
+      "key_value_seq_lengths"_a.none() = nb::none(), "local_window_size"_a.none() = nb::none(),
+      "logits_soft_cap"_a.none() = nb::none(), "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
       "return_residuals"_a = false, "heuristics_only"_a = false);
 
   m.def(
@@ -604,11 +604,11 @@ NB_MODULE(_core, m) {
                               wrap(std::move(g.dv), t),
                               o.bias ? wrap(std::move(g.dbias), t) : nb::none());
       },
-      "query"_a, "key"_a, "value"_a, "out"_a, "lse"_a, "dout"_a, "bias"_a = nb::none(),
-      "mask"_a = nb::none(), nb::kw_only(), "scale"_a = nb::none(), "is_causal"_a = false,
-      "query_seq_lengths"_a = nb::none(), "key_value_seq_lengths"_a = nb::none(),
-      "local_window_size"_a = nb::none(), "logits_soft_cap"_a = nb::none(),
-      "implementation"_a = nb::none(), "config"_a = nb::none(), "heuristics_only"_a = false);
+      "query"_a.none(), "key"_a.none(), "value"_a.none(), "out"_a.none(), "lse"_a.none(), "dout"_a.none(), "bias"_a.none() = nb::none(),
+      "mask"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(), "is_causal"_a = false,
+      "query_seq_lengths"_a.none() = nb::none(), "key_value_seq_lengths"_a.none() = nb::none(),
+      "local_window_size"_a.none() = nb::none(), "logits_soft_cap"_a.none() = nb::none(),
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   // --- layer_norm / rms_norm ---
   auto norm_options = [](int64_t axis, double epsilon, bool subtract_mean,
@@ -643,9 +643,9 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(r.y), t), nb::make_tuple(wrap(std::move(r.mean), t),
                                                                       wrap(std::move(r.rstd), t)));
       },
-      "x"_a, "scale"_a = nb::none(), "offset"_a = nb::none(), nb::kw_only(), "axis"_a = -1,
-      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a = nb::none(),
-      "config"_a = nb::none(), "return_residuals"_a = false, "heuristics_only"_a = false);
+      "x"_a.none(), "scale"_a.none() = nb::none(), "offset"_a.none() = nb::none(), nb::kw_only(), "axis"_a = -1,
+      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "return_residuals"_a = false, "heuristics_only"_a = false);
 
   m.def(
       "layer_norm_vjp",
@@ -669,9 +669,10 @@ NB_MODULE(_core, m) {
                               s ? wrap(std::move(g.dscale), t) : nb::none(),
                               b ? wrap(std::move(g.doffset), t) : nb::none());
       },
-      "x"_a, "scale"_a, "offset"_a, "mean"_a, "rstd"_a, "dy"_a, nb::kw_only(), "axis"_a = -1,
-      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a = nb::none(),
-      "config"_a = nb::none(), "heuristics_only"_a = false);
+      "x"_a.none(), "scale"_a.none(), "offset"_a.none(), "mean"_a.none(), "rstd"_a.none(), "dy"_a.none(), nb::kw_only(),
+      "axis"_a = -1,
+      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   // --- gated_linear_unit ---
   nb::class_<PackedGluWeights>(m, "PackedGluWeights",
@@ -692,7 +693,7 @@ NB_MODULE(_core, m) {
         const TensorView w = args.add(weights, "weights");
         return run(false, [&] { return pack_glu_weights(w); });
       },
-      "weights"_a);
+      "weights"_a.none());
   auto glu_options = [](nb::handle activation, nb::handle implementation, nb::handle config) {
     GluOptions o;
     o.activation = activation_arg(activation, Activation::kNone);
@@ -738,8 +739,8 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(r.out), args.torch()),
                               wrap(std::move(r.h), args.torch()));
       },
-      "x"_a, "weights"_a, nb::kw_only(), "activation"_a = nb::none(),
-      "implementation"_a = nb::none(), "config"_a = nb::none(), "return_residuals"_a = false,
+      "x"_a.none(), "weights"_a.none(), nb::kw_only(), "activation"_a.none() = nb::none(),
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "return_residuals"_a = false,
       "heuristics_only"_a = false);
   m.def(
       "gated_linear_unit_vjp",
@@ -756,8 +757,8 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(g.dx), args.torch()),
                               wrap(std::move(g.dw), args.torch()));
       },
-      "x"_a, "weights"_a, "h"_a, "dout"_a, nb::kw_only(), "activation"_a = nb::none(),
-      "implementation"_a = nb::none(), "config"_a = nb::none(), "heuristics_only"_a = false);
+      "x"_a.none(), "weights"_a.none(), "h"_a.none(), "dout"_a.none(), nb::kw_only(), "activation"_a.none() = nb::none(),
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   // --- linear_softmax_cross_entropy_loss ---
   auto loss_options = [](const std::string& reduction, nb::handle implementation,
@@ -799,8 +800,8 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(r.loss), args.torch()),
                               wrap(std::move(r.lse), args.torch()));
       },
-      "x"_a, "labels"_a, "weights"_a, nb::kw_only(), "reduction"_a = "sum",
-      "implementation"_a = nb::none(), "config"_a = nb::none(), "return_residuals"_a = false,
+      "x"_a.none(), "labels"_a.none(), "weights"_a.none(), nb::kw_only(), "reduction"_a = "sum",
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "return_residuals"_a = false,
       "heuristics_only"_a = false);
   m.def(
       "linear_softmax_cross_entropy_loss_vjp",
@@ -820,8 +821,8 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(g.dx), args.torch()),
                               wrap(std::move(g.dw), args.torch()));
       },
-      "x"_a, "labels"_a, "weights"_a, "lse"_a, "dloss"_a, nb::kw_only(), "reduction"_a = "sum",
-      "implementation"_a = nb::none(), "config"_a = nb::none(), "heuristics_only"_a = false);
+      "x"_a.none(), "labels"_a.none(), "weights"_a.none(), "lse"_a.none(), "dloss"_a.none(), nb::kw_only(), "reduction"_a = "sum",
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   // --- configs: what a call would use, nothing run ---
   m.def(
@@ -926,7 +927,9 @@ NB_MODULE(_core, m) {
            [](PyResult& r, nb::handle, nb::handle, nb::handle) {
              if (!r.scopes.empty()) r.scopes.pop_back();
              return false;
-           })
+           },
+           // A normal exit passes (None, None, None): nanobind refuses None unless allowed.
+           nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none())
       .def("__repr__", [](const PyResult& r) {
         return "AutotuningResult(device_kind=" + r.result.device_kind() + ", " +
                std::to_string(r.result.data().size()) + " keys)";
