@@ -12,6 +12,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
@@ -101,6 +102,13 @@ nb::dlpack::dtype to_dlpack(DType t) {
   return make(C::Float, 32);
 }
 
+// str(h), as Python computes it.
+std::string py_str(nb::handle h) {
+  nb::object s = nb::steal(PyObject_Str(h.ptr()));
+  if (!s.is_valid()) throw nb::python_error();
+  return nb::cast<std::string>(s);
+}
+
 std::string py_type_name(nb::handle h) { return nb::type_name(h.type()).c_str(); }
 
 // The arrays of one call: their views, kept alive until the call returns.
@@ -111,6 +119,15 @@ class ArrayArgs {
   TensorView add(nb::handle h, const char* name) {
     nb::ndarray<> a;
     if (h.is_none() || !nb::try_cast(h, a, /*convert=*/false)) {
+      PyErr_Clear();  // a failed __dlpack__ export may leave its error set
+      // A tensor DLPack cannot export here, such as one on torch's meta device.
+      if (!h.is_none() && nb::hasattr(h, "device")) {
+        const std::string device = py_str(h.attr("device"));
+        if (device.rfind("cpu", 0) != 0 && device.find("Cpu") == std::string::npos) {
+          throw InvalidArgument(std::string(op_) + ": " + name + " is on device " + device +
+                                "; this build of tokamax serves CPU arrays only");
+        }
+      }
       throw InvalidArgument(std::string(op_) + ": " + name + " is a " + py_type_name(h) +
                             "; expected an array (numpy, or a DLPack producer such as a torch "
                             "tensor or a jax array)");
@@ -187,7 +204,7 @@ std::vector<int32_t> group_sizes_of(ArrayArgs& args, nb::handle h) {
       if (x < 0 || x > INT32_MAX || PyErr_Occurred()) {
         PyErr_Clear();
         throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
-                              "] = " + nb::str(v).c_str() + "; expected a size in [0, 2^31)");
+                              "] = " + py_str(v) + "; expected a size in [0, 2^31)");
       }
       out.push_back(static_cast<int32_t>(x));
       ++i;
@@ -254,7 +271,7 @@ std::optional<std::string> name_of(nb::handle h) {
   if (nb::hasattr(h, "name") && nb::isinstance<nb::str>(h.attr("name")))
     return nb::cast<std::string>(h.attr("name"));  // numpy dtypes, jax.lax.Precision
   if (nb::hasattr(h, "__name__")) return nb::cast<std::string>(h.attr("__name__"));  // jnp types
-  return std::string(nb::str(h).c_str());                                            // torch
+  return py_str(h);                                            // torch
 }
 
 std::string lower(std::string s) {

@@ -1,0 +1,899 @@
+"""Peer comparison: tokamax_cpp against what a user of each ecosystem would call on this CPU.
+
+    python -m tokamax_cpp.bench_peers --op ragged_dot --tag primary
+    python -m tokamax_cpp.bench_peers --op dot_product_attention --tag primary --rounds 7
+    python -m tokamax_cpp.bench_peers --op ragged_dot --spec memory_bound --json out.json
+
+Workloads are the library's own named argument specs (``tokamax specs --op OP --json``; see
+``load_specs`` for where they are looked up). Inputs are generated once per spec with numpy
+(standard normal values, seeded) and handed to every peer, converted to its array type outside
+the timed region.
+
+Peers, ragged_dot: a loop of per-group ``torch.mm`` on slices writing into one output (what a
+PyTorch user writes; on f32 x bf16 specs twice: weights upcast per group, and lhs cast to bf16
+for a bf16 matmul), ``torch._grouped_mm`` (where it runs on this CPU), ``jax.lax.ragged_dot``
+under ``jax.jit`` on XLA:CPU, Google's ``tokamax.ragged_dot`` under ``jax.jit`` (its default
+implementation on a CPU), and ours: ``tokamax_cpp.ragged_dot`` (default dispatch) and the same
+with weights packed once by ``tokamax_cpp.pack_rhs``.
+Peers, dot_product_attention: ``torch.nn.functional.scaled_dot_product_attention`` (inputs
+transposed to [B,N,T,H] outside the timed region; GQA through enable_gqa; bias and mask, which
+SDPA takes as one attn_mask, combined inside the timed region), ``jax.nn.dot_product_attention``
+and Google's ``tokamax.dot_product_attention`` under ``jax.jit``, and ``tokamax_cpp``'s.
+
+Threads: one count n for everyone (default os.cpu_count()): torch.set_num_threads(n),
+tokamax_cpp.set_num_threads(n), and XLA_FLAGS="--xla_cpu_multi_thread_eigen=true
+intra_op_parallelism_threads=n" set before jax is imported. XLA's flag parser ignores the
+second word (it is not an XLA flag; only words starting with "--" are parsed): XLA:CPU sizes
+its thread pool from the CPUs the process may run on, so when n is below that count the process
+is also pinned to n CPUs (sched_setaffinity, before any library starts its threads; every peer
+then runs on the same n CPUs). ``--no-pin`` turns the pinning off.
+
+Measurement: each peer is warmed up (the first call compiles the jax ones) and its output
+checked against ours (``check_close``: max |peer - ours| over the RMS of ours, at most 1e-3 for
+f32 and 5e-2 where bf16 is involved); a peer that fails the check is reported as a mismatch and
+not timed. Then interleaved rounds: each round times every peer once, in a fresh random order;
+a sample is the mean of enough back-to-back calls to last --min-sample-ms (calls block on
+their result). Per peer: the median sample, and the per-round ratio peer / ours (ours = the
+default-dispatch row), summarised as the median of the ratios and their min-max range (above 1:
+ours is faster). Per spec: the fastest torch/XLA peer (Google tokamax counts as XLA) and our
+speedup over it, against the project's targets: >= 1.5x on decode specs (tag "decode"),
+>= 1.0x on the others (prefill).
+
+Output: markdown tables on stdout (progress on stderr); --json PATH writes every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+DECODE_TARGET = 1.5
+PREFILL_TARGET = 1.0
+TOL_F32 = 1e-3
+TOL_BF16 = 5e-2
+
+
+# --------------------------------------------------------------------------------------------
+# Threads
+
+
+def configure_threads(n: int, pin: bool = True) -> dict:
+    """Sets XLA_FLAGS for n threads and (pin, n below the usable CPUs) pins the process to n
+    CPUs. Call before torch, jax or tokamax_cpp start threads. Returns what was done."""
+    info: dict[str, Any] = {"threads": n}
+    flags = os.environ.get("XLA_FLAGS", "").strip()
+    add = f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={n}"
+    if not flags:
+        os.environ["XLA_FLAGS"] = add
+    elif flags.startswith("--") and add not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {add}"
+    # else: XLA_FLAGS names a flags file; left as it is.
+    info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    info["jax_imported_before"] = "jax" in sys.modules
+    if hasattr(os, "sched_getaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        if pin and n < len(cpus):
+            os.sched_setaffinity(0, cpus[:n])
+            cpus = cpus[:n]
+            info["pinned"] = True
+        info["cpus"] = cpus
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# Specs
+
+
+def find_cli(explicit: str | None = None) -> str | None:
+    """The `tokamax` command-line tool: --cli, $TOKAMAX_CLI, `tokamax` on PATH, else
+    build/release/tokamax (or release/tokamax) in the working directory, this file's directory
+    or one of their parents (the source tree's build, the installed copy's venv under build/)."""
+    for c in (explicit, os.environ.get("TOKAMAX_CLI")):
+        if c:
+            return c
+    which = shutil.which("tokamax")
+    if which:
+        return which
+    for start in (pathlib.Path.cwd(), pathlib.Path(__file__).resolve().parent):
+        for d in (start, *start.parents):
+            for rel in ("build/release/tokamax", "release/tokamax"):
+                p = d / rel
+                if p.is_file() and os.access(p, os.X_OK):
+                    return str(p)
+    return None
+
+
+def load_specs(op: str, tag: str | None = None, name: str | None = None, *,
+               cli: str | None = None, specs_json: str | None = None) -> tuple[list[dict], str]:
+    """The named specs of an op family, as `tokamax specs --json` lists them: dicts with name,
+    op, tags and arguments. From, in order: a --specs-json file (that list), a binding
+    tokamax_cpp.arg_specs(op, tag) if the package has one, the `tokamax` CLI (find_cli).
+    With `name`, that spec only (tag ignored). Returns (specs, where they came from)."""
+    if specs_json:
+        specs = json.loads(pathlib.Path(specs_json).read_text())
+        source = f"file {specs_json}"
+    else:
+        import tokamax_cpp
+
+        binding = getattr(tokamax_cpp, "arg_specs", None) or getattr(tokamax_cpp._core,
+                                                                      "arg_specs", None)
+        if binding is not None:
+            specs = binding(op, None)
+            if isinstance(specs, str):
+                specs = json.loads(specs)
+            source = "tokamax_cpp.arg_specs"
+        else:
+            exe = find_cli(cli)
+            if exe is None:
+                raise SystemExit(
+                    "bench_peers: no spec source: tokamax_cpp has no arg_specs binding and the "
+                    "`tokamax` CLI was not found; pass --cli PATH (e.g. build/release/tokamax), set "
+                    "TOKAMAX_CLI, or pass --specs-json FILE")
+            cmd = [exe, "specs", "--op", op, "--json"]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                raise SystemExit(f"bench_peers: {' '.join(cmd)} failed: {r.stderr.strip()}")
+            specs = json.loads(r.stdout)
+            source = " ".join(cmd)
+    specs = [s for s in specs if s.get("op", op) == op]
+    if name is not None:
+        found = [s for s in specs if s["name"] == name]
+        if not found:
+            raise SystemExit(f"bench_peers: no {op} spec named {name!r}; have: "
+                             + ", ".join(s["name"] for s in specs))
+        return found, source
+    if tag is not None:
+        specs = [s for s in specs if tag in s.get("tags", [])]
+    if not specs:
+        raise SystemExit(f"bench_peers: no {op} specs with tag {tag!r}")
+    return specs, source
+
+
+_SD = re.compile(r"\s*([a-z]+\d*)\[([0-9,\s]*)\]\s*")
+
+
+def dtype_of(name: str):
+    import ml_dtypes
+
+    table = {"f32": np.float32, "f64": np.float64, "f16": np.float16,
+             "bf16": ml_dtypes.bfloat16, "bool": np.bool_, "pred": np.bool_, "i32": np.int32,
+             "s32": np.int32, "i64": np.int64, "s64": np.int64, "i8": np.int8, "u8": np.uint8}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}")
+    return np.dtype(table[name])
+
+
+def parse_shape_dtype(text: str) -> tuple[str, tuple[int, ...]]:
+    """'f32[2048,1024]' -> ('f32', (2048, 1024))."""
+    m = _SD.fullmatch(text)
+    if not m:
+        raise ValueError(f"not a shape-dtype: {text!r}")
+    dims = tuple(int(d) for d in m.group(2).split(",") if d.strip())
+    return m.group(1), dims
+
+
+_M64 = (1 << 64) - 1
+
+
+def generate_group_sizes(total: int, groups: int, seed: int = 0) -> np.ndarray:
+    """The group sizes the library gives a spec's {"num_groups": G, "total_size": T}: each of
+    the T rows goes to group floor(u * G), u the counter-based uniform of the library's
+    Tensor::uniform (seed ^ 0x5eed, index = row). A transcription of
+    tokamax::rdot::generate_group_sizes (src/ops/ragged_dot/base.cc, seed 0 there), so that
+    these are the sizes `tokamax bench` and the autotuner run on the same spec."""
+    if groups <= 0:
+        return np.zeros(0, np.int32)
+    s = (seed ^ 0x5EED) & _M64
+    base = (s * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _M64
+    z = np.arange(total, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03) + np.uint64(base)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    u = (z >> np.uint64(11)).astype(np.float64) * (2.0 ** -53)
+    g = np.minimum(groups - 1, (u * groups).astype(np.int64))
+    return np.bincount(g, minlength=groups).astype(np.int32)
+
+
+def spec_group_sizes(gs: Any) -> np.ndarray:
+    if isinstance(gs, dict):
+        return generate_group_sizes(int(gs["total_size"]), int(gs["num_groups"]))
+    return np.asarray(gs, np.int32)
+
+
+def _randn(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
+
+
+def make_inputs(op: str, args: dict, seed: int = 0) -> dict:
+    """numpy inputs for a spec's arguments (float: standard normal; bool masks: ~90% true,
+    key 0 always true so that no row is fully masked; sequence lengths in [1, S])."""
+    rng = np.random.default_rng(seed)
+    if op == "ragged_dot":
+        known = {"lhs", "rhs", "group_sizes", "preferred_element_type", "dimension_numbers",
+                 "activation", "precision", "packed_rhs"}
+        extra = sorted(set(args) - known)
+        if extra:
+            raise NotImplementedError(f"spec arguments {extra} not supported here")
+        if args.get("dimension_numbers", "forward") != "forward":
+            raise NotImplementedError("only forward dimension numbers")
+        if args.get("activation", "none") != "none":
+            raise NotImplementedError("only activation none")
+        ldt, lsh = parse_shape_dtype(args["lhs"])
+        rdt, rsh = parse_shape_dtype(args["rhs"])
+        gs = spec_group_sizes(args["group_sizes"])
+        if len(gs) != rsh[0] or gs.sum() > lsh[0]:
+            raise ValueError(f"group sizes {gs.tolist()} do not fit lhs {lsh} / rhs {rsh}")
+        return {"lhs": _randn(rng, lsh, dtype_of(ldt)), "rhs": _randn(rng, rsh, dtype_of(rdt)),
+                "group_sizes": gs, "dtypes": (ldt, rdt)}
+    if op == "dot_product_attention":
+        known = {"q", "k", "v", "is_causal", "bias", "mask", "scale", "kv_seq_lengths",
+                 "q_seq_lengths", "local_window_size", "logits_soft_cap"}
+        extra = sorted(set(args) - known)
+        if extra:
+            raise NotImplementedError(f"spec arguments {extra} not supported here")
+        out: dict[str, Any] = {}
+        for k in ("q", "k", "v", "bias"):
+            if k in args:
+                dt, sh = parse_shape_dtype(args[k])
+                out[k] = _randn(rng, sh, dtype_of(dt))
+        if "mask" in args:
+            _, sh = parse_shape_dtype(args["mask"])
+            m = rng.random(sh) < 0.9
+            m[..., 0] = True
+            out["mask"] = m
+        s = out["k"].shape[-3]
+        t = out["q"].shape[-3]
+        for k, n in (("kv_seq_lengths", s), ("q_seq_lengths", t)):
+            if k in args:
+                _, sh = parse_shape_dtype(args[k])
+                out[k] = rng.integers(1, n + 1, size=sh, dtype=np.int32)
+        out["is_causal"] = bool(args.get("is_causal", False))
+        out["scale"] = args.get("scale")
+        out["local_window_size"] = args.get("local_window_size")
+        out["logits_soft_cap"] = args.get("logits_soft_cap")
+        out["dtypes"] = (parse_shape_dtype(args["q"])[0],)
+        return out
+    raise NotImplementedError(f"op {op!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Correctness
+
+
+def to_f32(x: Any) -> np.ndarray:
+    """Any peer's result as a float32 numpy array (torch tensors, jax arrays, numpy)."""
+    if type(x).__module__.startswith("torch"):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x).astype(np.float32)
+
+
+def tolerance(dtypes: Sequence[str]) -> float:
+    return TOL_BF16 if any(d in ("bf16", "f16") for d in dtypes) else TOL_F32
+
+
+def check_close(ref: Any, got: Any, tol: float) -> tuple[bool, float, str]:
+    """Is `got` ours (`ref`) up to `tol`? The error is max |got - ref| over the RMS of ref, so
+    one tolerance serves outputs of any magnitude (allclose with atol = tol * rms(ref), rtol 0).
+    Non-finite values must sit where ref has them. Returns (ok, error, why not)."""
+    ref = np.asarray(ref, np.float64)
+    got = np.asarray(got, np.float64)
+    if ref.shape != got.shape:
+        return False, math.inf, f"shape {got.shape}, expected {ref.shape}"
+    fin = np.isfinite(ref)
+    if not np.array_equal(fin, np.isfinite(got)):
+        n = int(np.count_nonzero(fin != np.isfinite(got)))
+        return False, math.inf, f"{n} non-finite values where ours has none (or vice versa)"
+    if ref.size == 0:
+        return True, 0.0, ""
+    rms = float(np.sqrt(np.mean(np.square(ref[fin])))) if fin.any() else 0.0
+    diff = np.abs(got[fin] - ref[fin])
+    err = float(diff.max() / (rms if rms > 0 else 1.0)) if diff.size else 0.0
+    if err <= tol:
+        return True, err, ""
+    return False, err, f"max|peer-ours|/rms(ours) = {err:.3g} > {tol:g}"
+
+
+# --------------------------------------------------------------------------------------------
+# Peers
+
+
+@dataclasses.dataclass
+class Peer:
+    name: str
+    kind: str  # "ours", "torch" or "xla"
+    fn: Callable[[], Any] | None = None  # one call, returns once the result is ready
+    note: str = ""
+    skip: str | None = None  # why it does not run
+    compare: Callable[[Any], np.ndarray] = to_f32  # its result, as ours is laid out, in f32
+
+
+class Libs:
+    """The peer libraries, imported once (after configure_threads)."""
+
+    def __init__(self, threads: int):
+        import tokamax_cpp
+
+        self.tokamax_cpp = tokamax_cpp
+        tokamax_cpp.set_num_threads(threads)
+        self.errors: dict[str, str] = {}
+        try:
+            import torch
+
+            torch.set_num_threads(threads)
+            self.torch = torch
+        except Exception as e:  # noqa: BLE001
+            self.torch = None
+            self.errors["torch"] = f"{type(e).__name__}: {e}"
+        try:
+            import jax
+            import jax.numpy as jnp
+
+            self.jax, self.jnp = jax, jnp
+        except Exception as e:  # noqa: BLE001
+            self.jax = self.jnp = None
+            self.errors["jax"] = f"{type(e).__name__}: {e}"
+        self.gtokamax = None
+        if self.jax is not None:
+            try:
+                import tokamax as gtokamax
+
+                self.gtokamax = gtokamax
+            except Exception as e:  # noqa: BLE001
+                self.errors["tokamax"] = f"{type(e).__name__}: {e}"
+
+    def versions(self) -> dict:
+        import importlib.metadata as md
+
+        v = {"python": platform.python_version(), "numpy": np.__version__,
+             "tokamax_cpp": self.tokamax_cpp.__version__}
+        for mod, dist in (("torch", "torch"), ("jax", "jax"), ("gtokamax", "tokamax")):
+            if getattr(self, mod) is not None:
+                try:
+                    v[dist] = md.version(dist)
+                except md.PackageNotFoundError:
+                    v[dist] = getattr(getattr(self, mod), "__version__", "?")
+        try:
+            import jaxlib  # noqa: F401
+
+            v["jaxlib"] = md.version("jaxlib")
+        except Exception:  # noqa: BLE001
+            pass
+        return v
+
+
+def _torch_of(torch, a: np.ndarray):
+    """A torch tensor sharing a numpy array's memory (ml_dtypes bfloat16 through int16)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _jax_fn(jax, f, args):
+    def call():
+        return f(*args).block_until_ready()
+
+    return call
+
+
+def _lowering_note(jax, f, args) -> str:
+    try:
+        text = jax.jit(f).lower(*args).as_text()
+    except Exception:  # noqa: BLE001
+        return ""
+    calls = sorted(set(re.findall(r'custom_call\s*@(\w+)|call_target_name\s*=\s*"([^"]+)"',
+                                  text)) - {("", "")})
+    names = sorted({a or b for a, b in calls})
+    return "lowers to XLA ops" if not names else "custom calls: " + ", ".join(names)
+
+
+def _make(name: str, kind: str, build: Callable[[], tuple[Callable[[], Any], str]],
+          compare: Callable[[Any], np.ndarray] = to_f32) -> Peer:
+    try:
+        fn, note = build()
+        return Peer(name, kind, fn, note, compare=compare)
+    except Exception as e:  # noqa: BLE001
+        return Peer(name, kind, None, skip=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+
+
+def _ours_config_note(tc, call) -> str:
+    try:
+        q = tc.query_configs(call)
+        if q:
+            return f"{q[0]['implementation']}, config: {q[0]['rung']}"
+    except Exception:  # noqa: BLE001
+        pass
+    return ""
+
+
+def ragged_dot_peers(inp: dict, libs: Libs) -> list[Peer]:
+    lhs, rhs, gs = inp["lhs"], inp["rhs"], inp["group_sizes"]
+    ldt, rdt = inp["dtypes"]
+    mixed = ldt != rdt
+    tc = libs.tokamax_cpp
+    peers: list[Peer] = []
+
+    def ours():
+        call = lambda: tc.ragged_dot(lhs, rhs, gs)  # noqa: E731
+        return call, _ours_config_note(tc, call)
+
+    peers.append(_make("tokamax_cpp.ragged_dot", "ours", ours))
+
+    def ours_packed():
+        packed = tc.pack_rhs(rhs)
+        call = lambda: tc.ragged_dot(lhs, packed, gs)  # noqa: E731
+        return call, "weights packed once, outside timing; " + _ours_config_note(tc, call)
+
+    peers.append(_make("tokamax_cpp.ragged_dot (pack_rhs)", "ours", ours_packed))
+
+    total = int(gs.sum())
+    bounds = []
+    start = 0
+    for g, s in enumerate(gs.tolist()):
+        if s:
+            bounds.append((g, start, start + s))
+        start += s
+
+    torch = libs.torch
+    if torch is None:
+        peers.append(Peer("torch", "torch", skip=libs.errors.get("torch", "no torch")))
+    else:
+        x, w = _torch_of(torch, lhs), _torch_of(torch, rhs)
+        n = w.shape[2]
+        out_dtype = x.dtype
+
+        def loop_upcast():
+            def call():
+                out = torch.empty(total, n, dtype=out_dtype)
+                for g, s, e in bounds:
+                    torch.mm(x[s:e], w[g].to(out_dtype), out=out[s:e])
+                return out
+
+            note = "mm per non-empty group into one output"
+            return call, note + ("; weights upcast to f32 per group" if mixed else "")
+
+        peers.append(_make("torch loop of mm" + (" (w.float())" if mixed else ""), "torch",
+                           loop_upcast))
+        if mixed:
+            def loop_bf16():
+                def call():
+                    xb = x.to(w.dtype)
+                    out = torch.empty(total, n, dtype=out_dtype)
+                    for g, s, e in bounds:
+                        out[s:e] = torch.mm(xb[s:e], w[g])
+                    return out
+
+                return call, "lhs cast to bf16 per call, bf16 mm per group, result to f32"
+
+            peers.append(_make("torch loop of mm (bf16)", "torch", loop_bf16))
+
+        def grouped():
+            offs = torch.from_numpy(np.cumsum(gs).astype(np.int32))
+            if not hasattr(torch, "_grouped_mm"):
+                raise NotImplementedError(f"torch {torch.__version__} has no _grouped_mm")
+            if mixed:
+                call = lambda: torch._grouped_mm(x, w, offs=offs)  # noqa: E731
+                try:
+                    call()
+                    return call, "mixed dtypes accepted"
+                except RuntimeError:
+                    pass  # mixed dtypes refused (torch 2.15): lhs cast to bf16 instead
+                call = lambda: torch._grouped_mm(x.to(w.dtype), w, offs=offs)  # noqa: E731
+                call()
+                return call, "f32 x bf16 refused; lhs cast to bf16 per call, bf16 out"
+            call = lambda: torch._grouped_mm(x, w, offs=offs)  # noqa: E731
+            call()  # raises here where this CPU/dtype is unsupported
+            return call, ""
+
+        peers.append(_make("torch._grouped_mm" + (" (x.bfloat16())" if mixed else ""), "torch",
+                           grouped))
+
+    jax = libs.jax
+    if jax is None:
+        peers.append(Peer("jax", "xla", skip=libs.errors.get("jax", "no jax")))
+    else:
+        jl, jr, jg = (jax.device_put(a) for a in (lhs, rhs, gs))
+
+        def lax_rd():
+            f = jax.jit(jax.lax.ragged_dot)
+            return _jax_fn(jax, f, (jl, jr, jg)), ""
+
+        peers.append(_make("jax.lax.ragged_dot (jit)", "xla", lax_rd))
+        gt = libs.gtokamax
+        if gt is None:
+            peers.append(Peer("tokamax.ragged_dot (Google)", "xla",
+                              skip=libs.errors.get("tokamax", "no tokamax")))
+        else:
+            def google():
+                g = lambda a, b, c: gt.ragged_dot(a, b, c)  # noqa: E731
+                f = jax.jit(g)
+                return _jax_fn(jax, f, (jl, jr, jg)), "default implementation; " + \
+                    _lowering_note(jax, g, (jl, jr, jg))
+
+            peers.append(_make("tokamax.ragged_dot (Google, jit)", "xla", google))
+
+    # Rows past the groups' total are not part of the result (torch's hold only the total).
+    for p in peers:
+        inner = p.compare
+        p.compare = lambda r, inner=inner: inner(r)[:total]
+    return peers
+
+
+def attention_peers(inp: dict, libs: Libs) -> list[Peer]:
+    q, k, v = inp["q"], inp["k"], inp["v"]
+    bias, mask = inp.get("bias"), inp.get("mask")
+    causal, scale = inp["is_causal"], inp["scale"]
+    kvl, ql = inp.get("kv_seq_lengths"), inp.get("q_seq_lengths")
+    window, cap = inp["local_window_size"], inp["logits_soft_cap"]
+    tc = libs.tokamax_cpp
+    peers: list[Peer] = []
+    kw: dict[str, Any] = {"is_causal": causal}
+    if scale is not None:
+        kw["scale"] = scale
+
+    def extra_kw(for_jax_nn: bool = False) -> dict:
+        e: dict[str, Any] = {}
+        if kvl is not None:
+            e["key_value_seq_lengths"] = kvl
+        if ql is not None:
+            e["query_seq_lengths"] = ql
+        if window is not None:
+            e["local_window_size"] = tuple(window) if isinstance(window, list) else window
+        if cap is not None:
+            if for_jax_nn:
+                raise NotImplementedError("jax.nn.dot_product_attention has no logits_soft_cap")
+            e["logits_soft_cap"] = cap
+        return e
+
+    def ours():
+        e = extra_kw()
+        call = lambda: tc.dot_product_attention(q, k, v, bias, mask, **kw, **e)  # noqa: E731
+        return call, _ours_config_note(tc, call)
+
+    peers.append(_make("tokamax_cpp.dot_product_attention", "ours", ours))
+
+    torch = libs.torch
+    if torch is None:
+        peers.append(Peer("torch SDPA", "torch", skip=libs.errors.get("torch", "no torch")))
+    else:
+        def sdpa():
+            if kvl is not None or ql is not None or window is not None or cap is not None:
+                raise NotImplementedError("SDPA takes no sequence lengths, window or soft cap")
+            F = torch.nn.functional
+            tq, tk, tv = (_torch_of(torch, a).transpose(1, 2).contiguous() for a in (q, k, v))
+            gqa = tq.shape[1] != tk.shape[1]
+            skw: dict[str, Any] = {"enable_gqa": gqa} if gqa else {}
+            if scale is not None:
+                skw["scale"] = scale
+            notes = ["inputs [B,N,T,H], transposed outside timing"]
+            if gqa:
+                notes.append("enable_gqa")
+            if bias is None and mask is None:
+                call = lambda: F.scaled_dot_product_attention(  # noqa: E731
+                    tq, tk, tv, is_causal=causal, **skw)
+            else:
+                if causal:
+                    raise NotImplementedError("SDPA takes is_causal or attn_mask, not both")
+                tb = _torch_of(torch, bias) if bias is not None else None
+                tm = torch.from_numpy(mask) if mask is not None else None
+                neg = torch.tensor(float("-inf"), dtype=tq.dtype)
+
+                def call():
+                    if tb is None:
+                        am = tm
+                    elif tm is None:
+                        am = tb
+                    else:
+                        am = torch.where(tm, tb.to(tq.dtype), neg)
+                    return F.scaled_dot_product_attention(tq, tk, tv, attn_mask=am, **skw)
+
+                if tb is not None and tm is not None:
+                    notes.append("attn_mask = where(mask, bias, -inf) built per call")
+            return call, "; ".join(notes)
+
+        peers.append(_make("torch SDPA", "torch", sdpa,
+                           compare=lambda r: to_f32(r.transpose(1, 2))))
+
+    jax = libs.jax
+    if jax is None:
+        peers.append(Peer("jax", "xla", skip=libs.errors.get("jax", "no jax")))
+    else:
+        jq, jk, jv = (jax.device_put(a) for a in (q, k, v))
+        jb = jax.device_put(bias) if bias is not None else None
+        jm = jax.device_put(mask) if mask is not None else None
+
+        def jnn():
+            e = {key: (jax.device_put(val) if isinstance(val, np.ndarray) else val)
+                 for key, val in extra_kw(for_jax_nn=True).items()}
+            g = lambda a, b, c, d, m: jax.nn.dot_product_attention(  # noqa: E731
+                a, b, c, bias=d, mask=m, **kw, **e)
+            f = jax.jit(g)
+            return _jax_fn(jax, f, (jq, jk, jv, jb, jm)), ""
+
+        peers.append(_make("jax.nn.dot_product_attention (jit)", "xla", jnn))
+        gt = libs.gtokamax
+        if gt is None:
+            peers.append(Peer("tokamax.dot_product_attention (Google)", "xla",
+                              skip=libs.errors.get("tokamax", "no tokamax")))
+        else:
+            def google():
+                e = {key: (jax.device_put(val) if isinstance(val, np.ndarray) else val)
+                     for key, val in extra_kw().items()}
+                g = lambda a, b, c, d, m: gt.dot_product_attention(  # noqa: E731
+                    a, b, c, bias=d, mask=m, **kw, **e)
+                f = jax.jit(g)
+                args = (jq, jk, jv, jb, jm)
+                return _jax_fn(jax, f, args), "default implementation; " + \
+                    _lowering_note(jax, g, args)
+
+            peers.append(_make("tokamax.dot_product_attention (Google, jit)", "xla", google))
+    return peers
+
+
+PEER_BUILDERS = {"ragged_dot": ragged_dot_peers, "dot_product_attention": attention_peers}
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement
+
+
+def _sample(fn: Callable[[], Any], reps: int) -> float:
+    """Seconds per call, the mean over `reps` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def _fmt_err(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+
+
+def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sample_ms: float,
+               max_seconds: float | None = None, seed: int = 0,
+               log: Callable[[str], None] = lambda s: None) -> dict:
+    """Checks and times one spec's peers (the first "ours" peer is the reference) in
+    interleaved rounds. Returns the spec's result: per peer its status, check error, calls per
+    sample, samples (ms), per-round ratios to ours and their summary."""
+    rows: list[dict] = []
+    for p in peers:
+        rows.append({"peer": p.name, "kind": p.kind, "note": p.note, "status": "ok",
+                     "check_error": None, "calls_per_sample": 0, "samples_ms": [],
+                     "ratios": [], "median_ms": None, "ratio_median": None,
+                     "ratio_min": None, "ratio_max": None})
+        if p.skip:
+            rows[-1]["status"] = "skipped"
+            rows[-1]["note"] = p.skip
+    ref_i = next((i for i, p in enumerate(peers) if p.kind == "ours" and not p.skip), None)
+    if ref_i is None:
+        raise RuntimeError(f"{spec['name']}: our implementation cannot run: "
+                           + "; ".join(str(p.skip) for p in peers if p.kind == "ours"))
+    # Reference first, then everyone's first call (compiles jax) and check.
+    order = [ref_i] + [i for i in range(len(peers)) if i != ref_i]
+    ref = None
+    for i in order:
+        p, row = peers[i], rows[i]
+        if p.skip:
+            continue
+        try:
+            out = p.fn()
+            got = p.compare(out)
+            del out
+        except Exception as e:  # noqa: BLE001
+            if i == ref_i:
+                raise
+            row["status"] = "error"
+            row["note"] = _fmt_err(e)
+            log(f"  {p.name}: error: {row['note']}")
+            continue
+        if i == ref_i:
+            ref = got
+            row["check_error"] = 0.0
+            continue
+        ok, err, why = check_close(ref, got, tol)
+        row["check_error"] = err if math.isfinite(err) else None
+        if not ok:
+            row["status"] = "mismatch"
+            row["note"] = why + ("; " + row["note"] if row["note"] else "")
+            log(f"  {p.name}: MISMATCH: {why}")
+    del ref
+    timed = [i for i in range(len(peers)) if rows[i]["status"] == "ok"]
+    # Warm-up and calls per sample: >= 2 calls and ~min_sample_ms of calls, then enough calls
+    # for a sample to last min_sample_ms at the best per-call time seen.
+    min_s = min_sample_ms / 1e3
+    for i in timed:
+        fn = peers[i].fn
+        best, spent, calls = math.inf, 0.0, 0
+        while calls < 2 or (spent < min_s and calls < 1000):
+            t = _sample(fn, 1)
+            best, spent, calls = min(best, t), spent + t, calls + 1
+        rows[i]["calls_per_sample"] = max(1, min(100000, math.ceil(min_s / max(best, 1e-9))))
+    rng = random.Random(seed)
+    t_start = time.perf_counter()
+    done = 0
+    for r in range(rounds):
+        order = list(timed)
+        rng.shuffle(order)
+        sample = {}
+        for i in order:
+            sample[i] = _sample(peers[i].fn, rows[i]["calls_per_sample"]) * 1e3
+        for i in timed:
+            rows[i]["samples_ms"].append(sample[i])
+            rows[i]["ratios"].append(sample[i] / sample[ref_i])
+        done += 1
+        if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
+            break
+    for i in timed:
+        row = rows[i]
+        row["median_ms"] = statistics.median(row["samples_ms"])
+        row["ratio_median"] = statistics.median(row["ratios"])
+        row["ratio_min"], row["ratio_max"] = min(row["ratios"]), max(row["ratios"])
+    tags = spec.get("tags", [])
+    target = DECODE_TARGET if "decode" in tags else PREFILL_TARGET
+    others = [rows[i] for i in timed if peers[i].kind != "ours"]
+    fastest = min(others, key=lambda row: row["median_ms"]) if others else None
+    return {"name": spec["name"], "op": spec.get("op"), "tags": tags,
+            "arguments": spec.get("arguments"), "rounds": done, "tolerance": tol,
+            "reference": peers[ref_i].name, "peers": rows,
+            "fastest_peer": fastest["peer"] if fastest else None,
+            "speedup_vs_fastest": fastest["ratio_median"] if fastest else None,
+            "speedup_range": [fastest["ratio_min"], fastest["ratio_max"]] if fastest else None,
+            "target": target,
+            "meets_target": (fastest["ratio_median"] >= target) if fastest else None}
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def _ratio(row: dict) -> str:
+    if row["ratio_median"] is None:
+        return "-"
+    return f"{row['ratio_median']:.2f} [{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]"
+
+
+def format_tables(results: list[dict]) -> str:
+    lines = ["| spec | dtype | peer | median ms | ratio vs ours [range] | note |",
+             "|---|---|---|---:|---|---|"]
+    for res in results:
+        for row in res["peers"]:
+            if row["status"] == "ok":
+                ratio = "1 (ours)" if row["peer"] == res["reference"] else _ratio(row)
+                note = row["note"]
+            else:
+                ratio = row["status"].upper()
+                note = row["note"]
+            lines.append(f"| {res['name']} | {res['dtype']} | {row['peer']} | "
+                         f"{_ms(row['median_ms'])} | {ratio} | {note.replace('|', '/')} |")
+    lines += ["", "Ours vs the fastest torch/XLA peer (speedup = median of per-round ratios "
+              "peer / ours; target >= 1.5x on decode specs, >= 1.0x on prefill):", "",
+              "| spec | fastest peer | peer ms | ours ms | speedup [range] | target | met |",
+              "|---|---|---:|---:|---|---:|---|"]
+    for res in results:
+        ours = next(r for r in res["peers"] if r["peer"] == res["reference"])
+        if res["fastest_peer"] is None:
+            lines.append(f"| {res['name']} | (none ran) | - | {_ms(ours['median_ms'])} | - | "
+                         f"{res['target']:g}x | - |")
+            continue
+        f = next(r for r in res["peers"] if r["peer"] == res["fastest_peer"])
+        lines.append(f"| {res['name']} | {f['peer']} | {_ms(f['median_ms'])} | "
+                     f"{_ms(ours['median_ms'])} | {_ratio(f)} | {res['target']:g}x | "
+                     f"{'yes' if res['meets_target'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tokamax_cpp.bench_peers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", required=True, choices=sorted(PEER_BUILDERS))
+    ap.add_argument("--tag", default="primary", help="specs with this tag (default primary)")
+    ap.add_argument("--spec", help="one spec by name (the tag is then ignored)")
+    ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds (default 11)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="threads for every library (default os.cpu_count())")
+    ap.add_argument("--min-sample-ms", type=float, default=20.0,
+                    help="a sample's minimum duration (default 20)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="per spec: no new round once the rounds took this long (>= 1 round)")
+    ap.add_argument("--peers", help="comma-separated substrings: only peers whose name has one "
+                    "(ours always runs)")
+    ap.add_argument("--seed", type=int, default=0, help="inputs and round order (default 0)")
+    ap.add_argument("--json", dest="json_path", help="write every sample here")
+    ap.add_argument("--cli", help="the tokamax CLI for the specs (default: found, see load_specs)")
+    ap.add_argument("--specs-json", help="read the specs from this file (a `tokamax specs "
+                    "--json` list) instead")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="do not pin the process to --threads CPUs")
+    a = ap.parse_args(argv)
+    if a.rounds < 1 or a.threads < 1 or a.min_sample_ms <= 0:
+        ap.error("--rounds and --threads must be >= 1, --min-sample-ms > 0")
+    return a
+
+
+def spec_dtype(inp: dict) -> str:
+    d = inp["dtypes"]
+    return d[0] if len(set(d)) == 1 else " x ".join(d)
+
+
+def main(argv: Sequence[str] | None = None, *,
+         extra_peers: Callable[[dict, dict, Libs], list[Peer]] | None = None) -> int:
+    """The command line. `extra_peers(spec, inputs, libs)` adds peers (tests)."""
+    a = parse_args(argv)
+    thread_info = configure_threads(a.threads, pin=not a.no_pin)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    specs, source = load_specs(a.op, a.tag, a.spec, cli=a.cli, specs_json=a.specs_json)
+    libs = Libs(a.threads)
+    wanted = [w.strip() for w in a.peers.split(",")] if a.peers else None
+    meta = {"op": a.op, "tag": None if a.spec else a.tag, "spec": a.spec, "rounds": a.rounds,
+            "min_sample_ms": a.min_sample_ms, "max_seconds": a.max_seconds, "seed": a.seed,
+            "spec_source": source, "device_kind": libs.tokamax_cpp.device_kind(),
+            "cpu_count": os.cpu_count(), "tokamax_cpp_threads": libs.tokamax_cpp.num_threads(),
+            "torch_threads": libs.torch.get_num_threads() if libs.torch else None,
+            "versions": libs.versions(), "import_errors": libs.errors, **thread_info,
+            "tolerances": {"f32": TOL_F32, "bf16": TOL_BF16},
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    log(f"bench_peers: {len(specs)} {a.op} spec(s) from {source}; {a.threads} thread(s); "
+        f"{a.rounds} round(s), samples >= {a.min_sample_ms:g} ms")
+    results = []
+    for spec in specs:
+        t0 = time.perf_counter()
+        log(f"{spec['name']} {json.dumps(spec['arguments'])}")
+        try:
+            inp = make_inputs(a.op, spec["arguments"], a.seed)
+        except (NotImplementedError, ValueError) as e:
+            log(f"  skipped: {e}")
+            continue
+        peers = PEER_BUILDERS[a.op](inp, libs)
+        if extra_peers is not None:
+            peers += extra_peers(spec, inp, libs)
+        if wanted:
+            peers = [p for p in peers if p.kind == "ours" or any(w in p.name for w in wanted)]
+        res = bench_spec(spec, peers, tol=tolerance(inp["dtypes"]), rounds=a.rounds,
+                         min_sample_ms=a.min_sample_ms, max_seconds=a.max_seconds, seed=a.seed,
+                         log=log)
+        res["dtype"] = spec_dtype(inp)
+        if "group_sizes" in inp:
+            res["group_sizes"] = inp["group_sizes"].tolist()
+        res["seconds"] = time.perf_counter() - t0
+        results.append(res)
+        summary = ", ".join(f"{r['peer']} {_ms(r['median_ms'])}" if r["status"] == "ok"
+                            else f"{r['peer']} {r['status']}" for r in res["peers"])
+        log(f"  {res['rounds']} round(s) in {res['seconds']:.1f} s: {summary}")
+        del peers, inp
+        gc.collect()
+    print(format_tables(results))
+    if a.json_path:
+        pathlib.Path(a.json_path).write_text(json.dumps({"meta": meta, "specs": results},
+                                                        indent=1))
+        log(f"wrote {a.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
