@@ -15,9 +15,11 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +43,31 @@ nb::object torch_tensor_type() {
     if (modules.contains("torch")) type = modules["torch"].attr("Tensor");
   }
   return type;
+}
+
+// torch's dtype and layout objects (singletons), looked up with its Tensor type.
+struct TorchTypes {
+  std::vector<std::pair<nb::object, DType>> dtypes;
+  nb::object strided;
+};
+
+const TorchTypes& torch_types() {
+  static TorchTypes t;
+  if (!t.strided.is_valid()) {
+    nb::module_ torch = nb::module_::import_("torch");
+    for (const auto& [name, d] : {std::pair{"float32", DType::kF32},
+                                  {"bfloat16", DType::kBF16},
+                                  {"float16", DType::kF16},
+                                  {"float64", DType::kF64},
+                                  {"int32", DType::kI32},
+                                  {"int64", DType::kI64},
+                                  {"uint8", DType::kU8},
+                                  {"bool", DType::kBool}}) {
+      t.dtypes.emplace_back(torch.attr(name), d);
+    }
+    t.strided = torch.attr("strided");
+  }
+  return t;
 }
 
 bool is_torch(nb::handle h) {
@@ -116,8 +143,30 @@ class ArrayArgs {
  public:
   explicit ArrayArgs(const char* op) : op_(op) {}
 
+  // Inputs are read only: requested as read-only so that producers which flag their DLPack
+  // export read-only (jax arrays, numpy arrays with writeable=False) are accepted.
   TensorView add(nb::handle h, const char* name) {
-    nb::ndarray<> a;
+    if (is_torch(h)) return add_torch(h, name);
+    return add_as<nb::ndarray<nb::ro>>(h, name);
+  }
+  // An output buffer the op writes into.
+  TensorView add_writable(nb::handle h, const char* name) {
+    if (is_torch(h)) return add_torch(h, name);
+    nb::ndarray<> w;
+    if (!h.is_none() && nb::try_cast(h, w, /*convert=*/false)) return accept(h, w, name);
+    PyErr_Clear();
+    nb::ndarray<nb::ro> ro;
+    if (!h.is_none() && nb::try_cast(h, ro, /*convert=*/false)) {
+      throw InvalidArgument(std::string(op_) + ": " + name +
+                            " is read-only; expected a writable array");
+    }
+    PyErr_Clear();
+    return add_as<nb::ndarray<>>(h, name);  // the message for what is no array at all
+  }
+
+  template <class Array>
+  TensorView add_as(nb::handle h, const char* name) {
+    Array a;
     if (h.is_none() || !nb::try_cast(h, a, /*convert=*/false)) {
       PyErr_Clear();  // a failed __dlpack__ export may leave its error set
       // A tensor DLPack cannot export here, such as one on torch's meta device.
@@ -132,9 +181,7 @@ class ArrayArgs {
                             "; expected an array (numpy, or a DLPack producer such as a torch "
                             "tensor or a jax array)");
     }
-    if (first_ && is_torch(h)) torch_ = true;
-    first_ = false;
-    return view(a, name);
+    return accept(h, a, name);
   }
 
   std::optional<TensorView> add_optional(nb::handle h, const char* name) {
@@ -142,51 +189,118 @@ class ArrayArgs {
     return add(h, name);
   }
 
+  TensorView add_torch(nb::handle h, const char* name) {
+    if (first_) torch_ = true;
+    first_ = false;
+    return torch_view(h, name);
+  }
+
+  template <class Array>
+  TensorView accept(nb::handle h, const Array& a, const char* name) {
+    if (first_ && is_torch(h)) torch_ = true;
+    first_ = false;
+    return view(a, name);
+  }
+
   // Whether outputs are torch tensors (the first array was one).
   bool torch() const { return torch_; }
   const char* op() const { return op_; }
 
  private:
-  TensorView view(const nb::ndarray<>& a, const char* name) {
-    std::string spec = "(";
-    for (size_t i = 0; i < a.ndim(); ++i) spec += (i ? "," : "") + std::to_string(a.shape(i));
-    spec += a.ndim() == 1 ? ",)" : ")";
+  template <class Array>
+  TensorView view(const Array& a, const char* name) {
+    Shape shape(a.ndim());
+    std::vector<int64_t> strides(a.ndim());
+    for (size_t i = 0; i < a.ndim(); ++i) {
+      shape[i] = static_cast<int64_t>(a.shape(i));
+      strides[i] = a.stride(i);
+    }
     if (a.device_type() != nb::device::cpu::value) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " " + spec + " is on DLPack device " +
-                            std::to_string(a.device_type()) +
+      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
+                            " is on DLPack device " + std::to_string(a.device_type()) +
                             "; this build of tokamax serves CPU arrays only (move it with "
                             ".cpu() or jax.device_get)");
     }
     const std::optional<DType> dt = from_dlpack(a.dtype());
     if (!dt) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " " + spec +
+      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
                             " has a dtype tokamax does not read (DLPack code " +
                             std::to_string(a.dtype().code) + ", " + std::to_string(a.dtype().bits) +
                             " bits); expected float32, bfloat16, int32, int64 or bool");
     }
-    Shape shape(a.ndim());
+    if constexpr (std::is_same_v<Array, nb::ndarray<>>) {
+      keep_.push_back(a);
+    } else {
+      keep_ro_.push_back(a);
+    }
+    return contiguous_view(name, const_cast<void*>(static_cast<const void*>(a.data())), *dt,
+                           std::move(shape), strides);
+  }
+
+  // A torch tensor read through its attributes: DLPack's export costs torch a few microseconds
+  // a tensor (Tensor.__dlpack__ is Python), these reads a fraction of one. The caller holds the
+  // tensor for the call's duration.
+  TensorView torch_view(nb::handle h, const char* name) {
+    const TorchTypes& t = torch_types();
+    if (h.attr("layout").ptr() != t.strided.ptr()) {
+      throw InvalidArgument(std::string(op_) + ": " + name + " has layout " +
+                            py_str(h.attr("layout")) + "; expected a dense (strided) tensor");
+    }
+    if (!nb::cast<bool>(h.attr("is_cpu"))) {
+      throw InvalidArgument(std::string(op_) + ": " + name + " is on device " +
+                            py_str(h.attr("device")) +
+                            "; this build of tokamax serves CPU arrays only (move it with .cpu())");
+    }
+    const nb::object dtype = h.attr("dtype");
+    std::optional<DType> dt;
+    for (const auto& [obj, d] : t.dtypes) {
+      if (dtype.ptr() == obj.ptr()) dt = d;
+    }
+    const nb::tuple sizes = nb::borrow<nb::tuple>(h.attr("shape"));
+    const nb::tuple steps = nb::borrow<nb::tuple>(h.attr("stride")());
+    Shape shape(sizes.size());
+    std::vector<int64_t> strides(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      shape[i] = nb::cast<int64_t>(sizes[i]);
+      strides[i] = nb::cast<int64_t>(steps[i]);
+    }
+    if (!dt) {
+      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
+                            " has dtype " + py_str(dtype) +
+                            "; expected float32, bfloat16, int32, int64 or bool");
+    }
+    void* data = reinterpret_cast<void*>(nb::cast<uintptr_t>(h.attr("data_ptr")()));
+    return contiguous_view(name, data, *dt, std::move(shape), strides);
+  }
+
+  // The view, after refusing a strided layout (a silent copy would hide a slow path).
+  TensorView contiguous_view(const char* name, void* data, DType dt, Shape shape,
+                             const std::vector<int64_t>& strides) {
     int64_t expect = 1;
     bool contiguous = true;
-    for (size_t i = a.ndim(); i-- > 0;) {
-      shape[i] = static_cast<int64_t>(a.shape(i));
-      if (shape[i] != 1 && a.stride(i) != expect) contiguous = false;
+    for (size_t i = shape.size(); i-- > 0;) {
+      if (shape[i] != 1 && strides[i] != expect) contiguous = false;
       expect *= shape[i];
     }
     if (!contiguous && expect > 0) {
-      std::string strides = "(";
-      for (size_t i = 0; i < a.ndim(); ++i) strides += (i ? "," : "") + std::to_string(a.stride(i));
-      throw InvalidArgument(std::string(op_) + ": " + name + " " + spec + " has element strides " +
-                            strides + ")" +
+      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
+                            " has element strides " + tuple_str(strides) +
                             "; tokamax reads contiguous row-major arrays and does not copy "
                             "silently: pass np.ascontiguousarray(x) or x.contiguous()");
     }
-    keep_.push_back(a);
-    return TensorView(a.data(), *dt, std::move(shape));
+    return TensorView(data, dt, std::move(shape));
+  }
+
+  static std::string tuple_str(const std::vector<int64_t>& v) {
+    std::string s = "(";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s + (v.size() == 1 ? ",)" : ")");
   }
 
   const char* op_;
   bool first_ = true, torch_ = false;
   std::vector<nb::ndarray<>> keep_;
+  std::vector<nb::ndarray<nb::ro>> keep_ro_;
 };
 
 // group_sizes: an i32 or i64 array of rank 1, or a sequence of Python ints (converted to i32,
@@ -271,7 +385,7 @@ std::optional<std::string> name_of(nb::handle h) {
   if (nb::hasattr(h, "name") && nb::isinstance<nb::str>(h.attr("name")))
     return nb::cast<std::string>(h.attr("name"));  // numpy dtypes, jax.lax.Precision
   if (nb::hasattr(h, "__name__")) return nb::cast<std::string>(h.attr("__name__"));  // jnp types
-  return py_str(h);                                            // torch
+  return py_str(h);                                                                  // torch
 }
 
 std::string lower(std::string s) {
@@ -478,7 +592,7 @@ NB_MODULE(_core, m) {
           if (nb::hasattr(out, "flags") && !nb::cast<bool>(out.attr("flags").attr("writeable"))) {
             throw InvalidArgument("ragged_dot: out is read-only; expected a writable array");
           }
-          const TensorView ov = args.add(out, "out");
+          const TensorView ov = args.add_writable(out, "out");
           run(heuristics_only, [&] {
             if (packed) {
               ragged_dot_into(l, *packed, g, ov, o);
@@ -494,10 +608,11 @@ NB_MODULE(_core, m) {
         });
         return wrap(std::move(t), args.torch());
       },
-      "lhs"_a.none(), "rhs"_a.none(), "group_sizes"_a.none(), nb::kw_only(), "preferred_element_type"_a.none() = nb::none(),
-      "activation"_a.none() = nb::none(), "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
-      "config"_a.none() = nb::none(), "representative_group_sizes"_a.none() = nb::none(), "out"_a.none() = nb::none(),
-      "heuristics_only"_a = false);
+      "lhs"_a.none(), "rhs"_a.none(), "group_sizes"_a.none(), nb::kw_only(),
+      "preferred_element_type"_a.none() = nb::none(), "activation"_a.none() = nb::none(),
+      "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "representative_group_sizes"_a.none() = nb::none(),
+      "out"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   m.def(
       "ragged_dot_general",
@@ -517,8 +632,8 @@ NB_MODULE(_core, m) {
       },
       "lhs"_a.none(), "rhs"_a.none(), "group_sizes"_a.none(), "dim_nums"_a, nb::kw_only(),
       "preferred_element_type"_a.none() = nb::none(), "activation"_a.none() = nb::none(),
-      "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
-      "heuristics_only"_a = false);
+      "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   m.def(
       "ragged_dot_vjp",
@@ -538,7 +653,8 @@ NB_MODULE(_core, m) {
       },
       "lhs"_a.none(), "rhs"_a.none(), "group_sizes"_a.none(), "dout"_a.none(), nb::kw_only(),
       "preferred_element_type"_a.none() = nb::none(), "activation"_a.none() = nb::none(),
-      "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(), "heuristics_only"_a = false);
+      "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
+      "heuristics_only"_a = false);
 
   // --- dot_product_attention ---
   auto attention_options = [](ArrayArgs& args, nb::handle bias, nb::handle mask, nb::handle scale,
@@ -590,11 +706,12 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(r.out), args.torch()),
                               wrap(std::move(r.lse), args.torch()));
       },
-      "query"_a.none(), "key"_a.none(), "value"_a.none(), "bias"_a.none() = nb::none(), "mask"_a.none() = nb::none(), nb::kw_only(),
-      "scale"_a.none() = nb::none(), "is_causal"_a = false, "query_seq_lengths"_a.none() = nb::none(),
+      "query"_a.none(), "key"_a.none(), "value"_a.none(), "bias"_a.none() = nb::none(),
+      "mask"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
+      "is_causal"_a = false, "query_seq_lengths"_a.none() = nb::none(),
       "key_value_seq_lengths"_a.none() = nb::none(), "local_window_size"_a.none() = nb::none(),
-      "logits_soft_cap"_a.none() = nb::none(), "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
-      "return_residuals"_a = false, "heuristics_only"_a = false);
+      "logits_soft_cap"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "return_residuals"_a = false, "heuristics_only"_a = false);
 
   m.def(
       "dot_product_attention_vjp",
@@ -621,11 +738,13 @@ NB_MODULE(_core, m) {
                               wrap(std::move(g.dv), t),
                               o.bias ? wrap(std::move(g.dbias), t) : nb::none());
       },
-      "query"_a.none(), "key"_a.none(), "value"_a.none(), "out"_a.none(), "lse"_a.none(), "dout"_a.none(), "bias"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(), "is_causal"_a = false,
+      "query"_a.none(), "key"_a.none(), "value"_a.none(), "out"_a.none(), "lse"_a.none(),
+      "dout"_a.none(), "bias"_a.none() = nb::none(), "mask"_a.none() = nb::none(), nb::kw_only(),
+      "scale"_a.none() = nb::none(), "is_causal"_a = false,
       "query_seq_lengths"_a.none() = nb::none(), "key_value_seq_lengths"_a.none() = nb::none(),
       "local_window_size"_a.none() = nb::none(), "logits_soft_cap"_a.none() = nb::none(),
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "heuristics_only"_a = false);
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
+      "heuristics_only"_a = false);
 
   // --- layer_norm / rms_norm ---
   auto norm_options = [](int64_t axis, double epsilon, bool subtract_mean,
@@ -660,9 +779,10 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(r.y), t), nb::make_tuple(wrap(std::move(r.mean), t),
                                                                       wrap(std::move(r.rstd), t)));
       },
-      "x"_a.none(), "scale"_a.none() = nb::none(), "offset"_a.none() = nb::none(), nb::kw_only(), "axis"_a = -1,
-      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a.none() = nb::none(),
-      "config"_a.none() = nb::none(), "return_residuals"_a = false, "heuristics_only"_a = false);
+      "x"_a.none(), "scale"_a.none() = nb::none(), "offset"_a.none() = nb::none(), nb::kw_only(),
+      "axis"_a = -1, "epsilon"_a = 1e-6, "subtract_mean"_a = true,
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
+      "return_residuals"_a = false, "heuristics_only"_a = false);
 
   m.def(
       "layer_norm_vjp",
@@ -686,10 +806,10 @@ NB_MODULE(_core, m) {
                               s ? wrap(std::move(g.dscale), t) : nb::none(),
                               b ? wrap(std::move(g.doffset), t) : nb::none());
       },
-      "x"_a.none(), "scale"_a.none(), "offset"_a.none(), "mean"_a.none(), "rstd"_a.none(), "dy"_a.none(), nb::kw_only(),
-      "axis"_a = -1,
-      "epsilon"_a = 1e-6, "subtract_mean"_a = true, "implementation"_a.none() = nb::none(),
-      "config"_a.none() = nb::none(), "heuristics_only"_a = false);
+      "x"_a.none(), "scale"_a.none(), "offset"_a.none(), "mean"_a.none(), "rstd"_a.none(),
+      "dy"_a.none(), nb::kw_only(), "axis"_a = -1, "epsilon"_a = 1e-6, "subtract_mean"_a = true,
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
+      "heuristics_only"_a = false);
 
   // --- gated_linear_unit ---
   nb::class_<PackedGluWeights>(m, "PackedGluWeights",
@@ -757,8 +877,8 @@ NB_MODULE(_core, m) {
                               wrap(std::move(r.h), args.torch()));
       },
       "x"_a.none(), "weights"_a.none(), nb::kw_only(), "activation"_a.none() = nb::none(),
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "return_residuals"_a = false,
-      "heuristics_only"_a = false);
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
+      "return_residuals"_a = false, "heuristics_only"_a = false);
   m.def(
       "gated_linear_unit_vjp",
       [glu_options](nb::handle x, nb::handle weights, nb::handle h, nb::handle dout,
@@ -774,8 +894,9 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(g.dx), args.torch()),
                               wrap(std::move(g.dw), args.torch()));
       },
-      "x"_a.none(), "weights"_a.none(), "h"_a.none(), "dout"_a.none(), nb::kw_only(), "activation"_a.none() = nb::none(),
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "heuristics_only"_a = false);
+      "x"_a.none(), "weights"_a.none(), "h"_a.none(), "dout"_a.none(), nb::kw_only(),
+      "activation"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   // --- linear_softmax_cross_entropy_loss ---
   auto loss_options = [](const std::string& reduction, nb::handle implementation,
@@ -818,8 +939,8 @@ NB_MODULE(_core, m) {
                               wrap(std::move(r.lse), args.torch()));
       },
       "x"_a.none(), "labels"_a.none(), "weights"_a.none(), nb::kw_only(), "reduction"_a = "sum",
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "return_residuals"_a = false,
-      "heuristics_only"_a = false);
+      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
+      "return_residuals"_a = false, "heuristics_only"_a = false);
   m.def(
       "linear_softmax_cross_entropy_loss_vjp",
       [loss_options](nb::handle x, nb::handle labels, nb::handle weights, nb::handle lse,
@@ -838,8 +959,29 @@ NB_MODULE(_core, m) {
         return nb::make_tuple(wrap(std::move(g.dx), args.torch()),
                               wrap(std::move(g.dw), args.torch()));
       },
-      "x"_a.none(), "labels"_a.none(), "weights"_a.none(), "lse"_a.none(), "dloss"_a.none(), nb::kw_only(), "reduction"_a = "sum",
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(), "heuristics_only"_a = false);
+      "x"_a.none(), "labels"_a.none(), "weights"_a.none(), "lse"_a.none(), "dloss"_a.none(),
+      nb::kw_only(), "reduction"_a = "sum", "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "heuristics_only"_a = false);
+
+  // The same ragged_dot call made from C++ `iters` times back to back (GIL released): the
+  // baseline of the binding-overhead benchmark (python -m tokamax_cpp.bench_overhead).
+  m.def(
+      "_time_cpp_ragged_dot",
+      [](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, int iters) {
+        ArrayArgs args("ragged_dot");
+        const TensorView l = args.add(lhs, "lhs");
+        const TensorView r = args.add(rhs, "rhs");
+        const std::vector<int32_t> g = group_sizes_of(args, group_sizes);
+        nb::gil_scoped_release unlocked;
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) {
+          Tensor t = ragged_dot(l, r, g);
+          (void)t;
+        }
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+               iters;
+      },
+      "lhs"_a, "rhs"_a, "group_sizes"_a, "iters"_a);
 
   // --- configs: what a call would use, nothing run ---
   m.def(
@@ -940,13 +1082,14 @@ NB_MODULE(_core, m) {
              r.scopes.push_back(std::make_unique<AutotuningScope>(r.result));
              return nb::borrow(self);
            })
-      .def("__exit__",
-           [](PyResult& r, nb::handle, nb::handle, nb::handle) {
-             if (!r.scopes.empty()) r.scopes.pop_back();
-             return false;
-           },
-           // A normal exit passes (None, None, None): nanobind refuses None unless allowed.
-           nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none())
+      .def(
+          "__exit__",
+          [](PyResult& r, nb::handle, nb::handle, nb::handle) {
+            if (!r.scopes.empty()) r.scopes.pop_back();
+            return false;
+          },
+          // A normal exit passes (None, None, None): nanobind refuses None unless allowed.
+          nb::arg("exc_type").none(), nb::arg("exc_value").none(), nb::arg("traceback").none())
       .def("__repr__", [](const PyResult& r) {
         return "AutotuningResult(device_kind=" + r.result.device_kind() + ", " +
                std::to_string(r.result.data().size()) + " keys)";
