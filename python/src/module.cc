@@ -310,11 +310,14 @@ std::vector<int32_t> group_sizes_of(ArrayArgs& args, nb::handle h) {
   if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
     size_t i = 0;
     for (nb::handle v : h) {
-      if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr())) {
+      // Python ints and integer scalars (numpy's: anything with __index__), not floats or bools.
+      if (!PyIndex_Check(v.ptr()) || PyBool_Check(v.ptr())) {
         throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
                               "] is a " + py_type_name(v) + "; expected integers");
       }
-      const long long x = PyLong_AsLongLong(v.ptr());
+      nb::object as_int = nb::steal(PyNumber_Index(v.ptr()));
+      if (!as_int.is_valid()) throw nb::python_error();
+      const long long x = PyLong_AsLongLong(as_int.ptr());
       if (x < 0 || x > INT32_MAX || PyErr_Occurred()) {
         PyErr_Clear();
         throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +

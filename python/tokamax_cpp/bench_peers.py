@@ -29,8 +29,8 @@ is also pinned to n CPUs (sched_setaffinity, before any library starts its threa
 then runs on the same n CPUs). ``--no-pin`` turns the pinning off.
 
 Measurement: each peer is warmed up (the first call compiles the jax ones) and its output
-checked against ours (``check_close``: max |peer - ours| over the RMS of ours, at most 1e-3 for
-f32 and 5e-2 where bf16 is involved); a peer that fails the check is reported as a mismatch and
+checked against ours (``check_close``: |peer - ours| <= tol * (|ours| + rms(ours)) everywhere,
+tol 1e-3 for f32 and 5e-2 where bf16 is involved); a peer that fails the check is reported as a mismatch and
 not timed. Then interleaved rounds: each round times every peer once, in a fresh random order;
 a sample is the mean of enough back-to-back calls to last --min-sample-ms (calls block on
 their result). Per peer: the median sample, and the per-round ratio peer / ours (ours = the
@@ -38,6 +38,16 @@ default-dispatch row), summarised as the median of the ratios and their min-max 
 ours is faster). Per spec: the fastest torch/XLA peer (Google tokamax counts as XLA) and our
 speedup over it, against the project's targets: >= 1.5x on decode specs (tag "decode"),
 >= 1.0x on the others (prefill).
+
+Our calls run on one dedicated Python thread (whole samples at a time; see OwnThread: a
+workaround for a tile-state bug of our AMX kernels that kills the process with SIGILL once
+torch's bf16 kernels ran on the same thread; --same-thread turns it off).
+
+Inputs: ragged_dot group sizes given as {"num_groups", "total_size"} are the library's own
+(generate_group_sizes, a transcription of the C++ generator, bit-identical), so that a spec
+here is the workload `tokamax bench` and the autotuner measure. Attention masks keep key 0 and
+key lengths stay in [3/4 S, S], so that no query row is fully masked (there the libraries
+differ by convention: tokamax_cpp writes zeros, jax the mean of v).
 
 Output: markdown tables on stdout (progress on stderr); --json PATH writes every sample.
 """
@@ -143,8 +153,8 @@ def load_specs(op: str, tag: str | None = None, name: str | None = None, *,
             if exe is None:
                 raise SystemExit(
                     "bench_peers: no spec source: tokamax_cpp has no arg_specs binding and the "
-                    "`tokamax` CLI was not found; pass --cli PATH (e.g. build/release/tokamax), set "
-                    "TOKAMAX_CLI, or pass --specs-json FILE")
+                    "`tokamax` CLI was not found; pass --cli PATH (e.g. "
+                    "build/release/tokamax), set TOKAMAX_CLI, or pass --specs-json FILE")
             cmd = [exe, "specs", "--op", op, "--json"]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if r.returncode != 0:
@@ -222,7 +232,7 @@ def _randn(rng: np.random.Generator, shape, dtype) -> np.ndarray:
 
 def make_inputs(op: str, args: dict, seed: int = 0) -> dict:
     """numpy inputs for a spec's arguments (float: standard normal; bool masks: ~90% true,
-    key 0 always true so that no row is fully masked; sequence lengths in [1, S])."""
+    key 0 always true; sequence lengths: see below)."""
     rng = np.random.default_rng(seed)
     if op == "ragged_dot":
         known = {"lhs", "rhs", "group_sizes", "preferred_element_type", "dimension_numbers",
@@ -257,12 +267,18 @@ def make_inputs(op: str, args: dict, seed: int = 0) -> dict:
             m = rng.random(sh) < 0.9
             m[..., 0] = True
             out["mask"] = m
+        # No fully masked query row: there the libraries disagree by convention (tokamax_cpp
+        # writes zeros, jax.nn and Google's tokamax the mean of v), which is not what this
+        # compares. Key lengths stay in [3/4 S, S]; query lengths are the full T.
         s = out["k"].shape[-3]
         t = out["q"].shape[-3]
-        for k, n in (("kv_seq_lengths", s), ("q_seq_lengths", t)):
-            if k in args:
-                _, sh = parse_shape_dtype(args[k])
-                out[k] = rng.integers(1, n + 1, size=sh, dtype=np.int32)
+        if "kv_seq_lengths" in args:
+            _, sh = parse_shape_dtype(args["kv_seq_lengths"])
+            out["kv_seq_lengths"] = rng.integers(max(1, s - s // 4), s + 1, size=sh,
+                                                 dtype=np.int32)
+        if "q_seq_lengths" in args:
+            _, sh = parse_shape_dtype(args["q_seq_lengths"])
+            out["q_seq_lengths"] = np.full(sh, t, np.int32)
         out["is_causal"] = bool(args.get("is_causal", False))
         out["scale"] = args.get("scale")
         out["local_window_size"] = args.get("local_window_size")
@@ -288,9 +304,12 @@ def tolerance(dtypes: Sequence[str]) -> float:
 
 
 def check_close(ref: Any, got: Any, tol: float) -> tuple[bool, float, str]:
-    """Is `got` ours (`ref`) up to `tol`? The error is max |got - ref| over the RMS of ref, so
-    one tolerance serves outputs of any magnitude (allclose with atol = tol * rms(ref), rtol 0).
-    Non-finite values must sit where ref has them. Returns (ok, error, why not)."""
+    """Is `got` ours (`ref`) up to `tol`? Elementwise |got - ref| <= tol * (|ref| + rms(ref)):
+    allclose with rtol = tol and atol = tol * rms(ref), so one tolerance serves outputs of any
+    magnitude, and large entries (a causal attention's first rows, a few keys' average) are
+    held to their own rounding, not to the typical entry's. The error reported is the largest
+    |got - ref| / (|ref| + rms(ref)). Non-finite values must sit where ref has them. Returns
+    (ok, error, why not)."""
     ref = np.asarray(ref, np.float64)
     got = np.asarray(got, np.float64)
     if ref.shape != got.shape:
@@ -299,14 +318,14 @@ def check_close(ref: Any, got: Any, tol: float) -> tuple[bool, float, str]:
     if not np.array_equal(fin, np.isfinite(got)):
         n = int(np.count_nonzero(fin != np.isfinite(got)))
         return False, math.inf, f"{n} non-finite values where ours has none (or vice versa)"
-    if ref.size == 0:
+    if ref.size == 0 or not fin.any():
         return True, 0.0, ""
-    rms = float(np.sqrt(np.mean(np.square(ref[fin])))) if fin.any() else 0.0
-    diff = np.abs(got[fin] - ref[fin])
-    err = float(diff.max() / (rms if rms > 0 else 1.0)) if diff.size else 0.0
+    r, g = ref[fin], got[fin]
+    rms = float(np.sqrt(np.mean(np.square(r))))
+    err = float(np.max(np.abs(g - r) / (np.abs(r) + (rms if rms > 0 else 1.0))))
     if err <= tol:
         return True, err, ""
-    return False, err, f"max|peer-ours|/rms(ours) = {err:.3g} > {tol:g}"
+    return False, err, f"max|peer-ours|/(|ours|+rms) = {err:.3g} > {tol:g}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,6 +340,31 @@ class Peer:
     note: str = ""
     skip: str | None = None  # why it does not run
     compare: Callable[[Any], np.ndarray] = to_f32  # its result, as ours is laid out, in f32
+    own_thread: bool = False  # called on a dedicated Python thread (see OwnThread)
+
+
+class OwnThread:
+    """One dedicated Python thread that runs our calls (whole samples, so the hand-over costs
+    one round trip per >= min-sample-ms sample, not one per call).
+
+    Why: tokamax_cpp's AMX kernels (bf16 weights on CPUs with AMX) load the tile configuration
+    once per thread (amx_configure_tiles, a thread_local flag in src/kernels/microkernels_amx.cc)
+    and trust it from then on; oneDNN (torch's bf16 matmul and SDPA) releases the tiles
+    (TILERELEASE) after its own AMX kernels, so our next AMX call on that thread dies with
+    SIGILL (ours bf16, torch bf16 mm, ours bf16 on one thread: reproducible). Our pool threads
+    never run torch, and torch's never run ours: only the calling thread is shared, and this
+    class makes it a different one. --same-thread turns it off (to check a fix)."""
+
+    def __init__(self):
+        import concurrent.futures
+
+        self._ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ours")
+
+    def run(self, f: Callable[..., Any], *args) -> Any:
+        return self._ex.submit(f, *args).result()
+
+    def close(self):
+        self._ex.shutdown()
 
 
 class Libs:
@@ -527,10 +571,6 @@ def ragged_dot_peers(inp: dict, libs: Libs) -> list[Peer]:
 
             peers.append(_make("tokamax.ragged_dot (Google, jit)", "xla", google))
 
-    # Rows past the groups' total are not part of the result (torch's hold only the total).
-    for p in peers:
-        inner = p.compare
-        p.compare = lambda r, inner=inner: inner(r)[:total]
     return peers
 
 
@@ -667,10 +707,20 @@ def _fmt_err(e: BaseException) -> str:
 
 def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sample_ms: float,
                max_seconds: float | None = None, seed: int = 0,
-               log: Callable[[str], None] = lambda s: None) -> dict:
+               log: Callable[[str], None] = lambda s: None,
+               own_thread: OwnThread | None = None,
+               view: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
     """Checks and times one spec's peers (the first "ours" peer is the reference) in
-    interleaved rounds. Returns the spec's result: per peer its status, check error, calls per
-    sample, samples (ms), per-round ratios to ours and their summary."""
+    interleaved rounds, then checks every timed peer's output once more (a kernel whose state
+    another library disturbed shows here). Returns the spec's result: per peer its status,
+    check error, calls per sample, samples (ms), per-round ratios to ours and their summary.
+    Peers with own_thread run on `own_thread` (a fresh one if None). `view` picks the part of
+    a result that is compared (ragged_dot: the rows the groups cover)."""
+    own = own_thread or (OwnThread() if any(p.own_thread for p in peers) else None)
+
+    def on(p: Peer, f: Callable[..., Any], *args) -> Any:
+        return own.run(f, *args) if p.own_thread else f(*args)
+
     rows: list[dict] = []
     for p in peers:
         rows.append({"peer": p.name, "kind": p.kind, "note": p.note, "status": "ok",
@@ -692,8 +742,10 @@ def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sa
         if p.skip:
             continue
         try:
-            out = p.fn()
+            out = on(p, p.fn)
             got = p.compare(out)
+            if view is not None:
+                got = view(got)
             del out
         except Exception as e:  # noqa: BLE001
             if i == ref_i:
@@ -712,7 +764,6 @@ def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sa
             row["status"] = "mismatch"
             row["note"] = why + ("; " + row["note"] if row["note"] else "")
             log(f"  {p.name}: MISMATCH: {why}")
-    del ref
     timed = [i for i in range(len(peers)) if rows[i]["status"] == "ok"]
     # Warm-up and calls per sample: >= 2 calls and ~min_sample_ms of calls, then enough calls
     # for a sample to last min_sample_ms at the best per-call time seen.
@@ -721,7 +772,7 @@ def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sa
         fn = peers[i].fn
         best, spent, calls = math.inf, 0.0, 0
         while calls < 2 or (spent < min_s and calls < 1000):
-            t = _sample(fn, 1)
+            t = on(peers[i], _sample, fn, 1)
             best, spent, calls = min(best, t), spent + t, calls + 1
         rows[i]["calls_per_sample"] = max(1, min(100000, math.ceil(min_s / max(best, 1e-9))))
     rng = random.Random(seed)
@@ -732,7 +783,7 @@ def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sa
         rng.shuffle(order)
         sample = {}
         for i in order:
-            sample[i] = _sample(peers[i].fn, rows[i]["calls_per_sample"]) * 1e3
+            sample[i] = on(peers[i], _sample, peers[i].fn, rows[i]["calls_per_sample"]) * 1e3
         for i in timed:
             rows[i]["samples_ms"].append(sample[i])
             rows[i]["ratios"].append(sample[i] / sample[ref_i])
@@ -740,13 +791,30 @@ def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sa
         if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
             break
     for i in timed:
+        p, row = peers[i], rows[i]
+        try:
+            got = p.compare(on(p, p.fn))
+            ok, err, why = check_close(ref, view(got) if view is not None else got, tol)
+        except Exception as e:  # noqa: BLE001
+            ok, err, why = False, math.inf, _fmt_err(e)
+        row["post_check_error"] = err if math.isfinite(err) else None
+        if not ok:
+            row["status"] = "mismatch after timing"
+            row["note"] = why + ("; " + row["note"] if row["note"] else "")
+            log(f"  {p.name}: MISMATCH after timing: {why}")
+    del ref
+    if own is not None and own_thread is None:
+        own.close()
+    for i in timed:
         row = rows[i]
+        if not row["samples_ms"]:
+            continue
         row["median_ms"] = statistics.median(row["samples_ms"])
         row["ratio_median"] = statistics.median(row["ratios"])
         row["ratio_min"], row["ratio_max"] = min(row["ratios"]), max(row["ratios"])
     tags = spec.get("tags", [])
     target = DECODE_TARGET if "decode" in tags else PREFILL_TARGET
-    others = [rows[i] for i in timed if peers[i].kind != "ours"]
+    others = [rows[i] for i in timed if peers[i].kind != "ours" and rows[i]["status"] == "ok"]
     fastest = min(others, key=lambda row: row["median_ms"]) if others else None
     return {"name": spec["name"], "op": spec.get("op"), "tags": tags,
             "arguments": spec.get("arguments"), "rounds": done, "tolerance": tol,
@@ -798,9 +866,11 @@ def format_tables(results: list[dict]) -> str:
                          f"{res['target']:g}x | - |")
             continue
         f = next(r for r in res["peers"] if r["peer"] == res["fastest_peer"])
+        met = "yes" if res["meets_target"] else "NO"
+        if ours["status"] != "ok":
+            met = f"? (ours: {ours['status']})"
         lines.append(f"| {res['name']} | {f['peer']} | {_ms(f['median_ms'])} | "
-                     f"{_ms(ours['median_ms'])} | {_ratio(f)} | {res['target']:g}x | "
-                     f"{'yes' if res['meets_target'] else 'NO'} |")
+                     f"{_ms(ours['median_ms'])} | {_ratio(f)} | {res['target']:g}x | {met} |")
     return "\n".join(lines)
 
 
@@ -830,10 +900,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     "--json` list) instead")
     ap.add_argument("--no-pin", action="store_true",
                     help="do not pin the process to --threads CPUs")
+    ap.add_argument("--same-thread", action="store_true",
+                    help="call ours on the main thread like every peer (see OwnThread: crashes "
+                    "with SIGILL on bf16 AMX specs until the tile-config bug is fixed)")
     a = ap.parse_args(argv)
     if a.rounds < 1 or a.threads < 1 or a.min_sample_ms <= 0:
         ap.error("--rounds and --threads must be >= 1, --min-sample-ms > 0")
     return a
+
+
+def result_view(op: str, inp: dict) -> Callable[[np.ndarray], np.ndarray] | None:
+    """ragged_dot: the rows the groups cover (rows past their total are no part of the result;
+    the torch loop's output holds only the total)."""
+    if op == "ragged_dot":
+        total = int(inp["group_sizes"].sum())
+        return lambda a: a[:total]
+    return None
 
 
 def spec_dtype(inp: dict) -> str:
@@ -857,10 +939,12 @@ def main(argv: Sequence[str] | None = None, *,
             "torch_threads": libs.torch.get_num_threads() if libs.torch else None,
             "versions": libs.versions(), "import_errors": libs.errors, **thread_info,
             "tolerances": {"f32": TOL_F32, "bf16": TOL_BF16},
+            "ours_on_own_thread": not a.same_thread,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     log(f"bench_peers: {len(specs)} {a.op} spec(s) from {source}; {a.threads} thread(s); "
         f"{a.rounds} round(s), samples >= {a.min_sample_ms:g} ms")
     results = []
+    own = None if a.same_thread else OwnThread()
     for spec in specs:
         t0 = time.perf_counter()
         log(f"{spec['name']} {json.dumps(spec['arguments'])}")
@@ -874,9 +958,11 @@ def main(argv: Sequence[str] | None = None, *,
             peers += extra_peers(spec, inp, libs)
         if wanted:
             peers = [p for p in peers if p.kind == "ours" or any(w in p.name for w in wanted)]
+        for p in peers:
+            p.own_thread = p.own_thread or (p.kind == "ours" and not a.same_thread)
         res = bench_spec(spec, peers, tol=tolerance(inp["dtypes"]), rounds=a.rounds,
                          min_sample_ms=a.min_sample_ms, max_seconds=a.max_seconds, seed=a.seed,
-                         log=log)
+                         log=log, own_thread=own, view=result_view(a.op, inp))
         res["dtype"] = spec_dtype(inp)
         if "group_sizes" in inp:
             res["group_sizes"] = inp["group_sizes"].tolist()
@@ -887,6 +973,8 @@ def main(argv: Sequence[str] | None = None, *,
         log(f"  {res['rounds']} round(s) in {res['seconds']:.1f} s: {summary}")
         del peers, inp
         gc.collect()
+    if own is not None:
+        own.close()
     print(format_tables(results))
     if a.json_path:
         pathlib.Path(a.json_path).write_text(json.dumps({"meta": meta, "specs": results},

@@ -16,6 +16,7 @@ namespace {
 // nesting is off. Waiting for the pool from inside it would deadlock (run() is one job at a
 // time), and the outer run already has every thread busy.
 thread_local bool in_pool_job = false;
+thread_local uint64_t t_entry_epoch = 0;
 
 struct InPoolJob {
   bool previous = in_pool_job;
@@ -92,6 +93,7 @@ void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
     for (int t = 0; t < threads; ++t) fn(t);
     return;
   }
+  ++t_entry_epoch;
   if (threads == 1) {
     const InPoolJob job;
     fn(0);
@@ -141,10 +143,15 @@ ThreadPool& ThreadPool::global() {
   return *pools->back();
 }
 
+uint64_t thread_entry_epoch() { return t_entry_epoch; }
+
+void bump_thread_entry_epoch() { ++t_entry_epoch; }
+
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn) {
   if (n <= 0) return;
   threads = static_cast<int>(std::min<int64_t>(threads, n));
   if (threads <= 1) {
+    if (!in_pool_job) ++t_entry_epoch;
     for (int64_t i = 0; i < n; ++i) fn(i, 0);
     return;
   }

@@ -52,4 +52,13 @@ class ThreadPool {
 // skewed item costs still balance. fn(item, thread_index).
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn);
 
+// Counts this thread's entries into the library from code outside it: dispatch (every op call)
+// and parallel_for / ThreadPool::run outside a pool job bump it. Per-thread CPU state that the
+// caller's other code may change between two of our calls is reloaded when the count has moved:
+// AMX's tile configuration, which torch's and oneDNN's bf16 kernels release after use (a tile
+// instruction after TILERELEASE faults with SIGILL). A pool worker runs only library code: its
+// count stays put and its state is loaded once.
+uint64_t thread_entry_epoch();
+void bump_thread_entry_epoch();
+
 }  // namespace tokamax

@@ -116,8 +116,11 @@ const KernelSet* avx512_kernels();  // defined in microkernels_avx512.cc
 // when the kernel refuses the tile state. Call only on a CPU with AMX-BF16.
 const KernelSet* amx_kernels();
 // Loads the tile configuration the AMX kernels use (eight 16 x 64-byte tiles) on this thread,
-// once: the kernels and the roofline's AMX loop share it, so neither undoes the other's.
+// when not loaded since the thread last entered the library (thread_entry_epoch): the kernels
+// and the roofline's AMX loop share it, so neither undoes the other's.
 void amx_configure_tiles();
+// TILERELEASE, as code outside the library does after its own tile kernels (tests).
+void amx_release_tiles();
 // The best set this CPU runs; TOKAMAX_ISA=portable|avx2|avx512|amx caps it (tests, comparisons).
 const KernelSet& best_kernels();
 // Whether bf16 weights should go through the bf16 dot (pairs) rather than be widened to f32 for

@@ -18,6 +18,7 @@
 
 #include <cstring>
 
+#include "core/thread_pool.h"
 #include "kernels/microkernels.h"
 #include "tokamax/core/dtype.h"
 
@@ -40,10 +41,13 @@ struct alignas(64) TileConfig {
 
 // Tiles: 0,1 = C rows [0,16) columns [0,16),[16,32); 2,3 = C rows [16,32); 4,5 = A row blocks;
 // 6,7 = B column halves; all 16 rows (A is zero-padded to whole tiles, C has room for them).
-// LDTILECFG zeroes the tiles and costs tens of cycles: once per thread.
+// LDTILECFG zeroes the tiles and costs tens of cycles: once per thread, and again on the
+// caller's thread after code outside the library ran there (thread_entry_epoch): that code may
+// have released the tiles (torch's bf16 matmul does), and a tile instruction then faults.
 void amx_configure_tiles() {
-  thread_local bool loaded = false;
-  if (loaded) return;
+  thread_local uint64_t loaded_at = ~uint64_t{0};
+  const uint64_t epoch = thread_entry_epoch();
+  if (loaded_at == epoch) return;
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = kAmxRows;
@@ -51,8 +55,10 @@ void amx_configure_tiles() {
   }
   asm volatile("" ::: "memory");  // LDTILECFG reads cfg (see memory_barrier below)
   _tile_loadconfig(&cfg);
-  loaded = true;
+  loaded_at = epoch;
 }
+
+void amx_release_tiles() { _tile_release(); }
 
 namespace {
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/thread_pool.h"
 #include "op/builtins.h"
 #include "tokamax/core/enum_names.h"
 #include "tokamax/core/log.h"
@@ -248,6 +249,7 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
 namespace {
 
 void prepare_and_run(const Implementation& impl, CallBase& call, const Config& config) {
+  bump_thread_entry_epoch();  // the caller's code ran since our last call on this thread
   const auto prepared = impl.prepare(call, config);
   impl.run(call, config, prepared.get());
 }

@@ -100,6 +100,31 @@ TEST(RaggedDotNative, Bf16KernelsEveryIsa) {
   }
 }
 
+// Code outside the library may release the AMX tiles between two of our calls on one thread
+// (torch's bf16 matmul does, after its own tile kernels); the next bf16 call must configure them
+// again rather than fault with SIGILL. Run on the test's thread, single-threaded, so that the
+// call that follows the release is on the same thread.
+TEST(RaggedDotNative, Bf16CallAfterForeignTileReleaseOnTheSameThread) {
+  if (!(device_info().isa.amx_bf16 && kernels::amx_kernels() &&
+        &kernels::best_kernels() == kernels::amx_kernels())) {
+    GTEST_SKIP() << "the AMX kernels do not serve on this CPU";
+  }
+  const int threads = num_threads();
+  set_num_threads(1);
+  Tensor lhs = Tensor::randn({40, 64}, DType::kBF16, fresh_seed());
+  Tensor rhs = Tensor::randn({2, 64, 48}, DType::kBF16, fresh_seed());
+  const std::vector<int32_t> sizes = {25, 15};
+  const RaggedDotOptions o{.preferred_element_type = DType::kF32, .implementation = "native"};
+  const Tensor want = ragged_dot(
+      lhs, rhs, sizes, {.preferred_element_type = DType::kF32, .implementation = "reference"});
+  for (int rep = 0; rep < 3; ++rep) {
+    const Tensor got = ragged_dot(lhs, rhs, sizes, o);
+    for (int64_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got.get(i), want.get(i), 1e-3);
+    kernels::amx_release_tiles();
+  }
+  set_num_threads(threads);
+}
+
 // Groups of 1-5 rows with many panels: the weight-streaming (multi-panel) kernels for every row
 // count they take (1-4), a whole number of their panel groups and a tail, the regular kernel
 // beyond, in f32 and with bf16 weights, packed and not.
