@@ -231,7 +231,8 @@ TEST(ConfigFields, EncodeDecodeAndNameTheFields) {
   EXPECT_EQ(v.a, 3);
   EXPECT_EQ(v.b, -4);
   EXPECT_EQ(kTwoInts.names(), (std::vector<std::string>{"a", "b"}));
-  for (const char* bad : {R"({"a":1})", R"({"a":1,"b":"x"})", R"([1,2])", R"({"a":1.5,"b":2})"}) {
+  for (const char* bad : {R"({"a":1})", R"({"a":1,"b":"x"})", R"([1,2])", R"({"a":1.5,"b":2})",
+                          R"({"a":1,"b":2,"zz":3})"}) {
     try {
       kTwoInts.from_json(parse_json(bad, "test"));
       ADD_FAILURE() << "accepted " << bad;

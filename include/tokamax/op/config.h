@@ -93,6 +93,17 @@ struct ConfigFields {
   }
   T from_json(const Json& j) const {
     T value{};
+    // A misspelled field would otherwise be ignored and its default used without a word.
+    if (j.is_object()) {
+      for (const auto& [key, unused] : j.items()) {
+        bool known = false;
+        for (const auto& f : fields) known = known || key == f.name;
+        if (!known) {
+          throw InvalidArgument(std::string(what) + " " + canonical_dump(j) + ": unknown field '" +
+                                key + "'; expected integer fields " + join(names(), ", "));
+        }
+      }
+    }
     for (const auto& f : fields) {
       const auto it = j.is_object() ? j.find(std::string(f.name)) : j.end();
       if (it == j.end() || !it->is_number_integer()) {
