@@ -75,58 +75,34 @@ bool is_torch(nb::handle h) {
   return t.is_valid() && PyObject_IsInstance(h.ptr(), t.ptr()) == 1;
 }
 
+// The element types tokamax reads, as DLPack describes them (one table both ways).
+struct DlpackType {
+  DType dtype;
+  nb::dlpack::dtype_code code;
+  uint8_t bits;
+};
+constexpr DlpackType kDlpackTypes[] = {{DType::kF32, nb::dlpack::dtype_code::Float, 32},
+                                       {DType::kBF16, nb::dlpack::dtype_code::Bfloat, 16},
+                                       {DType::kF16, nb::dlpack::dtype_code::Float, 16},
+                                       {DType::kF64, nb::dlpack::dtype_code::Float, 64},
+                                       {DType::kI32, nb::dlpack::dtype_code::Int, 32},
+                                       {DType::kI64, nb::dlpack::dtype_code::Int, 64},
+                                       {DType::kU8, nb::dlpack::dtype_code::UInt, 8},
+                                       {DType::kBool, nb::dlpack::dtype_code::Bool, 8}};
+
 std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
-  using C = nb::dlpack::dtype_code;
   if (d.lanes != 1) return std::nullopt;
-  switch (static_cast<C>(d.code)) {
-    case C::Float:
-      if (d.bits == 32) return DType::kF32;
-      if (d.bits == 16) return DType::kF16;
-      if (d.bits == 64) return DType::kF64;
-      break;
-    case C::Bfloat:
-      if (d.bits == 16) return DType::kBF16;
-      break;
-    case C::Int:
-      if (d.bits == 32) return DType::kI32;
-      if (d.bits == 64) return DType::kI64;
-      break;
-    case C::UInt:
-      if (d.bits == 8) return DType::kU8;
-      break;
-    case C::Bool:
-      if (d.bits == 8) return DType::kBool;
-      break;
-    default:
-      break;
+  for (const DlpackType& t : kDlpackTypes) {
+    if (d.code == static_cast<uint8_t>(t.code) && d.bits == t.bits) return t.dtype;
   }
   return std::nullopt;
 }
 
-nb::dlpack::dtype to_dlpack(DType t) {
-  using C = nb::dlpack::dtype_code;
-  auto make = [](C code, int bits) {
-    return nb::dlpack::dtype{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1};
-  };
-  switch (t) {
-    case DType::kF32:
-      return make(C::Float, 32);
-    case DType::kBF16:
-      return make(C::Bfloat, 16);
-    case DType::kF16:
-      return make(C::Float, 16);
-    case DType::kF64:
-      return make(C::Float, 64);
-    case DType::kI32:
-      return make(C::Int, 32);
-    case DType::kI64:
-      return make(C::Int, 64);
-    case DType::kU8:
-      return make(C::UInt, 8);
-    case DType::kBool:
-      return make(C::Bool, 8);
+nb::dlpack::dtype to_dlpack(DType dtype) {
+  for (const DlpackType& t : kDlpackTypes) {
+    if (t.dtype == dtype) return nb::dlpack::dtype{static_cast<uint8_t>(t.code), t.bits, 1};
   }
-  return make(C::Float, 32);
+  throw Error("no DLPack type for " + std::string(dtype_name(dtype)));
 }
 
 // str(h), as Python computes it.

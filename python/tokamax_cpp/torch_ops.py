@@ -64,6 +64,10 @@ def _impl(fixed: Optional[str], implementation: Optional[str]) -> Optional[str]:
     return fixed if fixed is not None else implementation
 
 
+def _window(left: Optional[int], right: Optional[int]) -> Optional[tuple[int, int]]:
+    return None if left is None and right is None else (left, right)
+
+
 def _empty(like: Tensor) -> Tensor:
     return like.new_empty((0,))
 
@@ -147,12 +151,10 @@ def _register(suffix: str, fixed_impl: Optional[str]) -> dict[str, Callable[...,
                      logits_soft_cap: Optional[float] = None,
                      implementation: Optional[str] = None,
                      config: Optional[str] = None) -> tuple[Tensor, Tensor]:
-        window = None if window_left is None and window_right is None else (
-            window_left, window_right)
         return _core.dot_product_attention(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal,
             query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-            local_window_size=window, logits_soft_cap=logits_soft_cap,
+            local_window_size=_window(window_left, window_right), logits_soft_cap=logits_soft_cap,
             implementation=_impl(fixed_impl, implementation), config=config,
             return_residuals=True, heuristics_only=True)
 
@@ -175,12 +177,10 @@ def _register(suffix: str, fixed_impl: Optional[str]) -> dict[str, Callable[...,
                          logits_soft_cap: Optional[float] = None,
                          implementation: Optional[str] = None,
                          config: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        window = None if window_left is None and window_right is None else (
-            window_left, window_right)
         dq, dk, dv, dbias = _core.dot_product_attention_vjp(
             query, key, value, out, lse, dout, bias, mask, scale=scale, is_causal=is_causal,
             query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-            local_window_size=window, logits_soft_cap=logits_soft_cap,
+            local_window_size=_window(window_left, window_right), logits_soft_cap=logits_soft_cap,
             implementation=_impl(fixed_impl, implementation), config=config,
             heuristics_only=True)
         return dq, dk, dv, (dbias if dbias is not None else _empty(dq))

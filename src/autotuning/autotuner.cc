@@ -88,11 +88,12 @@ void AutotuneOptions::validate() const {
                           "; expected > 0");
   }
   const RoundOptions& r = rounds;
-  if (r.first_rounds < 1 || r.finalists < 1 || r.max_rounds < r.first_rounds) {
+  if (r.first_rounds < 1 || r.finalists < 1 || r.max_rounds < r.first_rounds ||
+      r.min_confident_rounds < 1) {
     throw InvalidArgument(fmt::format(
-        "autotuning rounds: need first_rounds >= 1, finalists >= 1, max_rounds >= first_rounds; "
-        "got {}, {}, {}",
-        r.first_rounds, r.finalists, r.max_rounds));
+        "autotuning rounds: need first_rounds >= 1, finalists >= 1, max_rounds >= first_rounds, "
+        "min_confident_rounds >= 1; got {}, {}, {}, {}",
+        r.first_rounds, r.finalists, r.max_rounds, r.min_confident_rounds));
   }
   if (!(measure_budget_s > 0) || !(r.confidence > 0 && r.confidence < 1) ||
       !(r.tie >= 0 && r.tie < 1) || !(sample_min_ms >= 0) || !(r.stray > 0) || !(r.bracket > 0) ||

@@ -209,6 +209,12 @@ class Rounds {
         other == control_ ? std::vector<double>{1.0} : accepted_ratios(r_.candidates[other]),
         o_.confidence, o_.bootstrap, o_.seed + best * 7919 + other);
     if (std::isnan(iv.ratio)) return false;
+    // A best that would be stored instead of the control needs min_confident_rounds (see
+    // RoundOptions): until then the control is undecided and measured on.
+    if (other == control_ && iv.hi < 1 - o_.tie &&
+        static_cast<int>(accepted_ratios(r_.candidates[best]).size()) < o_.min_confident_rounds) {
+      return false;
+    }
     // Against the control the bar is the stored decision's: faster beyond the tie window.
     const double faster = other == control_ ? 1 - o_.tie : 1;
     return iv.hi < faster || (iv.lo >= 1 - o_.tie && iv.hi <= 1 + o_.tie);
@@ -263,7 +269,9 @@ class Rounds {
     r_.vs_control = iv.ratio;
     r_.vs_control_lo = iv.lo;
     r_.vs_control_hi = iv.hi;
-    r_.confident = !std::isnan(iv.hi) && iv.hi < 1 - o_.tie;
+    r_.confident = !std::isnan(iv.hi) && iv.hi < 1 - o_.tie &&
+                   static_cast<int>(accepted_ratios(r_.candidates[best]).size()) >=
+                       o_.min_confident_rounds;
   }
 
   const int n_, control_;

@@ -181,6 +181,28 @@ TEST(Rounds, BudgetStopsTheRoundsAndIsReported) {
   EXPECT_GT(m.now_s, 0.3);
 }
 
+// A slow key whose budget allows only a few rounds: even a clearly faster best (the true one,
+// 30% faster) is not confident on fewer than min_confident_rounds accepted rounds, so the
+// heuristics config is stored; with the rounds it needs it is.
+TEST(Rounds, TooFewRoundsAreNeverConfident) {
+  FakeMachine m{{260.0, 180.0, 300.0}};
+  RoundOptions o;
+  o.budget_s = 6;  // two or three rounds: each is ~1.5 s of candidates and controls
+  const RoundsResult r = m.run(0, o);
+  EXPECT_EQ(r.best, 1);
+  EXPECT_LT(r.vs_control_hi, 0.99);
+  int accepted = 0;
+  for (double x : r.candidates[1].ratios) accepted += std::isnan(x) ? 0 : 1;
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, o.min_confident_rounds);
+  EXPECT_FALSE(r.confident);
+  FakeMachine again{{260.0, 180.0, 300.0}};
+  o.budget_s = 60;
+  const RoundsResult r2 = again.run(0, o);
+  EXPECT_TRUE(r2.confident);
+  EXPECT_EQ(r2.best, 1);
+}
+
 TEST(Rounds, SingleCandidateAndBadArguments) {
   FakeMachine m{{5.0}};
   const RoundsResult r = m.run(0, RoundOptions{});

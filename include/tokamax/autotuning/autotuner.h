@@ -40,6 +40,10 @@ struct RoundOptions {
   // Relative tie window: a winner must be faster than the control by more than this (and by
   // more than 2 us) to be stored instead of it.
   double tie = 0.01;
+  // A best is confident only over at least this many accepted rounds: with n paired rounds all
+  // favouring it, a sign test bounds the chance of that under no difference by 2^-n, and 95%
+  // (two-sided) needs n >= 6. Fewer (a budget cut on a slow key) keeps the heuristics config.
+  int min_confident_rounds = 6;
   // Control checks: a segment is discarded when one of its control samples strays more than
   // `stray` above the control's quiet level, or its two control samples differ by more than
   // `bracket`.
