@@ -491,7 +491,9 @@ struct TuningRun {
       ev.ratio = iv.ratio;
       ev.lo = iv.lo;
       ev.hi = iv.hi;
-      ev.confident = !std::isnan(iv.hi) && iv.hi < 1 - tie;
+      RoundOptions bar = o.rounds;
+      bar.tie = tie;
+      ev.confident = tuning::confidently_faster(iv, accepted(pick).size(), bar);
     }
     // Not confidently faster than the heuristics config: the heuristics config is stored.
     const int chosen = (!ev.confident && has_heuristics) ? control : pick;

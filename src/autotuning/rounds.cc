@@ -211,9 +211,8 @@ class Rounds {
     if (std::isnan(iv.ratio)) return false;
     // A best that would be stored instead of the control needs min_confident_rounds (see
     // RoundOptions): until then the control is undecided and measured on.
-    if (other == control_ && iv.hi < 1 - o_.tie &&
-        static_cast<int>(accepted_ratios(r_.candidates[best]).size()) < o_.min_confident_rounds) {
-      return false;
+    if (other == control_ && iv.hi < 1 - o_.tie) {
+      return confidently_faster(iv, accepted_ratios(r_.candidates[best]).size(), o_);
     }
     // Against the control the bar is the stored decision's: faster beyond the tie window.
     const double faster = other == control_ ? 1 - o_.tie : 1;
@@ -269,9 +268,7 @@ class Rounds {
     r_.vs_control = iv.ratio;
     r_.vs_control_lo = iv.lo;
     r_.vs_control_hi = iv.hi;
-    r_.confident = !std::isnan(iv.hi) && iv.hi < 1 - o_.tie &&
-                   static_cast<int>(accepted_ratios(r_.candidates[best]).size()) >=
-                       o_.min_confident_rounds;
+    r_.confident = confidently_faster(iv, accepted_ratios(r_.candidates[best]).size(), o_);
   }
 
   const int n_, control_;
@@ -291,6 +288,12 @@ double median_of(std::vector<double> v) {
   const size_t k = (v.size() - 1) / 2;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
   return v[k];
+}
+
+bool confidently_faster(const RatioInterval& vs_control, size_t accepted_rounds,
+                        const ::tokamax::RoundOptions& o) {
+  return !std::isnan(vs_control.hi) && vs_control.hi < 1 - o.tie &&
+         accepted_rounds >= static_cast<size_t>(std::max(o.min_confident_rounds, 1));
 }
 
 RatioInterval bootstrap_ratio(const std::vector<double>& a, const std::vector<double>& b,
