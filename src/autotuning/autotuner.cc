@@ -400,7 +400,9 @@ struct TuningRun {
       b.prepare_ms = preps[i].ms;
       b.scratch_bytes = preps[i].scratch;
       b.cold_cache = cold;
-      if (!kr) {  // not measured in rounds: the checked run's time alone
+      // Not measured in rounds (abandoned, or the budget ran out before its turn): the checked
+      // run's time alone, never an empty sample set's median of 0 (stored once as "0 ms").
+      if (!kr || kr->samples_ms.empty()) {
         b.median_ms = first_ms[j];
         b.samples_ms = {first_ms[j]};
       } else {

@@ -98,6 +98,7 @@ std::string TuningEvidence::summary() const {
       fmt::format("{:.3f}x the heuristics config [{:.3f}, {:.3f}] ({:.0f}% CI, {} rounds)", ratio,
                   lo, hi, confidence * 100, rounds);
   if (confident) return s + ", confident";
+  if (hi < 1 - tie) return s + ", not confident: too few accepted rounds (the budget ran out)";
   return s + fmt::format(", not confidently faster beyond the {:.0f}% tie window", tie * 100);
 }
 

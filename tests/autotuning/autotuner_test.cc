@@ -99,6 +99,20 @@ TEST(Autotuner, CandidateWithoutAcceptedRoundsRoundTrips) {
   EXPECT_THROW(BenchmarkData::from_json(bad), InvalidArgument);
 }
 
+// A measuring budget too small for the rounds to reach every candidate: the ones never sampled
+// keep their checked run's time (one sample), not a median of 0 ms.
+TEST(Autotuner, CandidatesTheBudgetNeverReachedKeepTheirCheckedRun) {
+  AutotuneOptions o = quick();
+  o.measure_budget_s = 1e-4;
+  const AutotuningData d = Autotuner(o).tune(bound("one_field"));
+  ASSERT_EQ(d.entries().size(), 4u);
+  for (const auto& [k, e] : d.entries()) {
+    ASSERT_TRUE(e.benchmark) << k;
+    EXPECT_GT(e.benchmark->median_ms, 0) << k;
+    EXPECT_FALSE(e.benchmark->samples_ms.empty()) << k;
+  }
+}
+
 TEST(Autotuner, CandidatesDeterministicHeuristicsFirst) {
   const auto c = Autotuner(quick()).candidates(bound("one_field"));
   ASSERT_EQ(c.size(), 4u);
