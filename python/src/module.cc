@@ -145,6 +145,18 @@ class ArrayArgs {
     Array a;
     if (h.is_none() || !nb::try_cast(h, a, /*convert=*/false)) {
       PyErr_Clear();  // a failed __dlpack__ export may leave its error set
+      // A numpy bfloat16 (ml_dtypes) array, which numpy before 2.5 does not export through
+      // DLPack: read as its uint16 view (the same memory, no copy).
+      if (!h.is_none() && nb::hasattr(h, "dtype") && nb::hasattr(h, "view") &&
+          py_str(h.attr("dtype")) == "bfloat16") {
+        nb::object bits = h.attr("view")(nb::module_::import_("numpy").attr("uint16"));
+        if (nb::try_cast(bits, a, /*convert=*/false)) {
+          keep_objects_.push_back(bits);
+          first_ = false;
+          return view(a, name, DType::kBF16);
+        }
+        PyErr_Clear();
+      }
       // A tensor DLPack cannot export here, such as one on torch's meta device.
       if (!h.is_none() && nb::hasattr(h, "device")) {
         const std::string device = py_str(h.attr("device"));
@@ -183,8 +195,9 @@ class ArrayArgs {
   const char* op() const { return op_; }
 
  private:
+  // `as`: the element type when the array's own is a stand-in (bf16 bits viewed as uint16).
   template <class Array>
-  TensorView view(const Array& a, const char* name) {
+  TensorView view(const Array& a, const char* name, std::optional<DType> as = std::nullopt) {
     Shape shape(a.ndim());
     std::vector<int64_t> strides(a.ndim());
     for (size_t i = 0; i < a.ndim(); ++i) {
@@ -197,7 +210,7 @@ class ArrayArgs {
                             "; this build of tokamax serves CPU arrays only (move it with "
                             ".cpu() or jax.device_get)");
     }
-    const std::optional<DType> dt = from_dlpack(a.dtype());
+    const std::optional<DType> dt = as ? as : from_dlpack(a.dtype());
     if (!dt) {
       throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
                             " has a dtype tokamax does not read (DLPack code " +
@@ -277,6 +290,7 @@ class ArrayArgs {
   bool first_ = true, torch_ = false;
   std::vector<nb::ndarray<>> keep_;
   std::vector<nb::ndarray<nb::ro>> keep_ro_;
+  std::vector<nb::object> keep_objects_;
 };
 
 // group_sizes: an i32 or i64 array of rank 1, or a sequence of Python ints (converted to i32,
