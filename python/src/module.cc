@@ -436,6 +436,14 @@ Choice choice(const char* family, nb::handle implementation, nb::handle config) 
   return c;
 }
 
+// Sets an op's options' implementation and config (every family's options have both).
+template <class Options>
+void set_choice(Options& o, const char* family, nb::handle implementation, nb::handle config) {
+  Choice c = choice(family, implementation, config);
+  o.implementation = std::move(c.implementation);
+  o.config = std::move(c.config);
+}
+
 nb::object json_to_py(const Json& j) {
   return nb::module_::import_("json").attr("loads")(j.dump());
 }
@@ -554,9 +562,7 @@ NB_MODULE(_core, m) {
     o.preferred_element_type = dtype_arg(preferred, "preferred_element_type");
     o.activation = activation_arg(activation, Activation::kNone);
     o.precision = precision_arg(precision);
-    Choice c = choice("ragged_dot", implementation, config);
-    o.implementation = std::move(c.implementation);
-    o.config = std::move(c.config);
+    set_choice(o, "ragged_dot", implementation, config);
     if (!representative.is_none()) {
       ArrayArgs a("ragged_dot");
       o.representative_group_sizes = group_sizes_of(a, representative);
@@ -669,9 +675,7 @@ NB_MODULE(_core, m) {
                                       w.second.is_none() ? big : nb::cast<int64_t>(w.second)};
     }
     if (!soft_cap.is_none()) o.logits_soft_cap = nb::cast<double>(soft_cap);
-    Choice c = choice("dot_product_attention", implementation, config);
-    o.implementation = std::move(c.implementation);
-    o.config = std::move(c.config);
+    set_choice(o, "dot_product_attention", implementation, config);
     return o;
   };
 
@@ -746,9 +750,7 @@ NB_MODULE(_core, m) {
     o.axis = axis;
     o.epsilon = epsilon;
     o.subtract_mean = subtract_mean;
-    Choice c = choice("layer_norm", implementation, config);
-    o.implementation = std::move(c.implementation);
-    o.config = std::move(c.config);
+    set_choice(o, "layer_norm", implementation, config);
     return o;
   };
   m.def(
@@ -827,9 +829,7 @@ NB_MODULE(_core, m) {
   auto glu_options = [](nb::handle activation, nb::handle implementation, nb::handle config) {
     GluOptions o;
     o.activation = activation_arg(activation, Activation::kNone);
-    Choice c = choice("gated_linear_unit", implementation, config);
-    o.implementation = std::move(c.implementation);
-    o.config = std::move(c.config);
+    set_choice(o, "gated_linear_unit", implementation, config);
     return o;
   };
   m.def(
@@ -905,9 +905,7 @@ NB_MODULE(_core, m) {
       throw InvalidArgument("linear_softmax_cross_entropy_loss: reduction is '" + reduction +
                             "'; expected 'sum', 'mean' or 'none'");
     }
-    Choice c = choice("linear_softmax_cross_entropy_loss", implementation, config);
-    o.implementation = std::move(c.implementation);
-    o.config = std::move(c.config);
+    set_choice(o, "linear_softmax_cross_entropy_loss", implementation, config);
     return o;
   };
   m.def(
