@@ -129,7 +129,7 @@ class ArrayArgs {
   TensorView add_writable(nb::handle h, const char* name) {
     if (is_torch(h)) return add_torch(h, name);
     nb::ndarray<> w;
-    if (!h.is_none() && nb::try_cast(h, w, /*convert=*/false)) return accept(h, w, name);
+    if (!h.is_none() && nb::try_cast(h, w, /*convert=*/false)) return accept(w, name);
     PyErr_Clear();
     nb::ndarray<nb::ro> ro;
     if (!h.is_none() && nb::try_cast(h, ro, /*convert=*/false)) {
@@ -169,7 +169,7 @@ class ArrayArgs {
                             "; expected an array (numpy, or a DLPack producer such as a torch "
                             "tensor or a jax array)");
     }
-    return accept(h, a, name);
+    return accept(a, name);
   }
 
   std::optional<TensorView> add_optional(nb::handle h, const char* name) {
@@ -183,9 +183,9 @@ class ArrayArgs {
     return torch_view(h, name);
   }
 
+  // A torch tensor never gets here (add and add_writable send it to add_torch first).
   template <class Array>
-  TensorView accept(nb::handle h, const Array& a, const char* name) {
-    if (first_ && is_torch(h)) torch_ = true;
+  TensorView accept(const Array& a, const char* name) {
     first_ = false;
     return view(a, name);
   }

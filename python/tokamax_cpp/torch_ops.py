@@ -72,14 +72,6 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty((0,))
 
 
-def _opt(t: Tensor) -> Optional[Tensor]:
-    return None if t.numel() == 0 and t.dim() == 1 else t
-
-
-def _contig(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.contiguous()
-
-
 def _ragged_out_dtype(lhs: Tensor, rhs: Tensor, preferred: Optional[torch.dtype]) -> torch.dtype:
     if preferred is not None:
         return preferred

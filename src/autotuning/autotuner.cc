@@ -493,9 +493,8 @@ struct TuningRun {
       ev.ratio = iv.ratio;
       ev.lo = iv.lo;
       ev.hi = iv.hi;
-      RoundOptions bar = o.rounds;
-      bar.tie = tie;
-      ev.confident = tuning::confidently_faster(iv, accepted(pick).size(), bar);
+      ev.confident = tuning::confidently_faster(iv, r.candidates[pick].accepted, tie,
+                                                o.rounds.min_confident_rounds);
     }
     // Not confidently faster than the heuristics config: the heuristics config is stored.
     const int chosen = (!ev.confident && has_heuristics) ? control : pick;

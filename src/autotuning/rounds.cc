@@ -212,7 +212,7 @@ class Rounds {
     // A best that would be stored instead of the control needs min_confident_rounds (see
     // RoundOptions): until then the control is undecided and measured on.
     if (other == control_ && iv.hi < 1 - o_.tie) {
-      return confidently_faster(iv, accepted_ratios(r_.candidates[best]).size(), o_);
+      return confidently_faster(iv, r_.candidates[best].accepted, o_.tie, o_.min_confident_rounds);
     }
     // Against the control the bar is the stored decision's: faster beyond the tie window.
     const double faster = other == control_ ? 1 - o_.tie : 1;
@@ -268,7 +268,8 @@ class Rounds {
     r_.vs_control = iv.ratio;
     r_.vs_control_lo = iv.lo;
     r_.vs_control_hi = iv.hi;
-    r_.confident = confidently_faster(iv, accepted_ratios(r_.candidates[best]).size(), o_);
+    r_.confident =
+        confidently_faster(iv, r_.candidates[best].accepted, o_.tie, o_.min_confident_rounds);
   }
 
   const int n_, control_;
@@ -290,10 +291,10 @@ double median_of(std::vector<double> v) {
   return v[k];
 }
 
-bool confidently_faster(const RatioInterval& vs_control, size_t accepted_rounds,
-                        const ::tokamax::RoundOptions& o) {
-  return !std::isnan(vs_control.hi) && vs_control.hi < 1 - o.tie &&
-         accepted_rounds >= static_cast<size_t>(std::max(o.min_confident_rounds, 1));
+bool confidently_faster(const RatioInterval& vs_control, int accepted_rounds, double tie,
+                        int min_rounds) {
+  return !std::isnan(vs_control.hi) && vs_control.hi < 1 - tie &&
+         accepted_rounds >= std::max(min_rounds, 1);
 }
 
 RatioInterval bootstrap_ratio(const std::vector<double>& a, const std::vector<double>& b,

@@ -88,8 +88,8 @@ RatioInterval bootstrap_ratio(const std::vector<double>& a, const std::vector<do
 // The stored decision's bar, one rule for the rounds and the autotuner: a best's interval
 // against the control (its ratios against 1) lies below 1 - tie, over at least
 // min_confident_rounds accepted rounds.
-bool confidently_faster(const RatioInterval& vs_control, size_t accepted_rounds,
-                        const ::tokamax::RoundOptions& o);
+bool confidently_faster(const RatioInterval& vs_control, int accepted_rounds, double tie,
+                        int min_rounds);
 
 // The low median (for an even count, the lower of the two middle values): one slow outlier
 // among six samples (a preempted call) cannot move it; with the mean of the middle two it
