@@ -431,8 +431,9 @@ Choice choice(const char* family, nb::handle implementation, nb::handle config) 
       nb::isinstance<nb::str>(config)
           ? nb::cast<std::string>(config)
           : nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(config));
-  c.config =
-      find_family(family).implementation(c.implementation)->config_from_json(Json::parse(text));
+  c.config = find_family(family)
+                 .implementation(c.implementation)
+                 ->config_from_json(parse_json(text, "config"));
   return c;
 }
 
@@ -449,8 +450,10 @@ nb::object json_to_py(const Json& j) {
 }
 
 Json py_to_json(nb::handle h) {
-  if (nb::isinstance<nb::str>(h)) return Json::parse(nb::cast<std::string>(h));
-  return Json::parse(nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(h)));
+  // parse_json: bounded nesting, errors naming the source and the byte position.
+  if (nb::isinstance<nb::str>(h)) return parse_json(nb::cast<std::string>(h), "bound arguments");
+  return parse_json(nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(h)),
+                    "bound arguments");
 }
 
 // Runs `fn` with the GIL released and, when asked, with heuristics as the only config source.
@@ -1025,6 +1028,13 @@ NB_MODULE(_core, m) {
       });
   m.def("dump_bound_args",
         [](const std::vector<BoundArguments>& l) { return BoundArguments::dumps_list(l); });
+  m.def(
+      "load_bound_args_file",
+      [](const std::string& path) {
+        // read_file: refuses a directory or a file over kMaxInputFileBytes, naming the path.
+        return bound_list(BoundArguments::loads_list(read_file(path), "'" + path + "'"));
+      },
+      "path"_a);
   m.def(
       "load_bound_args",
       [](const std::string& text) { return bound_list(BoundArguments::loads_list(text)); },

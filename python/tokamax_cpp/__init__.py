@@ -133,7 +133,7 @@ def autotune(
     if args:
         raise ValueError("autotune: positional arguments are for a callable only")
     if isinstance(f, (str, os.PathLike)):
-        f = bound_args_from_json(pathlib.Path(f).read_text())
+        f = _core.load_bound_args_file(os.fspath(f))  # size-bounded, errors name the path
     bound = list(f)
     for i, b in enumerate(bound):
         if not isinstance(b, BoundArguments):
