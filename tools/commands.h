@@ -82,6 +82,32 @@ struct CheckOptions {
 };
 int autotune_check(const CheckOptions& options);
 
+// Progress of a long run: a live line on a terminal; otherwise (a log file, CI) the first line,
+// then one every `every_s` seconds, and the last one.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(bool live, double every_s);
+  void line(const std::string& text, bool final);
+
+ private:
+  bool live_;
+  double every_s_, last_s_ = -1e300;
+};
+
+// `tokamax autotune --store URL --run-id ID`: sharded tuning (tokamax/fleet/sharded.h).
+struct FleetArgs {
+  std::string store, run_id;
+  int rank = -1, world_size = -1;  // -1: from the launcher's variables, else 0 of 1
+  double lease_s = 30, deadline_s = 24 * 3600, poll_s = 1;
+  double command_timeout_s = 2;  // connecting and each command
+};
+AutotuningResult autotune_sharded(const std::vector<BoundArguments>& list,
+                                  const AutotuneOptions& tune_options, const FleetArgs& args);
+// `tokamax cache show|merge|verify --store URL`: the remote cache's entries for this device kind.
+int cache_show_store(const std::string& url, const std::string& op, bool json);
+int cache_merge_into_store(const std::vector<std::string>& files, const std::string& url);
+int cache_verify_store(const std::string& url);
+
 // `tokamax trace extract`: exit status 0 when something was extracted, 1 when nothing could be.
 int trace_extract(const std::vector<std::string>& trace_files, const std::string& out_path,
                   const std::string& op, bool json);

@@ -161,15 +161,6 @@ void print_specs(const std::string& op, const std::string& tag, bool json) {
   }
 }
 
-void progress_bar(const tk::AutotuneProgress& p) {
-  const int width = 30;
-  const int filled = p.total ? width * p.done / p.total : width;
-  fmt::print(stderr, "\r{:<28.28} [{}{}] {}/{} {:.1f}s ETA {:.1f}s   ", p.key,
-             std::string(filled, '#'), std::string(width - filled, '.'), p.done, p.total,
-             p.elapsed_s, p.eta_s);
-  if (p.done == p.total) fmt::print(stderr, "\n");
-}
-
 void print_result_table(const tk::AutotuningResult& r) {
   for (const auto& [b, d] : r.data()) {
     fmt::print("\n{} / {}  key {}\n", b.family(), b.implementation(), b.key());
@@ -229,18 +220,34 @@ struct Args {
   std::vector<std::string> trace_files;
   std::vector<std::string> bench_files;  // report's --bench
   bool op_given = false;                 // trace extract's --op (absent: every op)
+  tk::cli::FleetArgs fleet;              // autotune --store ...; cache ... --store
+  double measure_budget_s = 0;           // autotune --measure-budget-s (0: the default)
+  int max_candidates = 0;                // autotune --max-candidates (0: all)
 };
 
 int cmd_autotune(Args& a) {
   tk::AutotuneOptions o;
   if (a.have_budget) o.budget_s = a.budget_s;
+  if (a.measure_budget_s > 0) o.measure_budget_s = a.measure_budget_s;
+  if (a.max_candidates > 0) o.max_candidates = a.max_candidates;
   o.all_implementations = a.all_impls;
-  if (isatty(STDERR_FILENO) && !a.json) o.progress = progress_bar;
+  const bool sharded = !a.fleet.store.empty();
+  if (!a.json && !sharded) {
+    auto printer = std::make_shared<tk::cli::ProgressPrinter>(isatty(STDERR_FILENO), 30);
+    o.progress = [printer](const tk::AutotuneProgress& p) {
+      const int width = 30, filled = p.total ? width * p.done / p.total : width;
+      printer->line(
+          fmt::format("{:<28.28} [{}{}] {}/{} {:.1f}s ETA {:.1f}s", p.key, std::string(filled, '#'),
+                      std::string(width - filled, '.'), p.done, p.total, p.elapsed_s, p.eta_s),
+          p.done == p.total);
+    };
+  }
   tk::Autotuner tuner(o);
   const auto list =
       tk::cli::select_bound_args(a.op, a.spec, a.tag, a.bound_args, split_csv(a.impl_csv));
   if (!a.out_path.empty()) tk::check_writable(a.out_path);  // before the run, not after it
-  const tk::AutotuningResult r = tuner.tune_all(list);
+  const tk::AutotuningResult r =
+      sharded ? tk::cli::autotune_sharded(list, o, a.fleet) : tuner.tune_all(list);
   if (!a.out_path.empty()) {
     // The result file as the library writes it, plus where it came from (readers of result
     // files ignore fields they do not know).
@@ -249,7 +256,15 @@ int cmd_autotune(Args& a) {
     j["created"] = tk::cli::utc_now();
     tk::write_file_atomic(a.out_path, j.dump(1));
   }
-  if (a.into_cache) r.dump_cache(a.into_cache_dir);
+  if (a.into_cache) {
+    r.dump_cache(a.into_cache_dir);
+    // The fleet's shared cache too, when one is configured (TOKAMAX_REMOTE_CACHE).
+    if (tk::RemoteCache::global().enabled()) {
+      const int n = tk::RemoteCache::global().publish(r);
+      fmt::print(stderr, "published {} keys to the remote cache {}\n", n,
+                 tk::RemoteCache::global().url());
+    }
+  }
   if (a.json)
     std::cout << r.dumps() << "\n";
   else
@@ -293,6 +308,7 @@ int cmd_explain(Args& a) {
 }
 
 int cmd_cache_show(Args& a) {
+  if (!a.fleet.store.empty()) return tk::cli::cache_show_store(a.fleet.store, a.op, a.json);
   if (!a.op.empty()) tk::find_family(a.op);  // no --op: every family's files
   Json out = Json::array();
   for (const auto& [name, path] : existing_cache_files(a.op)) {
@@ -349,6 +365,8 @@ int cmd_cache_show(Args& a) {
 }
 
 int cmd_cache_merge(Args& a) {
+  if (!a.fleet.store.empty()) return tk::cli::cache_merge_into_store(a.files, a.fleet.store);
+  if (a.out_path.empty()) throw tk::InvalidArgument("cache merge: give -o FILE or --store URL");
   tk::AutotuningResult r = tk::AutotuningResult::load(a.files.at(0));
   for (size_t i = 1; i < a.files.size(); ++i) r = r | tk::AutotuningResult::load(a.files[i]);
   r.dump(a.out_path);
@@ -357,6 +375,7 @@ int cmd_cache_merge(Args& a) {
 }
 
 int cmd_cache_verify(Args& a) {
+  if (!a.fleet.store.empty()) return tk::cli::cache_verify_store(a.fleet.store);
   if (a.files.empty()) {
     for (const auto& f : existing_cache_files("")) a.files.push_back(f.second);
   }
@@ -479,6 +498,26 @@ int main(int argc, char** argv) {
   auto* budget_opt =
       autotune->add_option("--budget-s", a.budget_s, "whole-run time budget in seconds (> 0)");
   autotune->add_flag("--json", a.json, "print the result as JSON");
+  autotune->add_option("--measure-budget-s", a.measure_budget_s,
+                       "seconds of interleaved measuring rounds per key (default 20)");
+  autotune->add_option("--max-candidates", a.max_candidates,
+                       "at most this many candidates per key (the heuristics config is kept)");
+  autotune->add_option("--store", a.fleet.store,
+                       "sharded tuning through this store: redis://host:port/db[?prefix=ns]; "
+                       "every process of the run gives the same --bound-args and --run-id");
+  autotune->add_option("--run-id", a.fleet.run_id, "with --store: the run's name");
+  autotune->add_option("--rank", a.fleet.rank,
+                       "with --store: this process's rank (default: OMPI_COMM_WORLD_RANK, "
+                       "SLURM_PROCID or RANK)");
+  autotune->add_option("--world-size", a.fleet.world_size, "with --store: number of processes");
+  autotune->add_option("--lease-s", a.fleet.lease_s,
+                       "with --store: a claim's lease, renewed while tuning (default 30)");
+  autotune->add_option("--deadline-s", a.fleet.deadline_s,
+                       "with --store: the whole run's deadline (default 86400)");
+  autotune->add_option("--poll-s", a.fleet.poll_s,
+                       "with --store: wait between looks while others tune (default 1)");
+  autotune->add_option("--store-timeout-s", a.fleet.command_timeout_s,
+                       "with --store: connect and command timeout (default 2)");
   add_threads(autotune);
 
   tk::cli::CheckOptions check_opts;
@@ -516,14 +555,19 @@ int main(int argc, char** argv) {
       cache->add_subcommand("show", "entries of the cache files for this device kind");
   cache_show->add_option("--op", a.op, "op family");
   cache_show->add_flag("--json", a.json, "JSON output");
+  cache_show->add_option("--store", a.fleet.store, "the remote cache's entries in this store");
   auto* cache_merge =
       cache->add_subcommand("merge", "merge AutotuningResult files (right wins per config)");
-  cache_merge->add_option("files", a.files, "result files")->required()->expected(2, -1);
-  cache_merge->add_option("-o,--output", a.out_path, "output file")->required();
+  cache_merge->add_option("files", a.files, "result files")->required()->expected(1, -1);
+  cache_merge->add_option("-o,--output", a.out_path, "output file");
+  cache_merge->add_option("--store", a.fleet.store,
+                          "publish the merged winners to this store's remote cache instead");
   auto* cache_verify =
       cache->add_subcommand("verify", "check cache or result files parse and match this library");
   cache_verify->add_option("files", a.files,
                            "files (default: every cache file for this device kind)");
+  cache_verify->add_option("--store", a.fleet.store,
+                           "verify this store's remote cache entries instead");
 
   auto* trace = app.add_subcommand("trace", "work with traces of op calls");
   trace->require_subcommand(1);

@@ -540,6 +540,7 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   preparing.unlock();
 
   std::unique_lock<std::shared_mutex> measuring(phase_mu());
+  const std::shared_ptr<void> exclusive = options_.exclusive ? options_.exclusive() : nullptr;
   const int n = static_cast<int>(run.cands.size());
   for (int i = 0; i < n; ++i) {
     run.check(i, now_seconds() - start > options_.budget_s);
@@ -573,8 +574,7 @@ std::vector<BoundArguments> per_implementation(const BoundArguments& b, bool all
 
 }  // namespace
 
-AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) const {
-  AutotuningResult result;
+std::vector<BoundArguments> Autotuner::work_list(const std::vector<BoundArguments>& list) const {
   std::vector<BoundArguments> expanded;
   std::unordered_set<std::string> seen;
   for (const BoundArguments& b : list) {
@@ -582,6 +582,12 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
       if (seen.insert(id_of(i)).second) expanded.push_back(std::move(i));
     }
   }
+  return expanded;
+}
+
+AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) const {
+  AutotuningResult result;
+  const std::vector<BoundArguments> expanded = work_list(list);
   const double start = now_seconds();
   for (const BoundArguments& b : expanded) {
     AutotuneOptions o = options_;

@@ -6,6 +6,7 @@
 #include "tokamax/autotuning/autotuner.h"
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/core/log.h"
+#include "tokamax/fleet/remote_cache.h"
 #include "tokamax/op/dispatch.h"
 
 namespace tokamax {
@@ -38,6 +39,10 @@ class Backend : public TuningBackend {
                                      std::string* detail) const override {
     return DiskCache::global().lookup(impl, bound, detail);
   }
+  std::optional<Config> remote_lookup(const Implementation& impl, const BoundArguments& bound,
+                                      std::string* detail) const override {
+    return RemoteCache::global().lookup(impl, bound, detail);
+  }
   std::optional<Config> autotune_now(const OpFamily&, const Implementation& impl,
                                      const BoundArguments& bound,
                                      std::string* detail) const override {
@@ -52,13 +57,14 @@ class Backend : public TuningBackend {
     if (!data.has_success()) return std::nullopt;
     const Config best = data.fastest().config;
     DiskCache::global().put_memory(impl, bound, best);
+    AutotuningResult r;
+    r.add(bound, data);
     try {
-      AutotuningResult r;
-      r.add(bound, data);
       r.dump_cache();
     } catch (const std::exception& e) {
       TOKAMAX_LOG("cache", kWarning, std::string("could not write the user cache: ") + e.what());
     }
+    RemoteCache::global().publish(r);  // the fleet's too (logs its own failures)
     if (detail) *detail = "tuned on cache miss";
     return best;
   }
@@ -70,7 +76,8 @@ const Backend g_backend;
 
 bool already_tuned(const Implementation& impl, const BoundArguments& bound) {
   return !impl.has_config() || g_backend.scope_lookup(impl, bound, nullptr) ||
-         g_backend.cache_lookup(impl, bound, nullptr);
+         g_backend.cache_lookup(impl, bound, nullptr) ||
+         g_backend.remote_lookup(impl, bound, nullptr);
 }
 
 void install_autotuning_backend() { set_builtin_tuning_backend(&g_backend); }

@@ -112,13 +112,14 @@ constexpr EnumNames<CacheMissPolicy, 3> kPolicies{"cache-miss policy",
                                                   {{{CacheMissPolicy::kHeuristics, "heuristics"},
                                                     {CacheMissPolicy::kAutotune, "autotune"},
                                                     {CacheMissPolicy::kError, "error"}}}};
-constexpr EnumNames<Rung, 6> kRungs{"rung",
+constexpr EnumNames<Rung, 7> kRungs{"rung",
                                     {{{Rung::kExplicit, "explicit"},
                                       {Rung::kNullConfig, "null_config"},
                                       {Rung::kScope, "scope"},
                                       {Rung::kDiskCache, "disk_cache"},
                                       {Rung::kHeuristics, "heuristics"},
-                                      {Rung::kAutotuned, "autotuned"}}}};
+                                      {Rung::kAutotuned, "autotuned"},
+                                      {Rung::kRemoteCache, "remote_cache"}}}};
 }  // namespace
 
 CacheMissPolicy parse_cache_miss_policy(std::string_view s) { return kPolicies.parse(s); }
@@ -217,6 +218,11 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
     if (auto c = backend->cache_lookup(impl, bound, &r.detail)) {
       r.config = *c;
       r.rung = Rung::kDiskCache;
+      return r;
+    }
+    if (auto c = backend->remote_lookup(impl, bound, &r.detail)) {
+      r.config = *c;
+      r.rung = Rung::kRemoteCache;
       return r;
     }
   }

@@ -804,15 +804,20 @@ std::string key_section(const KeyView& v, int n) {
 
 // Rungs in ladder order, each with a fixed colour so charts of different traces agree.
 const std::vector<std::string>& rung_order() {
-  static const std::vector<std::string> r = {"explicit",   "null_config", "scope",
-                                             "disk_cache", "autotuned",   "heuristics"};
+  static const std::vector<std::string> r = {
+      "explicit", "null_config", "scope", "disk_cache", "remote_cache", "autotuned", "heuristics"};
   return r;
 }
 
 std::string rung_colour(const std::string& rung) {
+  // The remote cache is a second cache rung: the disk cache's hue, a lighter blue.
+  if (rung == "remote_cache") return "#8fb8de";
   const auto& order = rung_order();
-  const auto it = std::find(order.begin(), order.end(), rung);
-  return it == order.end() ? "#9a9a9a" : palette()[static_cast<size_t>(it - order.begin())];
+  auto it = std::find(order.begin(), order.end(), rung);
+  if (it == order.end()) return "#9a9a9a";
+  size_t i = static_cast<size_t>(it - order.begin());
+  if (i > 4) --i;  // after remote_cache
+  return palette()[i];
 }
 
 std::string trace_svg(const TraceInput& t, const std::vector<const TraceCallGroup*>& rows,

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +84,9 @@ struct AutotuneOptions {
   // that time are captured too.
   bool capture_all_threads = false;
   std::function<void(const AutotuneProgress&)> progress;
+  // Held while a key's candidates are run and measured (after its preparation): sharded tuning's
+  // host-wide lock, so that processes on one machine never measure at the same moment.
+  std::function<std::shared_ptr<void>()> exclusive;
   void validate() const;  // InvalidArgument on a zero or negative budget etc.
 };
 
@@ -96,6 +100,8 @@ class Autotuner {
   // left out. Bound arguments without an implementation are tuned for every implementation of
   // their family that is supported here.
   AutotuningResult tune_all(const std::vector<BoundArguments>& list) const;
+  // The distinct (family, implementation, key) tune_all tunes for `list`, in list order.
+  std::vector<BoundArguments> work_list(const std::vector<BoundArguments>& list) const;
   // The candidate list tune() would check, in order (before the cost model's cut).
   std::vector<Config> candidates(const BoundArguments& bound) const;
 

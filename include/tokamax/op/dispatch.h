@@ -53,7 +53,15 @@ class ConfigSourceScope {
   ConfigSource previous_;
 };
 
-enum class Rung { kExplicit, kNullConfig, kScope, kDiskCache, kHeuristics, kAutotuned };
+enum class Rung {
+  kExplicit,
+  kNullConfig,
+  kScope,
+  kDiskCache,
+  kHeuristics,
+  kAutotuned,
+  kRemoteCache
+};
 std::string_view rung_name(Rung r);
 
 struct Resolution {
@@ -76,6 +84,11 @@ class TuningBackend {
   virtual std::optional<Config> autotune_now(const OpFamily& family, const Implementation& impl,
                                              const BoundArguments& bound,
                                              std::string* detail) const = 0;
+  // The fleet's shared store (TOKAMAX_REMOTE_CACHE), after the local disk cache.
+  virtual std::optional<Config> remote_lookup(const Implementation&, const BoundArguments&,
+                                              std::string*) const {
+    return std::nullopt;
+  }
 };
 void set_tuning_backend(const TuningBackend* backend);
 

@@ -1,0 +1,155 @@
+// A key-value store shared by the processes of a fleet: what sharded tuning claims work and
+// publishes results through (tokamax/fleet/sharded.h), and what the remote cache rung reads
+// (TOKAMAX_REMOTE_CACHE). Two implementations: Redis (hiredis; `redis://host:port/db`, one
+// connection per store object, every wait bounded by StoreOptions) and an in-memory store (one
+// process: tests, the claim-protocol simulation; its clock, latency and failures injectable).
+//
+// The operations are the few the protocols need, each one Redis command (or one short Lua
+// script, atomic on the server). Expiry is the store's own (PX): a lease never depends on the
+// clients' clocks agreeing. Every failure to reach the store, a timeout, or a reply of the wrong
+// type is a StoreError naming the store and the command.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tokamax/core/error.h"
+#include "tokamax/core/export.h"
+
+TOKAMAX_PUBLIC_BEGIN
+namespace tokamax {
+
+class StoreError : public Error {
+ public:
+  explicit StoreError(const std::string& what) : Error("StoreError: ", what) {}
+};
+
+struct StoreOptions {
+  double connect_timeout_s = 2;  // one connection attempt
+  double command_timeout_s = 2;  // one command's reply
+};
+
+// Where a store is and how its keys are named: `redis://host:port/db?prefix=ns` (port 6379 and
+// db 0 by default; the prefix, default "tokamax:", starts every key this library writes, so
+// several users can share one Redis). `mem://name` is the in-memory store `name` of this
+// process (tests).
+struct StoreUrl {
+  std::string scheme;  // "redis" or "mem"
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  int db = 0;
+  std::string prefix = "tokamax:";
+  std::string name;  // mem://name
+  std::string str() const;
+};
+// InvalidArgument naming the URL and what is wrong with it.
+StoreUrl parse_store_url(const std::string& url);
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // For messages: the URL without credentials.
+  virtual std::string describe() const = 0;
+  // The namespace prefix of every key (from the URL).
+  const std::string& prefix() const { return prefix_; }
+
+  virtual std::optional<std::string> get(const std::string& key) = 0;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // SET key value NX [PX ttl_ms]: true when the key was absent and now holds `value` (expiring
+  // after ttl_ms when > 0).
+  virtual bool set_if_absent(const std::string& key, const std::string& value,
+                             int64_t ttl_ms = 0) = 0;
+  // A lease's renewal: key expires ttl_ms from now if it still holds `value`; false if it does
+  // not (expired, or taken over by another holder).
+  virtual bool renew_if_equal(const std::string& key, const std::string& value, int64_t ttl_ms) = 0;
+  // Deletes key if it still holds `value`.
+  virtual bool delete_if_equal(const std::string& key, const std::string& value) = 0;
+  virtual void del(const std::string& key) = 0;
+  virtual int64_t increment(const std::string& key) = 0;  // INCR: the new value
+  virtual void hash_set(const std::string& key, const std::string& field,
+                        const std::string& value) = 0;
+  virtual std::optional<std::string> hash_get(const std::string& key, const std::string& field) = 0;
+  virtual bool hash_exists(const std::string& key, const std::string& field) = 0;
+  virtual void hash_del(const std::string& key, const std::string& field) = 0;
+  virtual int64_t hash_len(const std::string& key) = 0;  // HLEN
+  virtual bool exists(const std::string& key) = 0;
+  virtual std::vector<std::string> hash_fields(const std::string& key) = 0;
+  // Up to `count` distinct fields picked at random (HRANDFIELD): a sweep's sample.
+  virtual std::vector<std::string> hash_random_fields(const std::string& key, int count) = 0;
+  virtual std::map<std::string, std::string> hash_get_all(const std::string& key) = 0;
+  // Keys matching a glob pattern (SCAN; for `tokamax cache show --store`).
+  virtual std::vector<std::string> keys(const std::string& pattern) = 0;
+
+  // Commands sent so far by this object (the simulation's and the benchmark's count).
+  int64_t operations() const { return operations_; }
+
+ protected:
+  explicit Store(std::string prefix) : prefix_(std::move(prefix)) {}
+  std::string prefix_;
+  int64_t operations_ = 0;
+};
+
+// Opens the store at `url` (connects for Redis: StoreError when it cannot within the timeout).
+std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& options = {});
+
+// The in-memory store: one map per name in the process, shared by every MemoryStore object of
+// that name. Thread-safe. Its clock (ms) and faults are settable for tests and simulations.
+class MemoryStore : public Store {
+ public:
+  struct Faults {
+    double failure_rate = 0;                 // each command throws StoreError with this probability
+    double latency_ms = 0;                   // added to `now` (through on_latency) per command
+    std::function<void(double)> on_latency;  // default: none (the simulation advances its clock)
+    uint64_t seed = 1;
+  };
+  explicit MemoryStore(const std::string& name = "default", std::string prefix = "tokamax:");
+  // The clock expiry reads (ms); default: steady_clock.
+  void set_clock(std::function<int64_t()> now_ms) { now_ms_ = std::move(now_ms); }
+  void set_faults(Faults faults);
+  // Commands sent by this object, by command.
+  const std::map<std::string, int64_t>& operation_counts() const { return counts_; }
+  // Drops every key of every MemoryStore named `name`.
+  static void reset(const std::string& name);
+
+  std::string describe() const override { return "mem://" + name_; }
+  std::optional<std::string> get(const std::string& key) override;
+  void set(const std::string& key, const std::string& value) override;
+  bool set_if_absent(const std::string& key, const std::string& value, int64_t ttl_ms) override;
+  bool renew_if_equal(const std::string& key, const std::string& value, int64_t ttl_ms) override;
+  bool delete_if_equal(const std::string& key, const std::string& value) override;
+  void del(const std::string& key) override;
+  int64_t increment(const std::string& key) override;
+  void hash_set(const std::string& key, const std::string& field,
+                const std::string& value) override;
+  std::optional<std::string> hash_get(const std::string& key, const std::string& field) override;
+  bool hash_exists(const std::string& key, const std::string& field) override;
+  void hash_del(const std::string& key, const std::string& field) override;
+  int64_t hash_len(const std::string& key) override;
+  bool exists(const std::string& key) override;
+  std::vector<std::string> hash_fields(const std::string& key) override;
+  std::vector<std::string> hash_random_fields(const std::string& key, int count) override;
+  std::map<std::string, std::string> hash_get_all(const std::string& key) override;
+  std::vector<std::string> keys(const std::string& pattern) override;
+
+  struct Data;
+
+ private:
+  // Counts the command, applies the faults; the returned lock holds the shared map.
+  std::unique_lock<std::mutex> begin(const char* command);
+  std::string name_;
+  std::shared_ptr<Data> data_;
+  std::function<int64_t()> now_ms_;
+  Faults faults_;
+  std::mt19937_64 rng_;
+  std::map<std::string, int64_t> counts_;
+};
+
+}  // namespace tokamax
+TOKAMAX_PUBLIC_END

@@ -1,0 +1,370 @@
+// Fleet tuning: store URLs, the in-memory and Redis stores, the claim protocol (deterministic,
+// on the in-memory store's settable clock), its simulation at fleet scale, the makespan of
+// cost-ordered claims against XLA's count split, and the remote cache rung. The multi-process
+// runs of `tokamax autotune --store` are in fleet_cli_test.py.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "tests/expect_error.h"
+#include "tests/fleet/redis_server.h"
+#include "tokamax/tokamax.h"
+
+namespace tokamax {
+namespace {
+
+std::string scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tokamax_fleet_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// Redis tests need redis-server (scripts/install-deps installs it); outside CI they skip.
+#define REQUIRE_REDIS()                                                               \
+  do {                                                                                \
+    if (!testing::have_redis_server()) {                                              \
+      if (std::getenv("CI")) FAIL() << "redis-server missing (scripts/install-deps)"; \
+      GTEST_SKIP() << "redis-server not installed";                                   \
+    }                                                                                 \
+  } while (0)
+
+TEST(StoreUrl, ParsesAndRefuses) {
+  const StoreUrl u = parse_store_url("redis://10.0.0.5:7000/3?prefix=team:");
+  EXPECT_EQ(u.host, "10.0.0.5");
+  EXPECT_EQ(u.port, 7000);
+  EXPECT_EQ(u.db, 3);
+  EXPECT_EQ(u.prefix, "team:");
+  const StoreUrl d = parse_store_url("redis://myhost");
+  EXPECT_EQ(d.port, 6379);
+  EXPECT_EQ(d.db, 0);
+  EXPECT_EQ(d.prefix, "tokamax:");
+  EXPECT_EQ(parse_store_url("mem://x").name, "x");
+  testing::expect_invalid_argument([&] { parse_store_url("localhost:6379"); }, "expected redis://");
+  testing::expect_invalid_argument([&] { parse_store_url("http://h"); }, "scheme 'http'");
+  testing::expect_invalid_argument([&] { parse_store_url("redis://h:99999"); }, "port '99999'");
+  testing::expect_invalid_argument([&] { parse_store_url("redis://h:1/x"); }, "database 'x'");
+  testing::expect_invalid_argument([&] { parse_store_url("redis://u:p@h"); }, "credentials");
+  testing::expect_invalid_argument([&] { parse_store_url("redis://h?db=2"); },
+                                   "unknown parameter 'db=2'");
+}
+
+// The operations the protocols rely on, against any store.
+void check_store_semantics(Store& s, const std::function<void(int64_t)>& advance_ms) {
+  s.del("k");
+  EXPECT_FALSE(s.get("k"));
+  EXPECT_TRUE(s.set_if_absent("k", "a", 500));
+  EXPECT_FALSE(s.set_if_absent("k", "b", 500));
+  EXPECT_EQ(s.get("k").value_or(""), "a");
+  EXPECT_FALSE(s.renew_if_equal("k", "b", 500));
+  EXPECT_TRUE(s.renew_if_equal("k", "a", 500));
+  EXPECT_TRUE(s.exists("k"));
+  advance_ms(800);  // past the lease: gone, on the store's clock
+  EXPECT_FALSE(s.exists("k"));
+  EXPECT_TRUE(s.set_if_absent("k", "b", 0));
+  EXPECT_FALSE(s.delete_if_equal("k", "a"));
+  EXPECT_TRUE(s.delete_if_equal("k", "b"));
+  s.del("n");
+  EXPECT_EQ(s.increment("n"), 1);
+  EXPECT_EQ(s.increment("n"), 2);
+  s.del("h");
+  s.hash_set("h", "f1", "v1");
+  s.hash_set("h", "f2", std::string("v\0 2", 4));  // binary-safe
+  EXPECT_EQ(s.hash_len("h"), 2);
+  EXPECT_TRUE(s.hash_exists("h", "f1"));
+  EXPECT_EQ(s.hash_get("h", "f2").value_or(""), std::string("v\0 2", 4));
+  EXPECT_EQ(s.hash_fields("h"), (std::vector<std::string>{"f1", "f2"}));
+  s.hash_del("h", "f1");
+  EXPECT_EQ(s.hash_get_all("h").size(), 1u);
+  EXPECT_FALSE(s.hash_get("h", "f1"));
+  EXPECT_EQ(s.keys("h*"), (std::vector<std::string>{"h"}));
+  // A hash where a string is expected (a foreign value under a key) is a StoreError.
+  EXPECT_THROW(s.get("h"), StoreError);
+  EXPECT_GT(s.operations(), 20);
+}
+
+TEST(MemoryStore, Semantics) {
+  MemoryStore::reset("semantics");
+  MemoryStore s("semantics");
+  int64_t now = 1000;
+  s.set_clock([&] { return now; });
+  check_store_semantics(s, [&](int64_t ms) { now += ms; });
+}
+
+TEST(RedisStore, SemanticsAgainstARealServer) {
+  REQUIRE_REDIS();
+  testing::RedisServer server(scratch("semantics"));
+  ASSERT_TRUE(server.running());
+  const auto s = open_store(server.url());
+  check_store_semantics(
+      *s, [](int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
+  // A restarted server is reconnected to by the next command.
+  server.stop();
+  EXPECT_THROW(s->get("k"), StoreError);
+  server.start();
+  EXPECT_NO_THROW(s->set("k", "back"));
+}
+
+TEST(RedisStore, UnreachableOrSilentStoresFailWithinTheirTimeouts) {
+  using clock = std::chrono::steady_clock;
+  // Nothing listens: refused at once.
+  const int closed = testing::free_port();
+  auto t0 = clock::now();
+  EXPECT_THROW(open_store("redis://127.0.0.1:" + std::to_string(closed) + "/0"), StoreError);
+  EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 2.5);
+  // Listens but never answers (a hung server): the command timeout bounds the wait.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string url = "redis://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/0";
+  auto s = open_store(url, {0.5, 0.3});
+  t0 = clock::now();
+  try {
+    s->get("k");
+    ADD_FAILURE() << "no error from a server that never answers";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("GET failed"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 2.0);
+  close(fd);
+}
+
+// ---- The claim protocol, on the in-memory store's clock ----------------------------------------
+
+struct ProtocolRig {
+  explicit ProtocolRig(const std::string& name) {
+    MemoryStore::reset(name);
+    for (int k = 0; k < 3; ++k) {
+      stores.push_back(std::make_unique<MemoryStore>(name));
+      stores.back()->set_clock([this] { return now; });
+    }
+  }
+  ClaimProtocol make(int k, const std::vector<std::string>& ids) {
+    ClaimProtocol p(*stores[k], "run", "scope", "w" + std::to_string(k), 1000);
+    p.join(ids);
+    p.set_fields(p.order());
+    return p;
+  }
+  int64_t now = 0;
+  std::vector<std::unique_ptr<MemoryStore>> stores;
+};
+
+TEST(ClaimProtocol, EachKeyOnceAndTheFirstPlansOrderWins) {
+  ProtocolRig rig("claims_once");
+  auto a = rig.make(0, {"x", "y", "z"});
+  auto b = rig.make(1, {"z", "x", "y"});  // its own cost order; the plan's is used
+  EXPECT_EQ(b.order(), (std::vector<std::string>{"x", "y", "z"}));
+  std::set<size_t> got;
+  for (auto* p : {&a, &b, &a}) {
+    const auto i = p->claim_next();
+    ASSERT_TRUE(i);
+    EXPECT_TRUE(got.insert(*i).second) << "position handed out twice";
+  }
+  EXPECT_FALSE(b.claim_next());  // all three held by live leases
+  EXPECT_EQ(a.remaining(), 3);
+  for (size_t i : got) (i == 1 ? b : a).publish(i, a.order()[i], "r");
+  EXPECT_EQ(a.remaining(), 0);
+  EXPECT_FALSE(a.claim_next());
+  EXPECT_EQ(a.results().size(), 3u);
+}
+
+TEST(ClaimProtocol, DifferentInputsAreRefused) {
+  ProtocolRig rig("claims_differ");
+  rig.make(0, {"x", "y"});
+  testing::expect_invalid_argument([&] { rig.make(1, {"x", "y", "q"}); }, "other bound arguments");
+  testing::expect_invalid_argument([&] { rig.make(1, {"x"}); }, "use a new --run-id");
+  // A value that is not a plan under the plan's key (a foreign writer).
+  rig.stores[0]->set("tokamax:{run}:plan", "not json");
+  testing::expect_invalid_argument([&] { rig.make(2, {"x", "y"}); }, "not one this library wrote");
+  testing::expect_invalid_argument([&] { ClaimProtocol(*rig.stores[0], "a{b", "s", "w", 1000); },
+                                   "run id");
+}
+
+TEST(ClaimProtocol, ADeadProcesssKeyIsTakenOverWhenItsLeaseExpires) {
+  ProtocolRig rig("claims_dead");
+  auto dead = rig.make(0, {"x", "y"});
+  auto live = rig.make(1, {"x", "y"});
+  ASSERT_EQ(dead.claim_next(), 0u);  // then dies: never renews, never publishes
+  ASSERT_EQ(live.claim_next(), 1u);
+  rig.now += 600;
+  EXPECT_TRUE(live.renew(1));
+  EXPECT_FALSE(live.claim_next());  // x's lease is still live
+  EXPECT_NE(live.claimant(0).find("w0 (lease live)"), std::string::npos) << live.claimant(0);
+  rig.now += 600;  // x's lease expired (1.2 s > 1 s); y's was renewed at 0.6 s
+  EXPECT_NE(live.claimant(0).find("w0 (lease expired)"), std::string::npos) << live.claimant(0);
+  EXPECT_EQ(live.claim_next(), 0u);
+  live.publish(0, "x", "r0");
+  live.publish(1, "y", "r1");
+  EXPECT_EQ(live.remaining(), 0);
+  EXPECT_FALSE(dead.renew(0));  // the lease it lost
+}
+
+TEST(ClaimProtocol, APositionHandedOutButNeverClaimedIsFound) {
+  ProtocolRig rig("claims_orphan");
+  auto p = rig.make(0, {"x", "y", "z"});
+  // A process took position 0 from the cursor and died before claiming it.
+  rig.stores[1]->increment("tokamax:{run}:scope:cursor");
+  std::set<size_t> got;
+  while (const auto i = p.claim_next()) {
+    got.insert(*i);
+    p.publish(*i, p.order()[*i], "r");
+  }
+  EXPECT_EQ(got, (std::set<size_t>{0, 1, 2}));
+}
+
+// ---- Simulation --------------------------------------------------------------------------------
+
+TEST(FleetSimulation, ThousandWorkersTenThousandKeysFivePercentDying) {
+  FleetSimulation sim;
+  sim.workers = 1000;
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> cost(std::log(20000.0), 1.0);  // ms; median 20 s
+  for (int i = 0; i < 10000; ++i) sim.costs_ms.push_back(cost(rng));
+  sim.die_fraction = 0.05;
+  sim.latency_ms = 0.5;
+  sim.failure_rate = 0.001;
+  sim.seed = 11;
+  const FleetSimulationResult r = simulate_fleet(sim);
+  int died = 0;
+  for (bool d : r.died) died += d;
+  EXPECT_EQ(died, 50);
+  // Every key has exactly one result (a results hash has one field per key; a key tuned twice
+  // after a lost lease overwrites its own field).
+  EXPECT_EQ(r.keys_published, 10000);
+  EXPECT_GE(r.tunings_started, 10000);
+  const double ops_per_key = static_cast<double>(r.store_operations) / 10000;
+  std::printf(
+      "1000 workers, 10000 keys, 50 died: %d tunings started (%d lost with the dead), "
+      "%.1f store operations per key, makespan %.0f s\n",
+      r.tunings_started, r.tunings_started - 10000, ops_per_key, r.makespan_ms / 1000);
+  for (const auto& [c, m] : r.operations_by_command)
+    std::printf("  %-12s %.2f per key\n", c.c_str(), m / 10000.0);
+  EXPECT_LT(ops_per_key, 40);
+}
+
+// Keys of skewed cost: 40 keys, 4 of them 10x the rest, at the given positions of the list.
+FleetSimulation skewed(bool count_shards, const std::vector<int>& expensive) {
+  FleetSimulation sim;
+  sim.workers = 4;
+  sim.costs_ms.assign(40, 1000);
+  for (int i : expensive) sim.costs_ms[i] = 10000;
+  sim.count_shards = count_shards;
+  sim.poll_ms = 100;
+  return sim;
+}
+
+double last_over_mean(const FleetSimulationResult& r) { return r.max_finish_ms / r.mean_finish_ms; }
+
+TEST(FleetSimulation, CostOrderedClaimsBalanceSkewedKeys) {
+  // Adjacent, as a trace records a model's large layers one after the other: XLA's contiguous
+  // split by count gives them all to the first process.
+  const std::vector<int> adjacent = {0, 1, 2, 3};
+  const FleetSimulationResult dyn = simulate_fleet(skewed(false, adjacent));
+  const FleetSimulationResult xla = simulate_fleet(skewed(true, adjacent));
+  std::printf(
+      "4 processes, 40 keys (4 at 10x, adjacent): last/mean finish %.2f with cost-ordered "
+      "claims (makespan %.1f s), %.2f with contiguous shards by count (makespan %.1f s)\n",
+      last_over_mean(dyn), dyn.makespan_ms / 1000, last_over_mean(xla), xla.makespan_ms / 1000);
+  EXPECT_EQ(dyn.keys_published, 40);
+  EXPECT_LE(last_over_mean(dyn), 1.3);
+  EXPECT_GE(last_over_mean(xla), 2.0);
+  // Anywhere in the list (20 random placements): the claims stay balanced; the count split
+  // depends on where the large keys fall.
+  std::mt19937_64 rng(3);
+  double worst_dyn = 0, sum_xla = 0, worst_xla = 0;
+  for (int t = 0; t < 20; ++t) {
+    std::vector<int> pos(40);
+    for (int i = 0; i < 40; ++i) pos[i] = i;
+    std::shuffle(pos.begin(), pos.end(), rng);
+    pos.resize(4);
+    const double d = last_over_mean(simulate_fleet(skewed(false, pos)));
+    const double x = last_over_mean(simulate_fleet(skewed(true, pos)));
+    worst_dyn = std::max(worst_dyn, d);
+    worst_xla = std::max(worst_xla, x);
+    sum_xla += x;
+  }
+  std::printf(
+      "random placements: cost-ordered claims at most %.2f; count split mean %.2f, "
+      "worst %.2f\n",
+      worst_dyn, sum_xla / 20, worst_xla);
+  EXPECT_LE(worst_dyn, 1.3);
+}
+
+// ---- The remote cache rung ---------------------------------------------------------------------
+
+TEST(RemoteCache, ServesWhatAnotherProcessPublishedAndFallsBackWhenDown) {
+  const OpFamily& fam = find_family("layer_norm");
+  const auto spec = find_arg_specs("layer_norm", "layer_norm_smoke").at(0);
+  const BoundArguments bound = fam.bind_json(spec.arguments, "native");
+  auto call = fam.make_call(bound, 1);
+  const auto impl = fam.implementation("native");
+  const auto space = impl->autotuning_configs(*call);
+  ASSERT_FALSE(space.empty());
+  const Config tuned = space.back();
+
+  // "Another process" tuned it: its result published to the store.
+  MemoryStore::reset("remote");
+  MemoryStore other("remote");
+  AutotuningResult r;
+  AutotuningData d;
+  BenchmarkData bd;
+  bd.median_ms = 1;
+  d.set(tuned, bd);
+  r.add(bound, d);
+  EXPECT_EQ(RemoteCache::global().publish(r, &other), 1);
+
+  // Nothing shipped or in the user cache: the local ladder has nothing for it.
+  const std::string empty = scratch("remote_empty");
+  struct RestoreEnv {
+    std::map<std::string, std::optional<std::string>> saved;
+    void set(const char* name, const std::string& v) {
+      const char* old = std::getenv(name);
+      saved[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      setenv(name, v.c_str(), 1);
+    }
+    ~RestoreEnv() {
+      for (const auto& [n, v] : saved) v ? setenv(n.c_str(), v->c_str(), 1) : unsetenv(n.c_str());
+      DiskCache::global().clear();
+      RemoteCache::global().configure("");
+    }
+  } env;
+  env.set("TOKAMAX_DATA_DIR", empty);
+  env.set("TOKAMAX_CACHE_DIR", empty);
+  DiskCache::global().clear();
+  RemoteCache::global().configure("mem://remote");
+  CallOptions co;
+  co.implementation = "native";
+  {
+    // No scope, no disk cache entry for this config here: the remote rung answers.
+    const Explanation e = explain(fam, *call, co);
+    EXPECT_EQ(e.resolution.rung, Rung::kRemoteCache) << e.resolution.detail;
+    EXPECT_EQ(e.resolution.config.str(), tuned.str());
+    EXPECT_NE(e.resolution.detail.find("mem://remote"), std::string::npos);
+  }
+  // A corrupt entry is skipped with a warning: the next rung serves.
+  other.hash_set(RemoteCache::hash_key("tokamax:", "layer_norm", *impl), bound.key(), "{oops");
+  RemoteCache::global().clear();
+  EXPECT_EQ(explain(fam, *call, co).resolution.rung, Rung::kHeuristics);
+
+  // A store that is down costs its timeout once, then the back-off skips it.
+  const int closed = testing::free_port();
+  RemoteCacheOptions o;
+  o.store = {0.3, 0.3};
+  RemoteCache::global().configure("redis://127.0.0.1:" + std::to_string(closed) + "/0", o);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(explain(fam, *call, co).resolution.rung, Rung::kHeuristics);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+}
+
+}  // namespace
+}  // namespace tokamax
