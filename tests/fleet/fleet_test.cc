@@ -368,3 +368,44 @@ TEST(RemoteCache, ServesWhatAnotherProcessPublishedAndFallsBackWhenDown) {
 
 }  // namespace
 }  // namespace tokamax
+
+namespace tokamax {
+namespace {
+
+// tune_sharded in one process on the in-memory store: the merged result; a corrupt value under
+// a result's key (a foreign writer, a torn write) is discarded with a warning and its key tuned
+// again by the next process of the run.
+TEST(TuneSharded, CompletesAndRetunesACorruptResult) {
+  MemoryStore::reset("sharded");
+  MemoryStore store("sharded");
+  std::vector<BoundArguments> list;
+  for (const char* spec : {"layer_norm_smoke", "rms_norm_smoke_bf16"}) {
+    const auto s = find_arg_specs("layer_norm", spec).at(0);
+    list.push_back(find_family("layer_norm").bind_json(s.arguments, "native"));
+  }
+  AutotuneOptions o;
+  o.max_candidates = 2;
+  o.measure_budget_s = 0.2;
+  FleetOptions f;
+  f.run_id = "corrupt";
+  f.poll_s = 0.05;
+  f.host_lock_path = scratch("sharded") + "/measure.lock";
+  const AutotuningResult first = tune_sharded(list, store, o, f);
+  ASSERT_EQ(first.data().size(), 2u);
+  const std::string results =
+      "tokamax:{corrupt}:" + device_kind() + "@" + library_version() + ":results";
+  const auto fields = store.hash_fields(results);
+  ASSERT_EQ(fields.size(), 2u);
+  store.hash_set(results, fields[0], "{\"worker\":\"x\",\"result\":{\"device_kind\":5}}");
+  const AutotuningResult second = tune_sharded(list, store, o, f);
+  EXPECT_EQ(second.data().size(), 2u);
+  const std::string fixed = store.hash_get(results, fields[0]).value_or("");
+  EXPECT_NE(fixed.find(std::to_string(getpid())), std::string::npos) << fixed;
+  // A run id reused with other inputs: refused before any work.
+  list.pop_back();
+  testing::expect_invalid_argument([&] { tune_sharded(list, store, o, f); },
+                                   "other bound arguments");
+}
+
+}  // namespace
+}  // namespace tokamax
