@@ -142,31 +142,24 @@ def main():
                       "--lease-s", "1.5", "-o", "rkill_a.json", *FAST])
         b = autotune(["--bound-args", "ba.json", "--store", redis.url, "--run-id", "rkill",
                       "--lease-s", "1.5", "-o", "rkill_b.json", *FAST])
-        inflight = None
-        for _ in range(600):
-            sc = scope(redis, "rkill")
-            if sc:
-                inflight = f"tokamax:{{rkill}}:{sc}:inflight"
-                if f":{b.pid}/" in redis.cli("hvals", inflight):
-                    break
-            time.sleep(0.05)
+        inflight = run_key(redis, "rkill", "inflight")
+        held = wait_until(lambda: [i for i, v in hash_items(redis, inflight)
+                                   if f":{b.pid}/" in v])
+        check(bool(held), f"the second process holds a key ({held})")
         b.send_signal(signal.SIGKILL)
         b.wait()
         out, err = a.communicate(timeout=600)
         check(a.returncode == 0, f"survivor of a SIGKILL exits 0 ({err[-1500:]})")
         check(keys_of("rkill_a.json") == expected, "survivor's result is complete")
+        # The dead process held a key when killed; the result is complete, so the survivor tuned
+        # it after the lease expired, and nothing is left in flight.
+        check(not hash_items(redis, inflight), "nothing left in flight")
 
         # The store stopped mid-run: the deadline's error; restarted, a new run resumes.
         p = autotune(["--bound-args", "ba.json", "--store", redis.url, "--run-id", "rstop",
                       "--deadline-s", "12", "--store-timeout-s", "0.5", *FAST])
-        results_key = None
-        for _ in range(1200):
-            sc = scope(redis, "rstop")
-            if sc:
-                results_key = f"tokamax:{{rstop}}:{sc}:results"
-                if int(redis.cli("hlen", results_key) or 0) >= 2:
-                    break
-            time.sleep(0.05)
+        results_key = run_key(redis, "rstop", "results")
+        wait_until(lambda: int(redis.cli("hlen", results_key) or 0) >= 2)
         published = int(redis.cli("hlen", results_key))
         redis.stop(save=True)
         t0 = time.time()
@@ -203,6 +196,10 @@ def main():
         r = subprocess.run([CLI, "cache", "show", "--store", redis.url], capture_output=True,
                            text=True, env=env())
         check(r.returncode == 0 and "layer_norm" in r.stdout, "cache show --store lists it")
+        r = subprocess.run([CLI, "cache", "merge", "r1_0.json", "--store", redis.url],
+                           capture_output=True, text=True, env=env())
+        check(r.returncode == 0 and f"{len(expected)} of {len(expected)} keys published" in r.stdout,
+              f"cache merge --store publishes a result file ({r.stdout.strip()} {r.stderr[-300:]})")
         r = subprocess.run([CLI, "cache", "verify", "--store", redis.url], capture_output=True,
                            text=True, env=env())
         check(r.returncode == 0 and r.stdout.startswith("ok"), f"cache verify --store ({r.stdout})")
@@ -244,6 +241,27 @@ def main():
     finally:
         cluster.stop()
     print("fleet ok")
+
+
+def wait_until(fn, timeout=60):
+    """fn's first truthy value, polled every 50 ms (its last value after `timeout` seconds)."""
+    end = time.time() + timeout
+    while True:
+        v = fn()
+        if v or time.time() > end:
+            return v
+        time.sleep(0.05)
+
+
+def run_key(redis, run_id, suffix):
+    """A key of the run's scope, once the run has started."""
+    sc = wait_until(lambda: scope(redis, run_id))
+    return f"tokamax:{{{run_id}}}:{sc}:{suffix}"
+
+
+def hash_items(redis, key):
+    lines = redis.cli("hgetall", key).splitlines()
+    return list(zip(lines[::2], lines[1::2]))
 
 
 def scope(redis, run_id):

@@ -409,3 +409,26 @@ TEST(TuneSharded, CompletesAndRetunesACorruptResult) {
 
 }  // namespace
 }  // namespace tokamax
+
+namespace tokamax {
+namespace {
+
+TEST(HostMeasurementLock, OneHolderAtATimeAndBoundedWaits) {
+  const std::string path = scratch("host_lock") + "/measure.lock";
+  auto held = lock_host_measurement(path, 1);
+  // Another holder (flock locks belong to the open file, so a second open in this process
+  // contends as another process would) waits at most its timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    lock_host_measurement(path, 0.2);
+    ADD_FAILURE() << "a second holder got the lock";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("waited"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.5);
+  held.reset();
+  EXPECT_NO_THROW(lock_host_measurement(path, 0.2));
+}
+
+}  // namespace
+}  // namespace tokamax
