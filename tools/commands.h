@@ -100,6 +100,7 @@ struct FleetArgs {
   int rank = -1, world_size = -1;  // -1: from the launcher's variables, else 0 of 1
   double lease_s = 30, deadline_s = 24 * 3600, poll_s = 1;
   double command_timeout_s = 2;  // connecting and each command
+  std::string host_lock;         // empty: $TMPDIR/tokamax-measure.lock
 };
 AutotuningResult autotune_sharded(const std::vector<BoundArguments>& list,
                                   const AutotuneOptions& tune_options, const FleetArgs& args);

@@ -42,6 +42,7 @@ AutotuningResult autotune_sharded(const std::vector<BoundArguments>& list,
   f.lease_s = args.lease_s;
   f.deadline_s = args.deadline_s;
   f.poll_s = args.poll_s;
+  f.host_lock_path = args.host_lock;
   if (args.rank >= 0 || args.world_size > 0) {
     if (args.rank < 0 || args.world_size <= 0)
       throw InvalidArgument("--rank and --world-size go together");

@@ -516,6 +516,9 @@ int main(int argc, char** argv) {
                        "with --store: the whole run's deadline (default 86400)");
   autotune->add_option("--poll-s", a.fleet.poll_s,
                        "with --store: wait between looks while others tune (default 1)");
+  autotune->add_option("--host-lock", a.fleet.host_lock,
+                       "with --store: the file locked while measuring, shared by the processes "
+                       "of this machine (default $TMPDIR/tokamax-measure.lock)");
   autotune->add_option("--store-timeout-s", a.fleet.command_timeout_s,
                        "with --store: connect and command timeout (default 2)");
   add_threads(autotune);

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <queue>
 #include <random>
 #include <set>
@@ -400,6 +401,16 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
   const std::string lock_path =
       options.host_lock_path.empty() ? default_lock_path() : options.host_lock_path;
 
+  {
+    // The lock file must be usable before any work: a key whose measurement cannot take it
+    // would fail for every process of this machine.
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0) {
+      throw InvalidArgument("the host measurement lock " + lock_path + " cannot be opened (" +
+                            std::strerror(errno) + "); give another path (--host-lock)");
+    }
+    ::close(fd);
+  }
   AutotuneOptions to = tune_options;
   to.exclusive = [lock_path, deadline] {
     return lock_host_measurement(lock_path, std::max(1.0, deadline - now_s()));

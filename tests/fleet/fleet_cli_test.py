@@ -217,6 +217,11 @@ def main():
         p = autotune(["--bound-args", "ba.json", "--store", dead, "--run-id", "x", *FAST])
         out, err = p.communicate(timeout=60)
         check(p.returncode == 1 and "cannot connect" in err, f"unreachable store ({err[-300:]})")
+        # A host measurement lock that cannot be used: refused before any work.
+        p = autotune(["--bound-args", "ba.json", "--store", redis.url, "--run-id", "lock",
+                      "--host-lock", os.path.join(WORK, "no", "such", "dir"), *FAST])
+        out, err = p.communicate(timeout=60)
+        check(p.returncode == 2 and "cannot be opened" in err, f"unusable host lock ({err[-300:]})")
     finally:
         redis.stop()
 
