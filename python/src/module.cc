@@ -507,6 +507,8 @@ void translate(const std::exception_ptr& p, void*) {
     PyErr_SetString(PyExc_NotImplementedError, e.message().c_str());
   } catch (const CacheMiss& e) {
     PyErr_SetString(g_cache_miss_error, e.message().c_str());
+  } catch (const StoreError& e) {
+    PyErr_SetString(PyExc_ConnectionError, e.message().c_str());
   } catch (const Json::exception& e) {
     PyErr_SetString(PyExc_ValueError, (std::string("malformed JSON: ") + e.what()).c_str());
   }
@@ -1124,6 +1126,38 @@ NB_MODULE(_core, m) {
         return PyResult(Autotuner(o).tune_all(list));
       },
       "bound_args"_a, "ignore_cache"_a = false, "all_implementations"_a = false,
+      "budget_s"_a = nb::none(), "measure_budget_s"_a = nb::none(), "max_candidates"_a = nb::none(),
+      "seed"_a = 0);
+  // Sharded tuning with the run's other processes through a store (README "Fleet tuning").
+  m.def(
+      "autotune_sharded",
+      [](const std::vector<BoundArguments>& list, const std::string& store,
+         const std::string& run_id, std::optional<int> rank, std::optional<int> world_size,
+         double lease_s, double deadline_s, bool all_implementations,
+         std::optional<double> budget_s, std::optional<double> measure_budget_s,
+         std::optional<int> max_candidates, uint64_t seed) {
+        AutotuneOptions o = autotune_options(false, all_implementations, budget_s, measure_budget_s,
+                                             max_candidates, seed);
+        FleetOptions f;
+        f.run_id = run_id;
+        f.lease_s = lease_s;
+        f.deadline_s = deadline_s;
+        if (rank.has_value() != world_size.has_value())
+          throw InvalidArgument("autotune: rank and world_size go together");
+        if (rank) {
+          f.rank = *rank;
+          f.world_size = *world_size;
+        } else if (const auto l = launcher_rank()) {
+          f.rank = l->rank;
+          f.world_size = l->world_size;
+        }
+        if (run_id.empty()) throw InvalidArgument("autotune: a store needs a run_id");
+        nb::gil_scoped_release unlocked;
+        const auto s = open_store(store);
+        return PyResult(tune_sharded(list, *s, o, f));
+      },
+      "bound_args"_a, "store"_a, "run_id"_a, "rank"_a = nb::none(), "world_size"_a = nb::none(),
+      "lease_s"_a = 30.0, "deadline_s"_a = 86400.0, "all_implementations"_a = false,
       "budget_s"_a = nb::none(), "measure_budget_s"_a = nb::none(), "max_candidates"_a = nb::none(),
       "seed"_a = 0);
 }

@@ -1363,6 +1363,32 @@ def test_autotune_bound_args_and_file(tuned, tmp_path):
         tc.autotune(f, x, w, budget_s=0)
 
 
+def test_autotune_with_a_store(tuned, tmp_path, monkeypatch):
+    """Sharded tuning from Python: the in-process store (mem://) stands in for Redis here (the
+    multi-process runs against a real redis-server are tests/fleet/fleet_cli_test.py)."""
+    result, f, x, w = tuned
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the host measurement lock's directory
+    bound = tc.get_bound_args(f, x, w)
+    r = tc.autotune(bound, store="mem://py", run_id="py1", budget_s=5, measure_budget_s=1,
+                    max_candidates=2)
+    assert len(r) == 1 and r.data[0][0] == bound[0]
+    # A second process of the run finds the result published: nothing left to tune.
+    again = tc.autotune(bound, store="mem://py", run_id="py1", max_candidates=2)
+    assert again.dumps() == r.dumps()
+    with pytest.raises(ValueError, match="other bound arguments"):
+        tc.autotune(bound + tc.get_bound_args(lambda: tc.ragged_dot(*tiny_ragged((9, 8, 12), (4, 5)),
+                                                                    implementation="native")),
+                    store="mem://py", run_id="py1")
+    with pytest.raises(ConnectionError, match="cannot connect"):
+        tc.autotune(bound, store="redis://127.0.0.1:1/0", run_id="x")
+    with pytest.raises(ValueError, match="needs a run_id"):
+        tc.autotune(bound, store="mem://py")
+    with pytest.raises(ValueError, match="run_id needs a store"):
+        tc.autotune(bound, run_id="x")
+    with pytest.raises(ValueError, match="tunes a list or file"):
+        tc.autotune(f, x, w, store="mem://py", run_id="y")
+
+
 def test_cache_miss_policy_error(monkeypatch, tuned):
     result, f, x, w = tuned
     x2, w2, gs2 = tiny_ragged((37, 19, 23), (11, 0, 20))  # a shape nothing has tuned

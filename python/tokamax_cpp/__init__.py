@@ -117,8 +117,20 @@ def autotune(
     measure_budget_s: float | None = None,
     max_candidates: int | None = None,
     seed: int = 0,
+    store: str | None = None,
+    run_id: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    lease_s: float = 30.0,
+    deadline_s: float = 86400.0,
 ) -> AutotuningResult:
     """Tunes the op calls of ``f(*args)``, a list of BoundArguments, or a bound-args file.
+
+    With ``store="redis://host:port/db"`` and a ``run_id``, a list or file is tuned together
+    with every other process of the run that gives the same inputs (README "Fleet tuning over
+    Redis"); each returns the complete merged result. ``rank``/``world_size`` default to the
+    launcher's variables (OpenMPI, Slurm, torchrun). A store that cannot be reached raises
+    ConnectionError.
 
     A callable runs once on this thread while its op calls are recorded; keys that an active
     ``with result:`` scope or the disk cache already answers are skipped unless
@@ -129,6 +141,9 @@ def autotune(
                 budget_s=budget_s, measure_budget_s=measure_budget_s,
                 max_candidates=max_candidates, seed=seed)
     if callable(f):
+        if store is not None:
+            raise ValueError("autotune: a store run tunes a list or file of BoundArguments; "
+                             "record them first (get_bound_args or a trace)")
         return _core.autotune_fn(f, tuple(args), **opts)
     if args:
         raise ValueError("autotune: positional arguments are for a callable only")
@@ -139,4 +154,13 @@ def autotune(
         if not isinstance(b, BoundArguments):
             raise ValueError(f"autotune: bound_args[{i}] is a {type(b).__name__}; expected "
                              "BoundArguments")
+    if store is not None:
+        if ignore_cache:
+            raise ValueError("autotune: ignore_cache applies to a callable, not to a store run")
+        del opts["ignore_cache"]
+        return _core.autotune_sharded(bound, store, run_id or "", rank=rank,
+                                      world_size=world_size, lease_s=lease_s,
+                                      deadline_s=deadline_s, **opts)
+    if run_id is not None:
+        raise ValueError("autotune: run_id needs a store")
     return _core.autotune_bound_args(bound, **opts)
