@@ -38,11 +38,10 @@ void worker_cycle(const std::string& url, const std::string& run,
                   int* tuned) {
   auto store = tk::open_store(url);
   tk::ClaimProtocol p(*store, run, "bench", "w", 30000);
-  p.join(ids);
-  p.set_fields(p.order());
+  p.join(ids, ids);
   while (const auto i = p.claim_next()) {
     p.renew(*i);
-    p.publish(*i, p.order()[*i], value);
+    p.publish(*i, value);
     p.remaining();  // the runner's progress count
     ++*tuned;
   }

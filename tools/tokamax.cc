@@ -232,7 +232,7 @@ int cmd_autotune(Args& a) {
   if (a.max_candidates > 0) o.max_candidates = a.max_candidates;
   o.all_implementations = a.all_impls;
   const bool sharded = !a.fleet.store.empty();
-  if (!a.json && !sharded) {
+  if (!a.json) {
     auto printer = std::make_shared<tk::cli::ProgressPrinter>(isatty(STDERR_FILENO), 30);
     o.progress = [printer](const tk::AutotuneProgress& p) {
       const int width = 30, filled = p.total ? width * p.done / p.total : width;

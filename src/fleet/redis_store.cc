@@ -29,6 +29,14 @@ constexpr const char* kReleaseScript =
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('del', KEYS[1]) else return 0 end";
 
+// SET NX PX and the in-flight listing in one step, so that a claim is never unlisted.
+constexpr const char* kClaimScript =
+    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
+    "redis.call('hset', KEYS[2], ARGV[3], ARGV[1]) return 1 else return 0 end";
+constexpr const char* kHashDeleteScript =
+    "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then "
+    "return redis.call('hdel', KEYS[1], ARGV[1]) else return 0 end";
+
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };
@@ -65,6 +73,17 @@ class RedisStore : public Store {
   }
   bool delete_if_equal(const std::string& key, const std::string& value) override {
     return integer_of(*command({"EVAL", kReleaseScript, "1", key, value}), "EVAL release") == 1;
+  }
+  bool claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
+             const std::string& list_key, const std::string& field) override {
+    return integer_of(*command({"EVAL", kClaimScript, "2", lease_key, list_key, token,
+                                std::to_string(ttl_ms), field}),
+                      "EVAL claim") == 1;
+  }
+  bool hash_delete_if_equal(const std::string& key, const std::string& field,
+                            const std::string& value) override {
+    return integer_of(*command({"EVAL", kHashDeleteScript, "1", key, field, value}),
+                      "EVAL hdel_if") == 1;
   }
   void del(const std::string& key) override { command({"DEL", key}); }
   int64_t increment(const std::string& key) override {
@@ -147,7 +166,28 @@ class RedisStore : public Store {
     }
     redisSetTimeout(c, to_timeval(options_.command_timeout_s));
     ctx_ = c;
-    if (url_.db != 0) raw({"SELECT", std::to_string(url_.db)});
+    try {
+      // HRANDFIELD (the sweep) needs Redis 6.2; an older server is refused here, not by a
+      // sweep that fails until the deadline.
+      const Reply info = raw({"INFO", "server"});
+      const std::string text = string_of(*info, "INFO");
+      const auto at = text.find("redis_version:");
+      int major = 0, minor = 0;
+      if (at == std::string::npos ||
+          std::sscanf(text.c_str() + at + 14, "%d.%d", &major, &minor) != 2) {
+        throw StoreError(describe() + ": INFO does not name a redis_version");
+      }
+      if (major < 6 || (major == 6 && minor < 2)) {
+        throw StoreError(describe() + ": Redis " + std::to_string(major) + "." +
+                         std::to_string(minor) + " is too old (6.2 or later is needed)");
+      }
+      if (url_.db != 0) raw({"SELECT", std::to_string(url_.db)});
+    } catch (...) {
+      // Never keep a connection on the wrong database or an unusable server.
+      if (ctx_) redisFree(ctx_);
+      ctx_ = nullptr;
+      throw;
+    }
   }
 
   [[noreturn]] void bad_reply(const char* what) const {

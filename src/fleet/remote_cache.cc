@@ -28,42 +28,43 @@ RemoteCache& RemoteCache::global() {
 
 void RemoteCache::configure(const std::string& url, RemoteCacheOptions options) {
   if (!url.empty()) parse_store_url(url);  // InvalidArgument now, not at the first call
-  std::lock_guard<std::mutex> lock(mu_);
-  configured_ = true;
+  std::call_once(env_once_, [] {});        // the environment no longer applies
+  std::unique_lock<std::shared_mutex> lock(mu_);
   url_ = url;
   options_ = options;
   store_.reset();
   down_until_ = 0;
   known_.clear();
+  enabled_.store(!url.empty(), std::memory_order_release);
+}
+
+void RemoteCache::configure_from_env() {
+  const char* env = std::getenv("TOKAMAX_REMOTE_CACHE");
+  if (!env || !*env) return;
+  try {
+    parse_store_url(env);
+  } catch (const InvalidArgument& e) {
+    TOKAMAX_LOG("remote_cache", kWarning, std::string("TOKAMAX_REMOTE_CACHE ignored: ") + e.what());
+    return;
+  }
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  url_ = env;
+  enabled_.store(true, std::memory_order_release);
 }
 
 bool RemoteCache::enabled() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!configured_) {
-    configured_ = true;
-    const char* env = std::getenv("TOKAMAX_REMOTE_CACHE");
-    url_ = env ? env : "";
-    if (!url_.empty()) {
-      try {
-        parse_store_url(url_);
-      } catch (const InvalidArgument& e) {
-        TOKAMAX_LOG("remote_cache", kWarning,
-                    std::string("TOKAMAX_REMOTE_CACHE ignored: ") + e.what());
-        url_.clear();
-      }
-    }
-  }
-  return !url_.empty();
+  std::call_once(env_once_, [this] { configure_from_env(); });
+  return enabled_.load(std::memory_order_acquire);
 }
 
 std::string RemoteCache::url() {
   enabled();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock<std::shared_mutex> lock(mu_);
   return url_;
 }
 
 void RemoteCache::clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::shared_mutex> lock(mu_);
   known_.clear();
   down_until_ = 0;
 }
@@ -74,15 +75,33 @@ std::string RemoteCache::hash_key(const std::string& prefix, const std::string& 
                      family, impl.name(), impl.version(), library_version());
 }
 
-// The store, connected, or null inside a back-off period; mu_ held.
-std::unique_ptr<Store> RemoteCache::connect_locked() {
-  if (now_s() < down_until_) return nullptr;
+void RemoteCache::back_off(const std::string& why) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  store_.reset();
+  down_until_ = now_s() + options_.backoff_s;
+  TOKAMAX_LOG("remote_cache", kWarning,
+              fmt::format("{}; local cache only for {:g} s", why, options_.backoff_s));
+}
+
+std::shared_ptr<Store> RemoteCache::store() {
+  std::string url;
+  StoreOptions so;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (store_) return store_;
+    if (now_s() < down_until_) return nullptr;
+    url = url_;
+    so = options_.store;
+  }
+  // Connected outside the lock (bounded by the connect timeout); a second thread racing here
+  // opens its own connection and the first one kept wins.
   try {
-    return open_store(url_, options_.store);
+    std::shared_ptr<Store> s = open_store(url, so);
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    if (!store_) store_ = std::move(s);
+    return store_;
   } catch (const std::exception& e) {
-    down_until_ = now_s() + options_.backoff_s;
-    TOKAMAX_LOG("remote_cache", kWarning,
-                fmt::format("{}; local cache only for {:g} s", e.what(), options_.backoff_s));
+    back_off(e.what());
     return nullptr;
   }
 }
@@ -90,38 +109,48 @@ std::unique_ptr<Store> RemoteCache::connect_locked() {
 std::optional<Config> RemoteCache::lookup(const Implementation& impl, const BoundArguments& bound,
                                           std::string* detail) {
   if (!enabled()) return std::nullopt;
-  std::lock_guard<std::mutex> lock(mu_);
-  const std::string hkey = hash_key("", bound.family(), impl);
-  const std::string id = hkey + "|" + bound.key();
-  auto it = known_.find(id);
-  if (it != known_.end() && (it->second.config || now_s() < it->second.expires)) {
-    if (it->second.config && detail) *detail = it->second.detail;
-    return it->second.config;
+  const std::string id = hash_key("", bound.family(), impl) + "|" + bound.key();
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    auto it = known_.find(id);
+    if (it != known_.end() && (it->second.config || now_s() < it->second.expires)) {
+      if (it->second.config && detail) *detail = it->second.detail;
+      return it->second.config;
+    }
   }
-  if (!store_) store_ = connect_locked();
-  if (!store_) return std::nullopt;
+  const std::shared_ptr<Store> s = store();
+  if (!s) return std::nullopt;
   Known k;
+  const double t0 = now_s();
+  double slow_s = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    slow_s = options_.store.command_timeout_s / 2;
+  }
   try {
-    const auto v = store_->hash_get(hash_key(store_->prefix(), bound.family(), impl), bound.key());
+    const auto v = s->hash_get(hash_key(s->prefix(), bound.family(), impl), bound.key());
     if (v) {
-      const Json j = parse_json(*v, store_->describe() + " entry " + bound.key());
+      const Json j = parse_json(*v, s->describe() + " entry " + bound.key());
       k.config = impl.config_from_json(j.at("config"));
-      k.detail = store_->describe();
-      if (j.contains("by")) k.detail += " (tuned by " + j["by"].get<std::string>() + ")";
+      k.detail = s->describe();
+      if (j.contains("by") && j["by"].is_string())
+        k.detail += " (tuned by " + j["by"].get<std::string>() + ")";
       if (j.contains("evidence") && j["evidence"].is_string())
         k.detail += "; tuned: " + j["evidence"].get<std::string>();
     }
   } catch (const StoreError& e) {
-    store_.reset();
-    down_until_ = now_s() + options_.backoff_s;
-    TOKAMAX_LOG("remote_cache", kWarning,
-                fmt::format("{}; local cache only for {:g} s", e.what(), options_.backoff_s));
+    back_off(e.what());
     return std::nullopt;
   } catch (const std::exception& e) {
     // A corrupt or foreign entry: a warning, then the next rung (as for a local cache file).
     TOKAMAX_LOG("remote_cache", kWarning, std::string("unusable entry ignored: ") + e.what());
     k.config.reset();
   }
+  if (now_s() - t0 > slow_s) {
+    back_off(fmt::format("{} answered in {:.0f} ms, too slow for the call path", s->describe(),
+                         (now_s() - t0) * 1e3));
+  }
+  std::unique_lock<std::shared_mutex> lock(mu_);
   k.expires = now_s() + options_.miss_ttl_s;
   known_[id] = k;
   if (k.config && detail) *detail = k.detail;
@@ -129,11 +158,10 @@ std::optional<Config> RemoteCache::lookup(const Implementation& impl, const Boun
 }
 
 int RemoteCache::publish(const AutotuningResult& result, Store* store) {
-  std::unique_ptr<Store> own;
+  std::shared_ptr<Store> own;
   if (!store) {
     if (!enabled()) return 0;
-    std::lock_guard<std::mutex> lock(mu_);
-    own = connect_locked();
+    own = this->store();
     if (!own) return 0;
     store = own.get();
   }
@@ -152,12 +180,12 @@ int RemoteCache::publish(const AutotuningResult& result, Store* store) {
                       bound.key(), v.dump());
       ++n;
     }
-  } catch (const StoreError& e) {
+  } catch (const std::exception& e) {
     TOKAMAX_LOG(
         "remote_cache", kWarning,
         fmt::format("publishing to the remote cache failed after {} entries: {}", n, e.what()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::shared_mutex> lock(mu_);
   known_.clear();  // what was published must be read, not a remembered miss
   return n;
 }

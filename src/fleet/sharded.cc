@@ -33,6 +33,12 @@ namespace {
 
 constexpr int kPlanFormat = 1;
 constexpr int kSweepSample = 4;  // in-flight keys a sweep looks at
+constexpr int kScanTries = 16;   // unlisted keys a scan tries to claim
+
+std::mt19937_64& rng() {
+  thread_local std::mt19937_64 r(std::random_device{}());
+  return r;
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -66,63 +72,89 @@ ClaimProtocol::ClaimProtocol(Store& store, std::string run_id, std::string scope
   if (run_.empty() || run_.find_first_of("{}") != std::string::npos) {
     throw InvalidArgument("run id '" + run_ + "': expected a non-empty name without { or }");
   }
+  // Lease tokens are unique to this object: two runs in one process, or two processes that
+  // share a host name and pid (containers), never act on each other's leases.
+  nonce_ = hex64(std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                 reinterpret_cast<uintptr_t>(this));
 }
 
 std::string ClaimProtocol::key(const std::string& suffix) const {
   return store_.prefix() + "{" + run_ + "}:" + scope_ + ":" + suffix;
 }
 
-std::optional<std::vector<std::string>> ClaimProtocol::existing_order() {
-  const auto plan = store_.get(store_.prefix() + "{" + run_ + "}:plan");
-  if (!plan) return std::nullopt;
+namespace {
+
+struct Plan {
+  std::string digest, by;
   std::vector<std::string> order;
+};
+
+Plan read_plan(const std::string& text, const std::string& run, const std::string& where) {
+  Plan p;
   try {
-    const Json j = parse_json(*plan, "the plan of run " + run_);
+    const Json j = parse_json(text, "the plan of run " + run);
     if (j.at("format").get<int>() != kPlanFormat) throw std::runtime_error("unknown format");
-    order = j.at("order").get<std::vector<std::string>>();
+    p.digest = j.at("digest").get<std::string>();
+    p.by = j.value("by", "?");
+    p.order = j.at("order").get<std::vector<std::string>>();
   } catch (const std::exception& e) {
-    throw InvalidArgument("run " + run_ + " on " + store_.describe() +
+    throw InvalidArgument("run " + run + " on " + where +
                           ": its plan is not one this library wrote (" + e.what() +
                           "); use another run id");
   }
-  return order;
+  return p;
 }
 
-void ClaimProtocol::join(const std::vector<std::string>& ids) {
-  const std::string digest = digest_of(ids);
-  const std::string plan_key = store_.prefix() + "{" + run_ + "}:plan";
-  Json plan = {{"format", kPlanFormat}, {"digest", digest}, {"order", ids}, {"by", worker_}};
-  if (store_.set_if_absent(plan_key, plan.dump())) {
-    order_ = ids;
-    return;
+}  // namespace
+
+std::optional<std::vector<std::string>> ClaimProtocol::existing_order() {
+  const auto plan = store_.get(key("plan"));
+  if (!plan) return std::nullopt;
+  return read_plan(*plan, run_, store_.describe()).order;
+}
+
+void ClaimProtocol::join(const std::vector<std::string>& ids,
+                         const std::vector<std::string>& fields) {
+  if (ids.size() != fields.size()) throw Error("ClaimProtocol::join: one field per id");
+  const std::string digest = digest_of(fields);
+  const Json plan = {{"format", kPlanFormat}, {"digest", digest}, {"order", ids}, {"by", worker_}};
+  Plan theirs;
+  if (store_.set_if_absent(key("plan"), plan.dump())) {
+    theirs.order = ids;
+  } else {
+    theirs = read_plan(store_.get(key("plan")).value_or(""), run_, store_.describe());
+    if (theirs.digest != digest) {
+      throw InvalidArgument(fmt::format(
+          "run {} on {} was started by {} with other bound arguments ({} keys, digest {}); this "
+          "process has {} keys (digest {}). Every process of a run must tune the same "
+          "bound-args file with the same library build; entries without num_threads take each "
+          "machine's thread count, and entries without an implementation expand to those its "
+          "CPU supports, so give both in the file. Check the file, or use a new --run-id",
+          run_, store_.describe(), theirs.by, theirs.order.size(), theirs.digest, ids.size(),
+          digest));
+    }
   }
-  const auto theirs = store_.get(plan_key);
-  std::string their_digest, by;
-  try {
-    const Json j = parse_json(theirs.value_or(""), "the plan of run " + run_);
-    their_digest = j.at("digest").get<std::string>();
-    by = j.value("by", "?");
-    order_ = j.at("order").get<std::vector<std::string>>();
-  } catch (const std::exception& e) {
-    throw InvalidArgument("run " + run_ + " on " + store_.describe() +
-                          ": its plan is not one this library wrote (" + e.what() +
-                          "); use another run id");
-  }
-  if (their_digest != digest || digest_of(order_) != digest) {
-    throw InvalidArgument(fmt::format(
-        "run {} on {} was started by {} with other bound arguments ({} keys, digest {}); this "
-        "process has {} keys (digest {}). Every process of a run must tune the same bound-args "
-        "file: check the file, or use a new --run-id",
-        run_, store_.describe(), by, order_.size(), their_digest, ids.size(), digest));
+  std::map<std::string, std::string> field_of;
+  for (size_t i = 0; i < ids.size(); ++i) field_of[ids[i]] = fields[i];
+  order_.clear();
+  fields_.clear();
+  for (const auto& id : theirs.order) {
+    auto it = field_of.find(id);
+    if (it == field_of.end())
+      throw InvalidArgument("run " + run_ + ": its plan names a key this process does not have");
+    order_.push_back(id);
+    fields_.push_back(it->second);
   }
 }
 
 bool ClaimProtocol::try_claim(size_t i) {
-  const std::string token = worker_ + "#" + std::to_string(++claims_);
-  // Listed in flight before the lease is taken: a key is never claimed without being listed,
-  // so a sweep finds every dead process's key (a listing without a lease is free to take).
-  store_.hash_set(key("inflight"), std::to_string(i), token);
-  if (!store_.set_if_absent(key("claim:" + std::to_string(i)), token, lease_ms_)) return false;
+  const std::string token = worker_ + "#" + nonce_ + "." + std::to_string(++claims_);
+  // The lease and its listing in flight are set together: a claimed key is always listed, so a
+  // sweep finds every dead process's key.
+  if (!store_.claim(key("claim:" + std::to_string(i)), token, lease_ms_, key("inflight"),
+                    std::to_string(i))) {
+    return false;
+  }
   tokens_[i] = token;
   return true;
 }
@@ -130,15 +162,19 @@ bool ClaimProtocol::try_claim(size_t i) {
 bool ClaimProtocol::claim_published(size_t i) {
   if (!store_.hash_exists(key("results"), fields_[i])) return false;
   // Published between our look and the claim (its lease released): not ours to redo.
-  store_.delete_if_equal(key("claim:" + std::to_string(i)), tokens_[i]);
-  tokens_.erase(i);
-  store_.hash_del(key("inflight"), std::to_string(i));
+  release(i);
   return true;
 }
 
-std::optional<size_t> ClaimProtocol::claim_next() {
-  if (fields_.size() != order_.size())
-    throw Error("ClaimProtocol: set_fields must give one field per plan entry");
+void ClaimProtocol::release(size_t i) {
+  auto it = tokens_.find(i);
+  if (it == tokens_.end()) return;
+  store_.hash_delete_if_equal(key("inflight"), std::to_string(i), it->second);
+  store_.delete_if_equal(key("claim:" + std::to_string(i)), it->second);
+  tokens_.erase(it);
+}
+
+std::optional<size_t> ClaimProtocol::claim_next(bool scan_all) {
   const size_t n = order_.size();
   // First pass: positions handed out by the shared cursor, one process each.
   while (!cursor_done_) {
@@ -152,7 +188,7 @@ std::optional<size_t> ClaimProtocol::claim_next() {
     if (try_claim(i)) return i;
   }
   const int64_t left = remaining();
-  if (left == 0) return std::nullopt;
+  if (left == 0 && !scan_all) return std::nullopt;
   // The sweep: keys in flight whose lease has expired (their process died). A random sample
   // per look, so that many idle processes cost the store a few commands each, not one per key
   // in flight; a dead process's key is found within a few looks of its lease's expiry.
@@ -167,13 +203,20 @@ std::optional<size_t> ClaimProtocol::claim_next() {
     if (try_claim(i) && !claim_published(i)) return i;
   }
   // More keys missing than listed in flight: some were handed out by the cursor and never
-  // listed (the store failed, or the process died, right after the cursor). Rare; only then
-  // both lists are read, and the unlisted keys claimed.
-  if (left > store_.hash_len(key("inflight"))) {
+  // claimed (a process died, or the store failed, right after the cursor), or a store restarted
+  // without its snapshot. Rare; only then both lists are read, and a bounded number of the
+  // unlisted keys tried, from a random start (so that idle processes spread out).
+  if (scan_all || left > store_.hash_len(key("inflight"))) {
     const auto listed = store_.hash_fields(key("inflight"));
     const std::set<std::string> in_flight(listed.begin(), listed.end());
+    std::vector<size_t> unlisted;
     for (size_t i : missing()) {
-      if (in_flight.count(std::to_string(i))) continue;
+      if (!in_flight.count(std::to_string(i))) unlisted.push_back(i);
+    }
+    const size_t m = unlisted.size();
+    const size_t start = m ? std::uniform_int_distribution<size_t>(0, m - 1)(rng()) : 0;
+    for (size_t k = 0; k < std::min<size_t>(m, kScanTries); ++k) {
+      const size_t i = unlisted[(start + k) % m];
       if (try_claim(i) && !claim_published(i)) return i;
     }
   }
@@ -181,7 +224,8 @@ std::optional<size_t> ClaimProtocol::claim_next() {
 }
 
 int64_t ClaimProtocol::remaining() {
-  return static_cast<int64_t>(order_.size()) - store_.hash_len(key("results"));
+  return std::max<int64_t>(0,
+                           static_cast<int64_t>(order_.size()) - store_.hash_len(key("results")));
 }
 
 bool ClaimProtocol::renew(size_t i) {
@@ -190,14 +234,9 @@ bool ClaimProtocol::renew(size_t i) {
   return store_.renew_if_equal(key("claim:" + std::to_string(i)), it->second, lease_ms_);
 }
 
-void ClaimProtocol::publish(size_t i, const std::string& field, const std::string& value) {
-  store_.hash_set(key("results"), field, value);
-  store_.hash_del(key("inflight"), std::to_string(i));
-  auto it = tokens_.find(i);
-  if (it != tokens_.end()) {
-    store_.delete_if_equal(key("claim:" + std::to_string(i)), it->second);
-    tokens_.erase(it);
-  }
+void ClaimProtocol::publish(size_t i, const std::string& value) {
+  store_.hash_set(key("results"), fields_[i], value);
+  release(i);
 }
 
 std::vector<size_t> ClaimProtocol::missing() {
@@ -214,14 +253,17 @@ std::map<std::string, std::string> ClaimProtocol::results() {
   return store_.hash_get_all(key("results"));
 }
 
-void ClaimProtocol::discard(const std::string& field) { store_.hash_del(key("results"), field); }
+void ClaimProtocol::discard(const std::string& field, const std::string& value) {
+  store_.hash_delete_if_equal(key("results"), field, value);
+}
 
 std::string ClaimProtocol::claimant(size_t i) {
+  auto who = [](const std::string& token) { return token.substr(0, token.rfind('#')); };
   if (const auto holder = store_.get(key("claim:" + std::to_string(i)))) {
-    return holder->substr(0, holder->rfind('#')) + " (lease live)";
+    return who(*holder) + " (lease live)";
   }
   if (const auto last = store_.hash_get(key("inflight"), std::to_string(i))) {
-    return last->substr(0, last->rfind('#')) + " (lease expired)";
+    return who(*last) + " (lease expired)";
   }
   return "nobody";
 }
@@ -368,6 +410,7 @@ class Renewer {
                 TOKAMAX_LOG("fleet", kWarning,
                             "lost the lease on " + p.order()[i] +
                                 " (it expired; another process may tune it too)");
+                return;  // nothing left to renew
               }
             } catch (const StoreError& e) {
               TOKAMAX_LOG("fleet", kWarning, std::string("lease renewal failed: ") + e.what());
@@ -427,31 +470,46 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
   std::mutex store_mu;  // the store object is shared with the lease renewer
   ClaimProtocol proto(store, options.run_id, device_kind() + "@" + library_version(), worker,
                       static_cast<int64_t>(options.lease_s * 1000));
-  // A run that has a plan needs no estimates: the plan's order is used.
-  if (!proto.existing_order()) {
-    const double t0 = now_s();
-    std::vector<std::pair<double, std::string>> costed;
-    for (const auto& b : work) costed.emplace_back(estimate_cost_ms(tuner, b), id_of(b));
-    TOKAMAX_LOG(
-        "fleet", kInfo,
-        fmt::format("estimated the cost of {} keys in {:.1f} s", work.size(), now_s() - t0));
-    std::stable_sort(costed.begin(), costed.end(),
-                     [](const auto& a, const auto& b) { return a.first > b.first; });
-    ids.clear();
-    for (const auto& [_, id] : costed) ids.push_back(id);
+  // Joining retries a store that fails (until the deadline), as the run's loop below does.
+  for (double backoff = options.poll_s;; backoff = std::min(backoff * 2, 10.0)) {
+    try {
+      // A run that has a plan needs no estimates: the plan's order is used.
+      if (!proto.existing_order()) {
+        const double t0 = now_s();
+        std::vector<std::pair<double, std::string>> costed;
+        for (const auto& b : work) costed.emplace_back(estimate_cost_ms(tuner, b), id_of(b));
+        TOKAMAX_LOG(
+            "fleet", kInfo,
+            fmt::format("estimated the cost of {} keys in {:.1f} s", work.size(), now_s() - t0));
+        std::stable_sort(costed.begin(), costed.end(),
+                         [](const auto& a, const auto& b) { return a.first > b.first; });
+        ids.clear();
+        for (const auto& [_, id] : costed) ids.push_back(id);
+      }
+      {
+        std::vector<std::string> full;
+        for (const auto& id : ids) full.push_back(full_key(*by_id.at(id)));
+        proto.join(ids, full);
+      }
+      break;
+    } catch (const StoreError& e) {
+      if (now_s() + backoff > deadline) throw;
+      TOKAMAX_LOG("fleet", kWarning, std::string(e.what()) + "; retrying");
+      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    }
   }
-  proto.join(ids);
-  std::vector<std::string> fields;
-  for (const auto& id : proto.order()) fields.push_back(full_key(*by_id.at(id)));
-  proto.set_fields(fields);
+  const std::vector<std::string>& fields = proto.fields();
   const size_t n = fields.size();
+  // --budget-s bounds this process's tuning (no key is started after it); the deadline bounds
+  // the whole run, waiting for the others included.
+  const double tune_until = std::min(deadline, start + tune_options.budget_s);
 
   // Results this process produced and has not yet managed to publish (the store was down).
   std::map<size_t, std::string> unpublished;
   int64_t remaining = static_cast<int64_t>(n);  // as last seen
   int mine = 0;
   double backoff = options.poll_s, idle_poll = options.poll_s;
-  bool store_down = false;
+  bool store_down = false, scan_all = false;
   auto report = [&](const std::string& key) {
     if (!options.progress) return;
     FleetProgress p;
@@ -459,13 +517,21 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
     p.done = static_cast<int>(static_cast<int64_t>(n) - remaining);
     p.mine = mine;
     p.elapsed_s = now_s() - start;
-    p.eta_s = p.done > 0 ? p.elapsed_s / p.done * (p.total - p.done) : 0;
+    // From this process's own pace: others' keys and a resumed run's do not shorten it.
+    p.eta_s =
+        mine > 0 ? p.elapsed_s / mine * (p.total - p.done) / std::max(1, options.world_size) : 0;
     p.key = key;
     p.worker = worker;
     options.progress(p);
   };
   auto wait = [&](double s) {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(s, deadline - now_s())));
+  };
+  auto idle = [&] {
+    // Idle until others finish: polls back off to the lease's length (a dead process's key is
+    // taken over within about two leases), so that many idle processes do not load the store.
+    wait(idle_poll);
+    idle_poll = std::min(idle_poll * 1.5, std::max(options.poll_s, options.lease_s));
   };
 
   for (;;) {
@@ -492,7 +558,7 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
     try {
       std::unique_lock<std::mutex> lock(store_mu);
       for (auto it = unpublished.begin(); it != unpublished.end();) {
-        proto.publish(it->first, fields[it->first], it->second);
+        proto.publish(it->first, it->second);
         it = unpublished.erase(it);
       }
       if (store_down) {
@@ -500,32 +566,51 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
         store_down = false;
       }
       backoff = options.poll_s;
-      if (const auto i = proto.claim_next()) {
+      // No key is started with less than a second left to tune it.
+      const auto i = now_s() + 1 < tune_until ? proto.claim_next(scan_all) : std::nullopt;
+      scan_all = false;
+      if (i) {
         idle_poll = options.poll_s;
         lock.unlock();
         const BoundArguments& b = *by_id.at(proto.order()[*i]);
         report(fields[*i]);
         Json value = {{"worker", worker}};
+        bool keep = true;
         {
           Renewer renewer(proto, store_mu, *i, options.lease_s);
           try {
             AutotuneOptions o = to;
-            o.budget_s = std::min(o.budget_s, std::max(1.0, deadline - now_s()));
+            o.budget_s = std::max(1.0, tune_until - now_s());
             AutotuningResult r;
             r.add(b, Autotuner(o).tune(b));
             value["result"] = parse_json(r.dumps(), "result");
           } catch (const StoreError&) {
             throw;
-          } catch (const std::exception& e) {
-            // Published as well: the others must not wait for a key no process can tune.
+          } catch (const Error& e) {
+            const bool deterministic =
+                dynamic_cast<const InvalidArgument*>(&e) || dynamic_cast<const Unsupported*>(&e);
             TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
-            value["failed"] = e.what();
+            if (deterministic) {
+              // Published: the others must not wait for a key no process can tune.
+              value["failed"] = e.what();
+            } else {
+              keep = false;  // transient (the host lock's wait, ...): another look may tune it
+            }
+          } catch (const std::exception& e) {
+            TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
+            keep = false;
           }
+        }
+        lock.lock();
+        if (!keep) {
+          proto.release(*i);
+          lock.unlock();
+          idle();
+          continue;
         }
         ++mine;
         unpublished[*i] = value.dump();
-        lock.lock();
-        proto.publish(*i, fields[*i], unpublished[*i]);
+        proto.publish(*i, unpublished[*i]);
         unpublished.erase(*i);
         remaining = proto.remaining();
         lock.unlock();
@@ -536,11 +621,7 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
       if (remaining > 0) {
         lock.unlock();
         report("");
-        // Idle until others finish: polls back off to the lease's length (a dead process's key
-        // is taken over within about two leases), so that many idle processes do not load
-        // the store.
-        wait(idle_poll);
-        idle_poll = std::min(idle_poll * 1.5, std::max(options.poll_s, options.lease_s));
+        idle();
         continue;
       }
       // Every key has a result: read them all; a value this library cannot use is removed so
@@ -548,27 +629,32 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
       AutotuningResult merged;
       bool all_good = true;
       const auto values = proto.results();
-      for (size_t i = 0; i < n; ++i) {
-        auto it = values.find(fields[i]);
+      for (size_t k = 0; k < n; ++k) {
+        auto it = values.find(fields[k]);
         if (it == values.end()) {
           all_good = false;
           continue;
         }
         try {
-          const Json j = parse_json(it->second, "result " + fields[i]);
-          if (j.contains("failed")) continue;
+          const Json j = parse_json(it->second, "result " + fields[k]);
+          if (j.contains("failed")) {
+            TOKAMAX_LOG("fleet", kWarning,
+                        fmt::format("{} could not be tuned by {}: {}", fields[k],
+                                    j.value("worker", "?"), j["failed"].dump()));
+            continue;
+          }
           const AutotuningResult r =
-              AutotuningResult::loads(j.at("result").dump(), "result " + fields[i]);
+              AutotuningResult::loads(j.at("result").dump(), "result " + fields[k]);
           if (r.device_kind() != device_kind() || r.data().size() != 1 ||
-              id_of(r.data()[0].first) != proto.order()[i]) {
+              id_of(r.data()[0].first) != proto.order()[k]) {
             throw InvalidArgument("not the result of this key on " + device_kind());
           }
           merged = merged | r;
         } catch (const std::exception& e) {
           TOKAMAX_LOG("fleet", kWarning,
-                      "discarding the unusable result under " + fields[i] + " (" + e.what() +
+                      "discarding the unusable result under " + fields[k] + " (" + e.what() +
                           "); it is tuned again");
-          proto.discard(fields[i]);
+          proto.discard(fields[k], it->second);
           all_good = false;
         }
       }
@@ -576,6 +662,11 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
         report("");
         return merged;
       }
+      // Something is missing after all (a result discarded, or others' fields in the hash):
+      // look for it, after a pause.
+      scan_all = true;
+      lock.unlock();
+      idle();
     } catch (const StoreError& e) {
       if (!store_down) TOKAMAX_LOG("fleet", kWarning, std::string(e.what()) + "; retrying");
       store_down = true;
@@ -607,8 +698,8 @@ FleetSimulationResult simulate_fleet(const FleetSimulation& sim) {
     const std::string name = "simulate_fleet";
     MemoryStore::reset(name);
     std::mt19937_64 rng(sim.seed);
-    std::vector<std::string> ids(n), fields(n);
-    for (size_t i = 0; i < n; ++i) ids[i] = fields[i] = "key" + std::to_string(i);
+    std::vector<std::string> ids(n);
+    for (size_t i = 0; i < n; ++i) ids[i] = "key" + std::to_string(i);
     // The plan: largest estimated cost first (the simulation's estimate is exact).
     std::vector<std::string> order = ids;
     std::unordered_map<std::string, double> cost;
@@ -645,13 +736,13 @@ FleetSimulationResult simulate_fleet(const FleetSimulation& sim) {
       wk.store->set_faults(f);
       wk.proto = std::make_unique<ClaimProtocol>(*wk.store, "sim", "scope", "w" + std::to_string(k),
                                                  static_cast<int64_t>(sim.lease_ms));
-      wk.proto->set_fields(fields);  // overwritten after join (plan order)
     }
     // Each dying worker dies at a random moment before the work could be done.
     for (int k = 0; k < dying; ++k) ws[perm[k]].die_at = unit(rng) * total / w;
     using Event = std::pair<double, int>;
     std::priority_queue<Event, std::vector<Event>, std::greater<Event>> q;
     std::vector<bool> joined(w, false);
+    std::vector<int> publications(n, 0);  // per plan position
     for (int k = 0; k < w; ++k) q.push({0, k});
     const double renew_every = sim.lease_ms / 3;
     while (!q.empty()) {
@@ -668,15 +759,13 @@ FleetSimulationResult simulate_fleet(const FleetSimulation& sim) {
       double next = -1;
       try {
         if (!joined[k]) {
-          wk.proto->join(order);
-          std::vector<std::string> f;
-          for (const auto& id : wk.proto->order()) f.push_back(id);
-          wk.proto->set_fields(f);
+          wk.proto->join(order, order);
           joined[k] = true;
         }
         if (wk.holding && t >= wk.finish_at) {
           const size_t i = *wk.holding;
-          wk.proto->publish(i, wk.proto->order()[i], "done");
+          wk.proto->publish(i, "done");
+          ++publications[i];
           wk.holding.reset();
           out.finish_ms[k] = t;
         }
@@ -705,6 +794,10 @@ FleetSimulationResult simulate_fleet(const FleetSimulation& sim) {
     MemoryStore check(name);
     const auto results = check.hash_get_all("tokamax:{sim}:scope:results");
     out.keys_published = static_cast<int>(results.size());
+    for (int p : publications) {
+      out.keys_published_once += p == 1;
+      out.keys_published_more += p > 1;
+    }
     for (const auto& wk : ws) {
       out.store_operations += wk.store->operations();
       for (const auto& [c, m] : wk.store->operation_counts()) out.operations_by_command[c] += m;

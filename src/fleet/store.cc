@@ -159,6 +159,7 @@ void MemoryStore::set_faults(Faults faults) {
 }
 
 std::unique_lock<std::mutex> MemoryStore::begin(const char* command) {
+  std::unique_lock<std::mutex> lock(data_->mu);
   ++operations_;
   ++counts_[command];
   if (faults_.latency_ms > 0 && faults_.on_latency) faults_.on_latency(faults_.latency_ms);
@@ -166,7 +167,6 @@ std::unique_lock<std::mutex> MemoryStore::begin(const char* command) {
       std::uniform_real_distribution<double>(0, 1)(rng_) < faults_.failure_rate) {
     throw StoreError(describe() + ": " + command + " failed (injected fault)");
   }
-  std::unique_lock<std::mutex> lock(data_->mu);
   data_->now_ms = now_ms_();
   return lock;
 }
@@ -219,6 +219,32 @@ bool MemoryStore::delete_if_equal(const std::string& key, const std::string& val
   auto* v = find_value(*data_, key, false, describe());
   if (!v || v->str != value) return false;
   data_->values.erase(key);
+  return true;
+}
+
+bool MemoryStore::claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
+                        const std::string& list_key, const std::string& field) {
+  auto lock = begin("EVAL claim");
+  auto it = data_->values.find(lease_key);
+  if (it != data_->values.end() && !data_->expired(it->second)) return false;
+  auto* list = find_value(*data_, list_key, true, describe());  // WRONGTYPE before any change
+  data_->values[lease_key] = Data::Value{token, {}, false, ttl_ms > 0 ? data_->now_ms + ttl_ms : 0};
+  if (!list) {
+    list = &data_->values[list_key];
+    list->is_hash = true;
+  }
+  list->hash[field] = token;
+  return true;
+}
+
+bool MemoryStore::hash_delete_if_equal(const std::string& key, const std::string& field,
+                                       const std::string& value) {
+  auto lock = begin("EVAL hdel_if");
+  auto* v = find_value(*data_, key, true, describe());
+  if (!v) return false;
+  auto it = v->hash.find(field);
+  if (it == v->hash.end() || it->second != value) return false;
+  v->hash.erase(it);
   return true;
 }
 

@@ -8,14 +8,19 @@
 // canonical key, value = {"config": ..., "evidence": ..., "by": ...}. A different device kind or
 // version never reads another's entries.
 //
-// A store that is down or slow costs at most its bounded timeout once: the failure is logged and
-// the rung is skipped for a back-off period (local-only operation), never a hang and never an
-// error for a call that the local ladder can serve.
+// Without a remote cache the rung costs one atomic load. With one, a key's first lookup (and
+// one per miss_ttl_s after a miss) is one round trip, made without holding any lock other calls
+// need. A store that is down costs at most its bounded timeout once: the failure is logged and
+// the rung is skipped for a back-off period (local-only operation); so does a lookup slower
+// than the command timeout's half (a store too slow to sit on the call path). Never a hang,
+// never an error for a call that the local ladder can serve.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 
@@ -55,12 +60,16 @@ class RemoteCache {
 
  private:
   RemoteCache() = default;
-  std::unique_ptr<Store> connect_locked();
-  std::mutex mu_;
-  bool configured_ = false;
+  void configure_from_env();
+  // The store, connected (or null inside a back-off period).
+  std::shared_ptr<Store> store();
+  void back_off(const std::string& why);
+  std::once_flag env_once_;
+  std::atomic<bool> enabled_{false};
+  std::shared_mutex mu_;  // everything below
   std::string url_;
   RemoteCacheOptions options_;
-  std::unique_ptr<Store> store_;
+  std::shared_ptr<Store> store_;
   double down_until_ = 0;
   struct Known {
     std::optional<Config> config;

@@ -3,11 +3,13 @@
 //
 // The claim protocol (ClaimProtocol), all keys of a run under the hash tag {run id} so that it
 // runs unchanged on Redis Cluster:
-//   <prefix>{<run>}:plan                the run's work list: a digest of its ids and their order
-//                                       (largest estimated cost first), set once by the first
-//                                       process (SET NX); a process whose ids differ is refused.
+//   <prefix>{<run>}:<scope>:plan        the run's work list: a digest of its full keys and their
+//                                       order (largest estimated cost first), set once by the
+//                                       first process (SET NX); a process whose keys differ is
+//                                       refused.
 //   <prefix>{<run>}:<scope>:cursor      INCR hands out plan positions, one process each.
-//   <prefix>{<run>}:<scope>:claim:<i>   a lease (SET NX PX, renewed while measuring); a process
+//   <prefix>{<run>}:<scope>:claim:<i>   a lease (SET NX PX with the listing below, in one
+//                                       script; renewed while measuring); a process
 //                                       that dies stops renewing and the key expires (the store's
 //                                       clock, not the processes').
 //   <prefix>{<run>}:<scope>:inflight    hash: position -> the lease's holder, until published.
@@ -35,47 +37,54 @@ namespace tokamax {
 
 class ClaimProtocol {
  public:
-  // `scope`: the results' namespace within the run (device kind and library version);
-  // `worker`: this process's name in owners and messages (host:pid/rank).
+  // `scope`: the run's namespace for one kind of process (device kind and library version);
+  // `worker`: this process's name in listings and messages (host:pid/rank).
   ClaimProtocol(Store& store, std::string run_id, std::string scope, std::string worker,
                 int64_t lease_ms);
-  // Joins the run: publishes the plan (when first) or checks this process's ids against it.
-  // `ids` in this process's cost order; the plan's order is used from then on (processes on
-  // other machines may estimate costs differently). InvalidArgument when the ids differ from
-  // the run's (a run id reused with other inputs) or the plan is not one this library wrote.
-  void join(const std::vector<std::string>& ids);
-  // Whether the run already has a plan (a process that finds one need not estimate costs).
+  // Joins the run: publishes the scope's plan (when first) or checks this process's keys
+  // against it. `ids` in this process's cost order, `fields[i]` the full key ids[i]'s result is
+  // published under (the digest covers these: implementation versions and thread counts
+  // included). The plan's order is used from then on (processes may estimate costs
+  // differently). InvalidArgument when the keys differ from the run's (a run id reused with
+  // other inputs, or machines that fill in thread counts or implementations differently) or
+  // the plan is not one this library wrote.
+  void join(const std::vector<std::string>& ids, const std::vector<std::string>& fields);
+  // The scope's plan order when the run has one (a process that finds one need not estimate
+  // costs).
   std::optional<std::vector<std::string>> existing_order();
   const std::vector<std::string>& order() const { return order_; }
+  const std::vector<std::string>& fields() const { return fields_; }
 
   // The next plan position this process should tune, claimed; nullopt when none is claimable
-  // now (every id has a result or a live lease).
-  std::optional<size_t> claim_next();
+  // now (every key has a result or a live lease). `scan_all`: also look for keys neither
+  // published nor listed in flight (after a merge found one missing).
+  std::optional<size_t> claim_next(bool scan_all = false);
   // Extends the lease on i; false when it was lost (expired and taken by another process).
   bool renew(size_t i);
-  // Stores i's result under `field` and releases the lease.
-  void publish(size_t i, const std::string& field, const std::string& value);
-  // Positions without a result (reads every published field: for messages).
+  // Stores i's result and releases the lease and the listing (if still ours).
+  void publish(size_t i, const std::string& value);
+  // Gives up the claim on i without a result (another process may take it at once).
+  void release(size_t i);
+  // Positions without a result (reads every published field: for messages and scans).
   std::vector<size_t> missing();
-  // How many positions have no result yet (one HLEN).
+  // How many positions have no result yet (one HLEN; never below 0).
   int64_t remaining();
   // field -> value of every published result.
   std::map<std::string, std::string> results();
-  // Removes a result that cannot be used (corrupt, foreign), so that its id is tuned again.
-  void discard(const std::string& field);
+  // Removes a result that cannot be used (corrupt, foreign), if it still holds `value`, so that
+  // its key is tuned again.
+  void discard(const std::string& field, const std::string& value);
   // Who holds (or last held) the claim on i, for messages.
   std::string claimant(size_t i);
-  // The results field of position i: set by the caller before claiming (the full key).
-  void set_fields(std::vector<std::string> fields) { fields_ = std::move(fields); }
   const std::string& worker() const { return worker_; }
   std::string key(const std::string& suffix) const;  // a scope key's full name
 
  private:
   bool try_claim(size_t i);
-  // After claiming i in the sweep: true (and the claim dropped) when i turned out published.
+  // After claiming i in a sweep: true (and the claim dropped) when i turned out published.
   bool claim_published(size_t i);
   Store& store_;
-  std::string run_, scope_, worker_;
+  std::string run_, scope_, worker_, nonce_;
   int64_t lease_ms_;
   std::vector<std::string> order_, fields_;
   int64_t claims_ = 0;
@@ -137,7 +146,10 @@ struct FleetSimulation {
 struct FleetSimulationResult {
   std::vector<double> finish_ms;  // per worker: when its last tuning ended (dead: when it died)
   std::vector<bool> died;
-  int keys_published = 0;   // distinct keys with a result at the end
+  int keys_published = 0;  // distinct keys with a result at the end
+  // Keys whose result was published by exactly one worker, and by more than one (a key tuned
+  // twice: a lease that expired while its holder was alive).
+  int keys_published_once = 0, keys_published_more = 0;
   int tunings_started = 0;  // including those lost with a dead worker
   int64_t store_operations = 0;
   std::map<std::string, int64_t> operations_by_command;

@@ -10,6 +10,7 @@
 // type is a StoreError naming the store and the command.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -69,6 +70,13 @@ class Store {
   // A lease's renewal: key expires ttl_ms from now if it still holds `value`; false if it does
   // not (expired, or taken over by another holder).
   virtual bool renew_if_equal(const std::string& key, const std::string& value, int64_t ttl_ms) = 0;
+  // A claim: SET lease_key token NX PX ttl_ms and, if it was set, HSET list_key field token,
+  // atomically (one script on Redis; both keys must share a hash tag on a cluster).
+  virtual bool claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
+                     const std::string& list_key, const std::string& field) = 0;
+  // HDEL key field if the field still holds `value`.
+  virtual bool hash_delete_if_equal(const std::string& key, const std::string& field,
+                                    const std::string& value) = 0;
   // Deletes key if it still holds `value`.
   virtual bool delete_if_equal(const std::string& key, const std::string& value) = 0;
   virtual void del(const std::string& key) = 0;
@@ -88,19 +96,20 @@ class Store {
   virtual std::vector<std::string> keys(const std::string& pattern) = 0;
 
   // Commands sent so far by this object (the simulation's and the benchmark's count).
-  int64_t operations() const { return operations_; }
+  int64_t operations() const { return operations_.load(std::memory_order_relaxed); }
 
  protected:
   explicit Store(std::string prefix) : prefix_(std::move(prefix)) {}
   std::string prefix_;
-  int64_t operations_ = 0;
+  std::atomic<int64_t> operations_{0};
 };
 
 // Opens the store at `url` (connects for Redis: StoreError when it cannot within the timeout).
 std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& options = {});
 
 // The in-memory store: one map per name in the process, shared by every MemoryStore object of
-// that name. Thread-safe. Its clock (ms) and faults are settable for tests and simulations.
+// that name. Thread-safe (commands, counts and faults under the shared map's lock). Its clock
+// (ms) and faults are settable (before use) for tests and simulations.
 class MemoryStore : public Store {
  public:
   struct Faults {
@@ -124,6 +133,10 @@ class MemoryStore : public Store {
   bool set_if_absent(const std::string& key, const std::string& value, int64_t ttl_ms) override;
   bool renew_if_equal(const std::string& key, const std::string& value, int64_t ttl_ms) override;
   bool delete_if_equal(const std::string& key, const std::string& value) override;
+  bool claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
+             const std::string& list_key, const std::string& field) override;
+  bool hash_delete_if_equal(const std::string& key, const std::string& field,
+                            const std::string& value) override;
   void del(const std::string& key) override;
   int64_t increment(const std::string& key) override;
   void hash_set(const std::string& key, const std::string& field,
