@@ -23,8 +23,10 @@ int report_failed_keys(const AutotuningResult& r) {
                b.implementation(), b.key());
   }
   if (failed == 0 && !r.data().empty()) return kExitSuccess;
-  if (r.data().empty()) fmt::print(stderr, "tokamax: nothing was tuned\n");
-  fmt::print(stderr, "tokamax: {} of {} keys have no result\n", failed, r.data().size());
+  if (r.data().empty())  // every key skipped (the budget ran out, or it failed before tuning)
+    fmt::print(stderr, "tokamax: nothing was tuned\n");
+  else
+    fmt::print(stderr, "tokamax: {} of {} keys have no result\n", failed, r.data().size());
   return kExitWorkFailed;
 }
 

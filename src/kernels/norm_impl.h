@@ -77,7 +77,7 @@ struct NormRows {
     std::memcpy(static_cast<uint16_t*>(y) + i, &h, sizeof h);
   }
   template <class T>
-  static double hsum(T v) {
+  static double hsum(const T& v) {
     double s = 0;
     for (int l = 0; l < W; ++l) s += v[l];
     return s;

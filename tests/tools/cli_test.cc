@@ -153,8 +153,9 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   EXPECT_EQ(att["bytes_source"], "tensors") << att.dump();
   EXPECT_EQ(att["gbps"], 0.0) << att.dump();  // the rate is still of what the family counts
   double tensors = 0;  // q, k, v and the output (q's shape: the values' head size is q's)
-  for (const auto& [name, spec] :
-       find_arg_specs("dot_product_attention", "smoke")[0].arguments.items()) {
+  // Named: a range-for over a member of a temporary's element reads freed memory (ASan).
+  const std::vector<ArgSpec> smoke = find_arg_specs("dot_product_attention", "smoke");
+  for (const auto& [name, spec] : smoke[0].arguments.items()) {
     if (spec.is_string() && spec.get<std::string>().find('[') != std::string::npos)
       tensors += static_cast<double>(ShapeDtype::parse(spec.get<std::string>()).bytes());
   }
@@ -353,7 +354,11 @@ TEST_F(Cli, ExitStatusRule) {
   r = run("autotune --bound-args " + path("one.json") + " --budget-s 0.000001 -o " +
           path("out.json"));
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find("1 of 1 keys have no result"), std::string::npos) << r.err;
+  // The budget ran out while the key was tuned, or (in a slow build: sanitizers) before it
+  // started: either way nothing was produced.
+  EXPECT_TRUE(r.err.find("1 of 1 keys have no result") != std::string::npos ||
+              r.err.find("nothing was tuned") != std::string::npos)
+      << r.err;
   // Threads: bounded as TOKAMAX_NUM_THREADS is.
   r = run("explain --spec smoke_decode --threads 5000");
   EXPECT_EQ(r.code, 2);
