@@ -1,6 +1,6 @@
 # Thin wrapper: `make run` (the main job) and `make test` (every test through ctest).
 JOBS ?= 2
-.PHONY: deps build run test test-python asan fuzz clean
+.PHONY: deps build run test test-python asan tsan test-sanitizers fuzz clean
 
 deps:
 	@scripts/install-deps
@@ -32,18 +32,32 @@ test: build
 test-python: deps
 	scripts/test-python
 
+# Every C++ test under AddressSanitizer + UndefinedBehaviorSanitizer (clang; the build also has the
+# libFuzzer targets), the `long` ones included.
 asan: deps
 	cmake --preset asan >/dev/null
 	cmake --build build/asan -j$(JOBS)
 	ctest --preset asan -j$(JOBS)
 
-# Every libFuzzer target for FUZZ_SECONDS each (fuzz/README.md), one after the other, from the
-# seed corpora in fuzz/seeds plus the shipped tuning data; findings land in build/fuzz/findings.
+# The tests labelled `threads` under ThreadSanitizer (the tsan test preset selects them).
+tsan: deps
+	cmake --preset tsan >/dev/null
+	cmake --build build/tsan -j$(JOBS) --target tokamax_tests tokamax_cli
+	ctest --preset tsan -j$(JOBS)
+
+# What CI runs after `make test` (.ci/run): the suite under ASan + UBSan less the `long` tests,
+# every fuzz target for FUZZ_SECONDS from the same build, the `threads` tests under TSan.
 FUZZ_SECONDS ?= 60
+test-sanitizers: deps
+	JOBS=$(JOBS) FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/test-sanitizers
+
+# Every libFuzzer target for FUZZ_SECONDS each (fuzz/README.md), FUZZ_JOBS at a time, from the
+# seed corpora in fuzz/seeds plus the shipped tuning data; findings land in build/fuzz/findings.
+FUZZ_JOBS ?= 1
 fuzz: deps
 	cmake --preset fuzz >/dev/null
 	cmake --build build/fuzz -j$(JOBS)
-	scripts/run-fuzzers build/fuzz $(FUZZ_SECONDS)
+	scripts/run-fuzzers -j $(FUZZ_JOBS) build/fuzz $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build

@@ -6,7 +6,9 @@ if(rc)
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/build -G Ninja
   -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-  # The same instrumentation as the library (the asan preset needs its runtime in the program).
+  # The same compiler and instrumentation as the library (a sanitizer preset needs its runtime
+  # in the program, and clang's flags are not all g++'s).
+  "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
   "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINK_FLAGS}"
   RESULT_VARIABLE rc)
 if(rc)

@@ -1,7 +1,7 @@
 // Concurrency (issue 15, item 7): processes merging into one cache file through the command's
 // --into-cache, and threads calling ops while others apply scopes, reload the disk cache and
-// write to it. Nothing lost, no torn file, every call's result right. (Run under ThreadSanitizer
-// with the `asan`-like preset of your choice: the threads here are what it should watch.)
+// write to it. Nothing lost, no torn file, every call's result right. CI runs these under
+// ThreadSanitizer (label `threads`, the `tsan` preset: `make tsan`).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
