@@ -61,6 +61,8 @@ using StreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, co
 using PackBBf16 = void (*)(const uint16_t* src, int64_t K, int64_t N, int64_t ld, int nr,
                            uint32_t* dst, int64_t panel_begin, int64_t panel_end);
 
+using PackAF32 = void (*)(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
+                          float* dst);
 // Packs A into bf16 pairs (see pack_a_bf16 below); ISAs with a bf16 dot have a vector one.
 using PackABf16 = void (*)(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0,
                            int64_t kc, int64_t a_stride, uint32_t* dst);
@@ -83,6 +85,7 @@ struct KernelSet {
   // once (any number of rows: the blocking's mr is the f32 kernel's), A packed row-major by
   // pack_a_bf16 with its rows padded to kAmxRows (zero), and C rows written up to that padding.
   bool amx = false;
+  PackAF32 pack_a_f32 = nullptr;  // a vector pack_a_f32 (same layout), where the ISA has one
 };
 inline constexpr int kAmxRows = 16;
 
@@ -142,6 +145,8 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, 
 // tiles of mr rows, dst[t][k][mr] (rows past `rows` are zero). The micro-panel of one tile is then
 // one contiguous stream: rows of a row-major lhs are K*4 bytes apart, and for K a multiple of
 // 1024 a dozen of them fall into one L1 set (4 KiB aliasing) if read in place.
+// mr <= kMaxPackMr (every ISA's max_mr is).
+inline constexpr int kMaxPackMr = 16;
 void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                 float* dst);
 // Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major matrix (row stride lda) into bf16 pairs

@@ -228,6 +228,40 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
   }
 }
 
+// pack_a_f32 (scalar) and each ISA's vector one against the layout written out index by index:
+// dst[t][k][mr] = a[(t*mr + i) * lda + k0 + k], zero past the last row; every tile height,
+// depths around the 16-value step, a k0 offset and a row stride wider than the block; nothing
+// written past the last tile.
+TEST(Microkernels, F32LhsPackingLayout) {
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
+    for (int mr = 1; mr <= ks->max_mr; ++mr) {
+      for (int64_t rows : {int64_t{1}, int64_t{mr}, int64_t{mr} + 1, int64_t{3 * mr} - 1}) {
+        for (int64_t kc : {1, 15, 16, 17, 40}) {
+          const int64_t k0 = 3, lda = k0 + kc + 5, tiles = (rows + mr - 1) / mr;
+          const std::vector<float> a = random_floats(static_cast<size_t>(rows * lda), false);
+          const size_t size = static_cast<size_t>(tiles * mr * kc);
+          std::vector<float> want(size + 16, kSentinel);
+          for (int64_t t = 0; t < tiles; ++t) {
+            for (int64_t kk = 0; kk < kc; ++kk) {
+              for (int i = 0; i < mr; ++i) {
+                const int64_t r = t * mr + i;
+                want[(t * kc + kk) * mr + i] = r < rows ? a[r * lda + k0 + kk] : 0.0f;
+              }
+            }
+          }
+          std::vector<float> got(size + 16, kSentinel);
+          k::pack_a_f32(a.data(), lda, rows, k0, kc, mr, got.data());
+          ASSERT_EQ(got, want) << "scalar mr=" << mr << " rows=" << rows << " kc=" << kc;
+          if (!ks->pack_a_f32) continue;
+          std::fill(got.begin(), got.end(), kSentinel);
+          ks->pack_a_f32(a.data(), lda, rows, k0, kc, mr, got.data());
+          ASSERT_EQ(got, want) << ks->name << " mr=" << mr << " rows=" << rows << " kc=" << kc;
+        }
+      }
+    }
+  }
+}
+
 TEST(Microkernels, VectorBf16WeightPackingMatchesScalar) {
   for (const k::KernelSet* ks : testing::runnable_sets()) {
     if (!ks->pack_b_bf16) continue;
