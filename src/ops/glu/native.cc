@@ -97,8 +97,8 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
   void check_config(const GluNativeConfig& c) const override { check(c, k::best_kernels()); }
 
   // Measured (tokamax autotune --tag primary, M=4096, K=2048, N=5632): the tallest tiles
-  // (12 rows where the ISA has them) and items of 16 tiles won by 1.58x over 8-row tiles in
-  // items of 32 rows: each packed weight panel is then reused by 192 rows while it sits in L1.
+  // and items of k::item_tiles() of them (12 x 16 won by 1.58x over 8-row tiles in items of 32
+  // rows; 14 x 14 since the 14-row kernel): each packed weight panel is reused by ~200 rows.
   // K blocks of 512; items as wide as 1024 gate + up columns while there are enough for the
   // threads. Few rows (decode) take the streaming path (run_call), where only the K block and
   // item width matter.
@@ -106,8 +106,9 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     const auto& ks = k::best_kernels();
     GluNativeConfig cfg;
     const int64_t rows = std::max<int64_t>(c.m, 1);
-    cfg.mr = static_cast<int>(std::min<int64_t>(ks.max_mr >= 12 ? 12 : ks.max_mr, rows));
-    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 16));
+    cfg.mr = static_cast<int>(std::min<int64_t>(ks.max_mr, rows));
+    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1,
+                                                           k::item_tiles(ks)));
     cfg.kc = static_cast<int>(std::min<int64_t>(512, k::round_up(std::max<int64_t>(c.k, 2), 2)));
     const int64_t cols = 2 * k::round_up(std::max<int64_t>(c.n, 1), ks.nr);
     const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;
@@ -132,10 +133,10 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
       if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
     };
     const std::vector<int> mrs =
-        ks.max_mr >= 12 ? std::vector<int>{8, 12} : std::vector<int>{4, ks.max_mr};
+        ks.max_mr >= 12 ? std::vector<int>{8, ks.max_mr} : std::vector<int>{4, ks.max_mr};
     for (int mr0 : mrs) {
       const int mr = static_cast<int>(std::min<int64_t>(mr0, rows));
-      for (int mcf : {4, 8, 16}) {
+      for (int mcf : {4, 8, 14}) {
         if (mr * mcf > k::round_up(rows, mr) * 2 && mcf != 4) continue;
         for (int kc : {256, 512}) {
           for (int nc : {256, 512, 1024}) add(mr, mr * mcf, kc, nc);

@@ -152,13 +152,12 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
     }
   }
 
-  // Big row blocks: the tallest tiles (12 rows where the ISA has them) in items of up to 16
-  // tiles, K blocks of 256, items as wide as possible (up to 1024 columns: the packed A tile is
-  // reused across every panel of the item). Each weight panel is then read once per 192 rows.
+  // Big row blocks: the tallest tiles in items of up to item_tiles() of them, K blocks of 256, items as wide as possible (up to 1024 columns: the packed A tile is
+  // reused across every panel of the item). Each weight panel is then read once per ~200 rows.
   // Measured on Sapphire Rapids, 2 threads, interleaved rounds, against the 8-row tiles in
   // 32-row items and K blocks of 512 these heuristics had from Zen 4: 8 x 512 rows, K = N =
-  // 1024, 35.0 vs 45.1 ms (33.1 vs 39.2 pre-packed); one group of 2048 rows, 15.8-16.2 vs 19.0
-  // ms. A few rows per group (decode) stream weights through the multi-panel kernels.
+  // 1024, 35.0 vs 45.1 ms (33.1 vs 39.2 pre-packed) with 12 x 16 tiles, 31.7 with 14 x 14; one
+  // group of 2048 rows, 15.8-16.2 vs 19.0 ms, 14.9 with 14 x 14. A few rows per group (decode) stream weights through the multi-panel kernels.
   RaggedDotNativeConfig heuristics(const RaggedDotCall& c) const override {
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
@@ -169,8 +168,9 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
       cfg.mr = static_cast<int>(std::clamp<int64_t>(rows, 1, ks.max_mr));
       cfg.mc = cfg.mr;
     } else {
-      cfg.mr = std::min(12, ks.max_mr);
-      cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 16));
+      cfg.mr = ks.max_mr;
+      cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1,
+                                                             k::item_tiles(ks)));
     }
     // K blocks of 256 keep the packed A block in L2 while it is reused across the item's panels.
     // When the weights are read once anyway (few rows per group), one K block: each panel is
@@ -220,13 +220,13 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
       return out;
     }
     const std::vector<int> mrs =
-        ks.max_mr >= 12 ? std::vector<int>{8, 12} : std::vector<int>{4, ks.max_mr};
+        ks.max_mr >= 12 ? std::vector<int>{8, ks.max_mr} : std::vector<int>{4, ks.max_mr};
     for (int mr : mrs) {
       if (mr > rows1 && mr != mrs.front()) continue;  // tiles taller than the groups
       std::vector<int> kcs = {128, 256, 512};
       if (weight_streaming(c) && depth2 > 512)
         kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
-      for (int mcf : {4, 8, 16}) {
+      for (int mcf : {4, 8, 14}) {
         if (mr * mcf > round_up(rows1, mr) * 2 && mcf != 4) continue;
         for (int kc : kcs) {
           for (int nc : {256, 512, 1024}) add(mr, mr * mcf, kc, nc);
