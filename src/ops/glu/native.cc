@@ -107,8 +107,8 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     GluNativeConfig cfg;
     const int64_t rows = std::max<int64_t>(c.m, 1);
     cfg.mr = static_cast<int>(std::min<int64_t>(ks.max_mr, rows));
-    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1,
-                                                           k::item_tiles(ks)));
+    cfg.mc = cfg.mr * static_cast<int>(
+                          std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, k::item_tiles(ks)));
     cfg.kc = static_cast<int>(std::min<int64_t>(512, k::round_up(std::max<int64_t>(c.k, 2), 2)));
     const int64_t cols = 2 * k::round_up(std::max<int64_t>(c.n, 1), ks.nr);
     const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;

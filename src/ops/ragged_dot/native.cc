@@ -152,12 +152,14 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
     }
   }
 
-  // Big row blocks: the tallest tiles in items of up to item_tiles() of them, K blocks of 256, items as wide as possible (up to 1024 columns: the packed A tile is
-  // reused across every panel of the item). Each weight panel is then read once per ~200 rows.
-  // Measured on Sapphire Rapids, 2 threads, interleaved rounds, against the 8-row tiles in
-  // 32-row items and K blocks of 512 these heuristics had from Zen 4: 8 x 512 rows, K = N =
-  // 1024, 35.0 vs 45.1 ms (33.1 vs 39.2 pre-packed) with 12 x 16 tiles, 31.7 with 14 x 14; one
-  // group of 2048 rows, 15.8-16.2 vs 19.0 ms, 14.9 with 14 x 14. A few rows per group (decode) stream weights through the multi-panel kernels.
+  // Big row blocks: the tallest tiles in items of up to item_tiles() of them, K blocks of 256,
+  // items as wide as possible (up to 1024 columns: the packed A tile is reused across every panel
+  // of the item). Each weight panel is then read once per ~200 rows. Measured on Sapphire Rapids, 2
+  // threads, interleaved rounds, against the 8-row tiles in 32-row items and K blocks of 512 these
+  // heuristics had from Zen 4: 8 x 512 rows, K = N = 1024, 35.0 vs 45.1 ms (33.1 vs 39.2
+  // pre-packed) with 12 x 16 tiles, 31.7 with 14 x 14; one group of 2048 rows, 15.8-16.2 vs 19.0
+  // ms, 14.9 with 14 x 14. A few rows per group (decode) stream weights through the multi-panel
+  // kernels.
   RaggedDotNativeConfig heuristics(const RaggedDotCall& c) const override {
     const auto& ks = k::best_kernels();
     int64_t rows, cols, depth, ng;
