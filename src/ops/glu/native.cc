@@ -136,7 +136,7 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
         ks.max_mr >= 12 ? std::vector<int>{8, ks.max_mr} : std::vector<int>{4, ks.max_mr};
     for (int mr0 : mrs) {
       const int mr = static_cast<int>(std::min<int64_t>(mr0, rows));
-      for (int mcf : {4, 8, 14}) {
+      for (int mcf : {4, 8, k::item_tiles(ks)}) {
         if (mr * mcf > k::round_up(rows, mr) * 2 && mcf != 4) continue;
         for (int kc : {256, 512}) {
           for (int nc : {256, 512, 1024}) add(mr, mr * mcf, kc, nc);

@@ -63,16 +63,19 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
                             std::to_string(k::kMaxBlockFloats));
     }
   }
-  // Measured (tokamax autotune --tag primary, B=512, H=2048, V=32000): 8-row tiles in items
-  // of 64 rows, K blocks of 256, vocabulary blocks of 1024 and chunks of 2048 columns won by
-  // 1.12-1.13x over items of 32 rows, K blocks of 512 and chunks of 4096 (a chunk's packed
-  // panels, H x 2048 floats, stay in L2/L3 while every row block reads them).
+  // Measured (tokamax autotune --tag primary, B=512, H=2048, V=32000): K blocks of 256,
+  // vocabulary blocks of 1024 and chunks of 2048 columns won by 1.12-1.13x over K blocks of 512
+  // and chunks of 4096 (a chunk's packed panels, H x 2048 floats, stay in L2/L3 while every row
+  // block reads them). Rows: the tallest tiles in items of k::item_tiles() of them (14 x 14 on
+  // AVX-512: 272.6 ms vs 294.1 for the 8-row tiles in 64-row items these heuristics had,
+  // composed 314.9, interleaved on Sapphire Rapids).
   LossNativeConfig heuristics(const CallT& c) const override {
     const auto& ks = k::best_kernels();
     LossNativeConfig cfg;
     const int64_t rows = std::max<int64_t>(c.b, 1);
-    cfg.mr = static_cast<int>(std::min<int64_t>(std::min(8, ks.max_mr), rows));
-    cfg.mc = cfg.mr * static_cast<int>(std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, 8));
+    cfg.mr = static_cast<int>(std::min<int64_t>(ks.max_mr, rows));
+    cfg.mc = cfg.mr * static_cast<int>(
+                          std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, k::item_tiles(ks)));
     cfg.kc = static_cast<int>(std::min<int64_t>(256, k::round_up(std::max<int64_t>(c.h, 2), 2)));
     const int64_t cols = k::round_up(std::max<int64_t>(c.v, 1), ks.nr);
     const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;
@@ -89,8 +92,8 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
     const int64_t cols = k::round_up(std::max<int64_t>(c.v, 1), ks.nr);
     const int64_t h2 = k::round_up(std::max<int64_t>(c.h, 2), 2);
     std::vector<LossNativeConfig> out;
-    const int mr = static_cast<int>(std::min<int64_t>(std::min(8, ks.max_mr), rows));
-    for (int mcf : {4, 8}) {
+    const int mr = static_cast<int>(std::min<int64_t>(ks.max_mr, rows));
+    for (int mcf : {4, 8, k::item_tiles(ks)}) {
       for (int kc : {256, 512}) {
         for (int nc : {512, 1024, 2048}) {
           for (int bv : {2048, 8192}) {

@@ -228,7 +228,7 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
       std::vector<int> kcs = {128, 256, 512};
       if (weight_streaming(c) && depth2 > 512)
         kcs.push_back(static_cast<int>(std::min<int64_t>(depth2, kMaxKc)));
-      for (int mcf : {4, 8, 14}) {
+      for (int mcf : {4, 8, k::item_tiles(ks)}) {
         if (mr * mcf > round_up(rows1, mr) * 2 && mcf != 4) continue;
         for (int kc : kcs) {
           for (int nc : {256, 512, 1024}) add(mr, mr * mcf, kc, nc);
