@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <new>
+#include <vector>
 
 #include "core/random.h"
 #include "tokamax/core/error.h"
@@ -130,7 +132,97 @@ void TensorView::set(int64_t i, double v) const {
   store(data_, dtype_, offset_of(shape_, strides_, i), v);
 }
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Large buffers freed recently, kept for the next Tensor of the same allocation size. A fresh
+// mapping costs a page fault and the kernel's zeroing of every page on first touch, while
+// callers allocate the same shapes step after step: a bf16 prefill ragged_dot on AMX (8 x 512
+// rows, K = N = 1024, its 16 MB output) took 7.3 ms allocating its output, 5.4 writing into a
+// buffer it was given. Bounded in blocks and bytes (TOKAMAX_TENSOR_CACHE_MB, default 256; 0
+// turns it off); off under AddressSanitizer, whose use-after-free checks it would hide.
+class BlockCache {
+ public:
+  static BlockCache& instance() {
+    static BlockCache* cache = new BlockCache;  // never destroyed: Tensors outlive statics
+    return *cache;
+  }
+  void* take(size_t bytes) {
+    if (bytes < kMinBytes || limit_ == 0) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = blocks_.size(); i-- > 0;) {
+      if (blocks_[i].bytes != bytes) continue;
+      void* p = blocks_[i].p;
+      total_ -= bytes;
+      blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
+      // Debugging aid (the test presets set it): a reused block full of NaN / 0xFF bytes, so
+      // that code reading a new Tensor before writing it fails instead of seeing old values.
+      if (poison_) std::memset(p, 0xFF, bytes);
+      return p;
+    }
+    return nullptr;
+  }
+  // Keeps p (true) or leaves it to the caller to free (false). Evicts the oldest blocks to
+  // stay within the bounds.
+  bool put(void* p, size_t bytes) {
+    if (bytes < kMinBytes || bytes > limit_ / 2) return false;
+    std::vector<void*> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!blocks_.empty() && (total_ + bytes > limit_ || blocks_.size() >= kMaxBlocks)) {
+        evicted.push_back(blocks_.front().p);
+        total_ -= blocks_.front().bytes;
+        blocks_.erase(blocks_.begin());
+      }
+      blocks_.push_back({p, bytes});
+      total_ += bytes;
+    }
+    for (void* e : evicted) std::free(e);
+    return true;
+  }
+
+ private:
+  static constexpr size_t kMinBytes = size_t{1} << 20;
+  static constexpr size_t kMaxBlocks = 8;
+  BlockCache() {
+    size_t mb = 256;
+    if (const char* env = std::getenv("TOKAMAX_TENSOR_CACHE_MB")) {
+      char* end = nullptr;
+      const long long v = std::strtoll(env, &end, 10);
+      if (end != env && *end == '\0' && v >= 0 && v <= (int64_t{1} << 20))
+        mb = static_cast<size_t>(v);
+    }
+    limit_ = kSanitized ? 0 : mb << 20;
+    const char* poison = std::getenv("TOKAMAX_TENSOR_CACHE_POISON");
+    poison_ = poison && *poison && std::strcmp(poison, "0") != 0;
+  }
+  struct Block {
+    void* p;
+    size_t bytes;
+  };
+  std::mutex mu_;
+  std::vector<Block> blocks_;  // oldest first
+  size_t total_ = 0;
+  size_t limit_ = 0;
+  bool poison_ = false;
+};
+
+}  // namespace
+
+void Tensor::Free::operator()(void* p) const {
+  if (!BlockCache::instance().put(p, bytes)) std::free(p);
+}
 
 Tensor::Tensor(Shape shape, DType dtype) : dtype_(dtype), shape_(std::move(shape)) {
   const int64_t bytes = ShapeDtype{shape_, dtype_}.bytes();
@@ -143,10 +235,14 @@ Tensor::Tensor(Shape shape, DType dtype) : dtype_(dtype), shape_(std::move(shape
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t align = nbytes_ >= 2 * kHuge ? kHuge : kAlignment;
   const size_t alloc = (nbytes_ + align - 1) / align * align + kAlignment;
-  void* p = std::aligned_alloc(align, (alloc + align - 1) / align * align);
-  if (!p) throw std::bad_alloc();
-  if (align == kHuge) madvise(p, alloc, MADV_HUGEPAGE);  // advisory; failure is harmless
-  data_.reset(p);
+  const size_t rounded = (alloc + align - 1) / align * align;
+  void* p = BlockCache::instance().take(rounded);
+  if (!p) {
+    p = std::aligned_alloc(align, rounded);
+    if (!p) throw std::bad_alloc();
+    if (align == kHuge) madvise(p, alloc, MADV_HUGEPAGE);  // advisory; failure is harmless
+  }
+  data_ = std::unique_ptr<void, Free>(p, Free{rounded});
   g_alloc_count.fetch_add(1, std::memory_order_relaxed);
   g_alloc_bytes.fetch_add(static_cast<int64_t>(nbytes_), std::memory_order_relaxed);
 }

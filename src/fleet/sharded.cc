@@ -734,7 +734,10 @@ FleetSimulationResult simulate_fleet(const FleetSimulation& sim) {
       f.on_latency = [&charged](double ms) { charged += ms; };
       f.seed = sim.seed * 7919 + k;
       wk.store->set_faults(f);
-      wk.proto = std::make_unique<ClaimProtocol>(*wk.store, "sim", "scope", "w" + std::to_string(k),
+      // (std::string("w") += ...: GCC 12 warns -Wrestrict on "w" + std::to_string(k) here.)
+      std::string owner = "w";
+      owner += std::to_string(k);
+      wk.proto = std::make_unique<ClaimProtocol>(*wk.store, "sim", "scope", owner,
                                                  static_cast<int64_t>(sim.lease_ms));
     }
     // Each dying worker dies at a random moment before the work could be done.

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <thread>
 
 #include "tokamax/core/error.h"
 #include "tokamax/core/json.h"
@@ -23,6 +25,50 @@ TEST(Tensor, AlignmentAndEmpty) {
     EXPECT_EQ(t.nbytes(), static_cast<size_t>(2 * n));
   }
   EXPECT_THROW(Tensor({-1}, DType::kF32), InvalidArgument);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
+// A large buffer freed goes to the buffer cache and the next Tensor of the same allocation size
+// gets it back (huge-page aligned, as allocated), from any thread; another size does not;
+// under ASan the cache is off. Contents of a reused buffer are unspecified: written
+// before read, as a fresh one's.
+TEST(Tensor, LargeBuffersAreReused) {
+  void* first = nullptr;
+  {
+    Tensor a({int64_t{3} << 20}, DType::kF32);  // 12 MB
+    first = a.data();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (2 << 20), 0u);
+    std::memset(a.data(), 1, a.nbytes());
+  }
+  Tensor other({int64_t{5} << 20}, DType::kF32);  // another size: a new buffer
+  EXPECT_NE(other.data(), first);
+  Tensor again({3, int64_t{1} << 20}, DType::kF32);  // same bytes, another shape
+  if (kAsan) {
+    SUCCEED() << "the buffer cache is off under AddressSanitizer";
+  } else {
+    EXPECT_EQ(again.data(), first);
+  }
+  // Across threads: a buffer freed on one is taken on another.
+  void* from_thread = nullptr;
+  std::thread([&] {
+    Tensor t({int64_t{7} << 20}, DType::kF32);
+    from_thread = t.data();
+  }).join();
+  Tensor t2({int64_t{7} << 20}, DType::kF32);
+  if (!kAsan) {
+    EXPECT_EQ(t2.data(), from_thread);
+  }
 }
 
 TEST(Tensor, MoveOnly) {

@@ -91,6 +91,7 @@ class Tensor {
 
  private:
   struct Free {
+    size_t bytes;  // what was allocated (the buffer cache reuses it by this size)
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> data_;
