@@ -12,6 +12,7 @@
 #include <new>
 #include <vector>
 
+#include "core/asan.h"
 #include "core/random.h"
 #include "tokamax/core/error.h"
 
@@ -134,18 +135,6 @@ void TensorView::set(int64_t i, double v) const {
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
 // Large buffers freed recently, kept for the next Tensor of the same allocation size. A fresh
 // mapping costs a page fault and the kernel's zeroing of every page on first touch, while
 // callers allocate the same shapes step after step: a bf16 prefill ragged_dot on AMX (8 x 512
@@ -203,7 +192,7 @@ class BlockCache {
       if (end != env && *end == '\0' && v >= 0 && v <= (int64_t{1} << 20))
         mb = static_cast<size_t>(v);
     }
-    limit_ = kSanitized ? 0 : mb << 20;
+    limit_ = kAddressSanitizer ? 0 : mb << 20;
     const char* poison = std::getenv("TOKAMAX_TENSOR_CACHE_POISON");
     poison_ = poison && *poison && std::strcmp(poison, "0") != 0;
   }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/asan.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/json.h"
 
@@ -27,18 +28,6 @@ TEST(Tensor, AlignmentAndEmpty) {
   EXPECT_THROW(Tensor({-1}, DType::kF32), InvalidArgument);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
-
 // A large buffer freed goes to the buffer cache and the next Tensor of the same allocation size
 // gets it back (huge-page aligned, as allocated), from any thread; another size does not;
 // under ASan the cache is off. Contents of a reused buffer are unspecified: written
@@ -54,7 +43,7 @@ TEST(Tensor, LargeBuffersAreReused) {
   Tensor other({int64_t{5} << 20}, DType::kF32);  // another size: a new buffer
   EXPECT_NE(other.data(), first);
   Tensor again({3, int64_t{1} << 20}, DType::kF32);  // same bytes, another shape
-  if (kAsan) {
+  if (kAddressSanitizer) {
     SUCCEED() << "the buffer cache is off under AddressSanitizer";
   } else {
     EXPECT_EQ(again.data(), first);
@@ -66,7 +55,7 @@ TEST(Tensor, LargeBuffersAreReused) {
     from_thread = t.data();
   }).join();
   Tensor t2({int64_t{7} << 20}, DType::kF32);
-  if (!kAsan) {
+  if (!kAddressSanitizer) {
     EXPECT_EQ(t2.data(), from_thread);
   }
 }

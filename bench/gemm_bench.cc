@@ -1,0 +1,177 @@
+// The f32 GEMM loop's pieces against the FMA ceiling timed in the same rounds (a plain program:
+// interleaved rounds, medians and ranges of per-round ratios, so a busy neighbour slows the
+// ceiling and the row alike):
+//   1. the microkernel with its data in L1, per tile height (12 and the set's tallest), as a
+//      fraction of the one-core FMA peak;
+//   2. the lhs packing (pack_a_f32, scalar and the set's vector one), ns per value;
+//   3. the whole pre-packed grouped GEMM (M=4096, K=2048, N=11264: the GLU's gate and up
+//      columns together) at the blockings given, as a fraction of threads x the one-core peak.
+// Usage: tokamax_gemm_bench [--rounds N] [--threads T] [--blocking mr,mc,kc,nc]...
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autotuning/roofline_kernels.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/microkernels.h"
+#include "tokamax/tokamax.h"
+
+namespace {
+
+using namespace tokamax;
+namespace k = tokamax::kernels;
+using Clock = std::chrono::steady_clock;
+
+double seconds(const std::function<void()>& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One-core FMA rate of this round (GFLOP/s).
+double fma_peak() {
+  constexpr int64_t kIters = 50'000'000;
+  volatile float sink = 0;
+  const double s = seconds([&] { sink = tokamax::roofline::fma_f32_avx512(kIters); });
+  (void)sink;
+  return kIters * 12.0 * 16 * 2 / s / 1e9;
+}
+
+struct Series {
+  std::string name;
+  std::vector<double> values;
+  void report(const char* unit) const {
+    std::vector<double> v = values;
+    std::sort(v.begin(), v.end());
+    std::printf("  %-44s %8.3f %s  [%.3f, %.3f]\n", name.c_str(), v[v.size() / 2], unit, v.front(),
+                v.back());
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 7, threads = num_threads();
+  std::vector<k::Blocking> blockings;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--blocking" && i + 1 < argc) {
+      k::Blocking b;
+      if (std::sscanf(argv[++i], "%d,%d,%d,%d", &b.mr, &b.mc, &b.kc, &b.nc) != 4) {
+        std::fprintf(stderr, "--blocking takes mr,mc,kc,nc\n");
+        return 2;
+      }
+      blockings.push_back(b);
+    } else {
+      std::fprintf(stderr, "usage: %s [--rounds N] [--threads T] [--blocking mr,mc,kc,nc]...\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  const k::KernelSet& ks = k::best_kernels();
+  if (ks.isa != k::Isa::kAvx512) {
+    std::fprintf(stderr, "this bench times the AVX-512 kernels; this CPU runs %s\n", ks.name);
+    return 77;
+  }
+  if (blockings.empty()) {
+    blockings = {{12, 192, 512, 1024}, {ks.max_mr, ks.max_mr * k::item_tiles(ks), 512, 1024}};
+  }
+  set_num_threads(threads);
+
+  // 1. Microkernel in L1: kc = 256, 16 A tiles against one panel, accumulating.
+  const int64_t kc = 256;
+  std::vector<int> heights = {12, ks.max_mr};
+  Tensor a({16 * 16 * kc}, DType::kF32), b({kc * ks.nr}, DType::kF32),
+      c({16 * 16 * 64}, DType::kF32);
+  std::fill(a.data_as<float>(), a.data_as<float>() + a.size(), 0.001f);
+  std::fill(b.data_as<float>(), b.data_as<float>() + b.size(), 0.002f);
+  std::fill(c.data_as<float>(), c.data_as<float>() + c.size(), 0.0f);
+  std::vector<Series> tiles;
+  for (int mr : heights) tiles.push_back({"f32 tile " + std::to_string(mr) + " x 32, in L1", {}});
+
+  // 2. Packing: 192 rows, kc = 512 of a [192, 2048] lhs.
+  Tensor lhs = Tensor::randn({192, 2048}, DType::kF32, 1), packed({192 * 512}, DType::kF32);
+  Series pack_scalar{"pack_a_f32 scalar (192 x 512 of K = 2048)", {}},
+      pack_vector{"pack_a_f32 vector", {}};
+
+  // 3. The pre-packed GEMM.
+  const int64_t M = 4096, K = 2048, N = 11264;
+  Tensor x = Tensor::randn({M, K}, DType::kF32, 2), w = Tensor::randn({K, N}, DType::kF32, 3);
+  const int64_t panels = N / ks.nr, pe = k::panel_elems(K, false, ks.nr);
+  Tensor wp({panels * pe}, DType::kF32), out({M, N}, DType::kF32);
+  k::pack_panels(ks, false, w.data(), false, false, K, N, wp.data(), 0, panels);
+  const k::PackedPanels pp{wp.data(), panels, pe, false};
+  const int64_t offsets[2] = {0, M};
+  k::GroupedGemm g;
+  g.groups = 1;
+  g.offsets = offsets;
+  g.k = K;
+  g.n = N;
+  g.a = x.data();
+  g.threads = threads;
+  g.packed = &pp;
+  float* o = out.data_as<float>();
+  g.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0, int64_t cols) {
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(o + (r0 + i) * N + n0, C + i * ldc, static_cast<size_t>(cols) * 4);
+  };
+  std::vector<Series> gemms;
+  for (const k::Blocking& bl : blockings) {
+    gemms.push_back({"GEMM mr " + std::to_string(bl.mr) + " mc " + std::to_string(bl.mc) + " kc " +
+                         std::to_string(bl.kc) + " nc " + std::to_string(bl.nc),
+                     {}});
+  }
+
+  for (int r = 0; r < rounds; ++r) {
+    const double peak = fma_peak();
+    for (size_t h = 0; h < heights.size(); ++h) {
+      const int mr = heights[h];
+      constexpr int64_t kCalls = 20000;
+      const double s = seconds([&] {
+        for (int64_t i = 0; i < kCalls; ++i) {
+          const int64_t t = i % 16;
+          ks.f32(mr, kc, a.data_as<float>() + t * 16 * kc, 1, mr, b.data_as<float>(),
+                 c.data_as<float>() + t * 16 * 64, 64, true);
+        }
+      });
+      tiles[h].values.push_back(kCalls * 2.0 * mr * ks.nr * kc / s / 1e9 / peak);
+    }
+    constexpr int kPacks = 200;
+    const double values = kPacks * 192.0 * 512;
+    pack_scalar.values.push_back(seconds([&] {
+                                   for (int i = 0; i < kPacks; ++i)
+                                     k::pack_a_f32(lhs.data_as<float>(), 2048, 192, (i % 4) * 512,
+                                                   512, 12, packed.data_as<float>());
+                                 }) /
+                                 values * 1e9);
+    pack_vector.values.push_back(seconds([&] {
+                                   for (int i = 0; i < kPacks; ++i)
+                                     ks.pack_a_f32(lhs.data_as<float>(), 2048, 192, (i % 4) * 512,
+                                                   512, 12, packed.data_as<float>());
+                                 }) /
+                                 values * 1e9);
+    for (size_t i = 0; i < blockings.size(); ++i) {
+      const double s = seconds([&] { k::grouped_gemm(g, blockings[i], ks); });
+      gemms[i].values.push_back(2.0 * M * N * K / s / 1e9 / (peak * threads));
+    }
+  }
+  std::printf("%s, %d thread(s), %d interleaved rounds (median [min, max])\n", ks.name, threads,
+              rounds);
+  std::printf("fraction of the one-core FMA peak timed in the same round:\n");
+  for (const Series& t : tiles) t.report("");
+  std::printf("ns per packed value:\n");
+  pack_scalar.report("ns");
+  pack_vector.report("ns");
+  std::printf("fraction of threads x the one-core FMA peak (pre-packed, M=4096 K=2048 N=11264):\n");
+  for (const Series& s : gemms) s.report("");
+  return 0;
+}
