@@ -12,8 +12,8 @@
 #include <new>
 #include <vector>
 
-#include "core/asan.h"
 #include "core/random.h"
+#include "core/sanitizers.h"
 #include "tokamax/core/error.h"
 
 namespace tokamax {
@@ -140,7 +140,8 @@ namespace {
 // callers allocate the same shapes step after step: a bf16 prefill ragged_dot on AMX (8 x 512
 // rows, K = N = 1024, its 16 MB output) took 7.3 ms allocating its output, 5.4 writing into a
 // buffer it was given. Bounded in blocks and bytes (TOKAMAX_TENSOR_CACHE_MB, default 256; 0
-// turns it off); off under AddressSanitizer, whose use-after-free checks it would hide.
+// turns it off): what it holds stays resident, never returned to the system while cached. Off
+// under AddressSanitizer and MemorySanitizer, whose checks it would hide.
 class BlockCache {
  public:
   static BlockCache& instance() {
@@ -149,35 +150,40 @@ class BlockCache {
   }
   void* take(size_t bytes) {
     if (bytes < kMinBytes || limit_ == 0) return nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = blocks_.size(); i-- > 0;) {
-      if (blocks_[i].bytes != bytes) continue;
-      void* p = blocks_[i].p;
-      total_ -= bytes;
-      blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
-      // Debugging aid (the test presets set it): a reused block full of NaN / 0xFF bytes, so
-      // that code reading a new Tensor before writing it fails instead of seeing old values.
-      if (poison_) std::memset(p, 0xFF, bytes);
-      return p;
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = blocks_.size(); i-- > 0;) {
+        if (blocks_[i].bytes != bytes) continue;
+        p = blocks_[i].p;
+        total_ -= bytes;
+        blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
     }
-    return nullptr;
+    // Debugging aid (the test presets set it): a reused block full of NaN / 0xFF bytes, so that
+    // code reading a new Tensor before writing it fails instead of seeing old values.
+    if (p && poison_) std::memset(p, 0xFF, bytes);
+    return p;
   }
   // Keeps p (true) or leaves it to the caller to free (false). Evicts the oldest blocks to
-  // stay within the bounds.
+  // stay within the bounds. Allocates nothing (it runs in destructors): blocks_ has room for
+  // kMaxBlocks from the start.
   bool put(void* p, size_t bytes) {
     if (bytes < kMinBytes || bytes > limit_ / 2) return false;
-    std::vector<void*> evicted;
+    void* evicted[kMaxBlocks];
+    size_t n_evicted = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       while (!blocks_.empty() && (total_ + bytes > limit_ || blocks_.size() >= kMaxBlocks)) {
-        evicted.push_back(blocks_.front().p);
+        evicted[n_evicted++] = blocks_.front().p;
         total_ -= blocks_.front().bytes;
         blocks_.erase(blocks_.begin());
       }
       blocks_.push_back({p, bytes});
       total_ += bytes;
     }
-    for (void* e : evicted) std::free(e);
+    for (size_t i = 0; i < n_evicted; ++i) std::free(evicted[i]);
     return true;
   }
 
@@ -192,7 +198,8 @@ class BlockCache {
       if (end != env && *end == '\0' && v >= 0 && v <= (int64_t{1} << 20))
         mb = static_cast<size_t>(v);
     }
-    limit_ = kAddressSanitizer ? 0 : mb << 20;
+    limit_ = kMemorySanitizer ? 0 : mb << 20;
+    blocks_.reserve(kMaxBlocks);
     const char* poison = std::getenv("TOKAMAX_TENSOR_CACHE_POISON");
     poison_ = poison && *poison && std::strcmp(poison, "0") != 0;
   }

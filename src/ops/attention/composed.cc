@@ -116,6 +116,9 @@ class ComposedVjp : public TypedImplementation<AttentionVjpCall, void> {
     std::fill(dK, dK + dk_t.size(), 0.0f);
     std::fill(dV, dV + dv_t.size(), 0.0f);
     if (c.dbias()) fill_value(*c.dbias(), 0.0);
+    // No kv positions: every dq row is 0 (the loop below skips those heads; outputs come
+    // uninitialized).
+    if (S == 0) fill_value(c.dq(), 0.0);
     for (int64_t bb = 0; bb < c.b; ++bb) {
       for (int64_t nn = 0; nn < c.n; ++nn) {
         const int64_t kh = nn / G;

@@ -64,7 +64,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     AttentionNativeConfig cfg;
     const int64_t g = std::max<int64_t>(c.group(), 1);
     // On the AMX tiles (bf16): three 32-row tile pairs and kv blocks of 512 (tuned on Sapphire
-    // Rapids, prefill T=S=2048: 1.12x the f32 kernel's 72 rows and 256).
+    // Rapids, prefill T=S=2048: 1.12x the f32 kernel's then 72 rows and 256).
     const bool tiles = native_uses_bf16_tiles(c);
     const int64_t target_rows = tiles ? 96 : 6 * ks.max_mr;
     int64_t bq = std::clamp<int64_t>(target_rows / g, 1, std::max<int64_t>(c.t, 1));

@@ -94,6 +94,7 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
     std::vector<LossNativeConfig> out;
     const int mr = static_cast<int>(std::min<int64_t>(ks.max_mr, rows));
     for (int mcf : {4, 8, k::item_tiles(ks)}) {
+      if (mr * mcf > k::round_up(rows, mr) * 2 && mcf != 4) continue;  // items taller than B
       for (int kc : {256, 512}) {
         for (int nc : {512, 1024, 2048}) {
           for (int bv : {2048, 8192}) {
