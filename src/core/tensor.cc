@@ -10,10 +10,12 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "core/random.h"
 #include "core/sanitizers.h"
+#include "core/tensor_cache.h"
 #include "tokamax/core/error.h"
 
 namespace tokamax {
@@ -133,6 +135,19 @@ void TensorView::set(int64_t i, double v) const {
   store(data_, dtype_, offset_of(shape_, strides_, i), v);
 }
 
+size_t tensor_cache_limit_mb(const char* value) {
+  if (!value || !*value) return 256;
+  constexpr long long kMax = int64_t{1} << 20;
+  char* end = nullptr;
+  const long long v = std::strtoll(value, &end, 10);
+  if (*end != '\0' || v < 0 || v > kMax) {
+    throw InvalidArgument("TOKAMAX_TENSOR_CACHE_MB='" + std::string(value) +
+                          "': expected an integer number of megabytes in [0, " +
+                          std::to_string(kMax) + "] (0 turns the buffer cache off)");
+  }
+  return static_cast<size_t>(v);
+}
+
 namespace {
 
 // Large buffers freed recently, kept for the next Tensor of the same allocation size. A fresh
@@ -191,13 +206,9 @@ class BlockCache {
   static constexpr size_t kMinBytes = size_t{1} << 20;
   static constexpr size_t kMaxBlocks = 8;
   BlockCache() {
-    size_t mb = 256;
-    if (const char* env = std::getenv("TOKAMAX_TENSOR_CACHE_MB")) {
-      char* end = nullptr;
-      const long long v = std::strtoll(env, &end, 10);
-      if (end != env && *end == '\0' && v >= 0 && v <= (int64_t{1} << 20))
-        mb = static_cast<size_t>(v);
-    }
+    // Runs at the first Tensor's construction (take), never first in a destructor: a bad value
+    // throws there, as a bad TOKAMAX_NUM_THREADS does.
+    const size_t mb = tensor_cache_limit_mb(std::getenv("TOKAMAX_TENSOR_CACHE_MB"));
     limit_ = kMemorySanitizer ? 0 : mb << 20;
     blocks_.reserve(kMaxBlocks);
     const char* poison = std::getenv("TOKAMAX_TENSOR_CACHE_POISON");

@@ -180,28 +180,17 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool trans, int64_t K, int6
 
 void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                 float* dst) {
-  // Blocks of 16 k at a time: the mr row pieces are read into a small buffer, then the tile is
-  // written in order, one sequential stream. Writing each row's k values at a stride of mr
-  // floats instead touched a new line every few stores and took 7% of a prefill GEMM's time.
-  constexpr int64_t kStep = 16;
-  float buf[kMaxPackMr][kStep];
   const int64_t tiles = (rows + mr - 1) / mr;
   for (int64_t t = 0; t < tiles; ++t) {
     float* d = dst + t * mr * kc;
-    const int64_t live = std::min<int64_t>(mr, rows - t * mr);
-    for (int64_t kb = 0; kb < kc; kb += kStep) {
-      const int64_t n = std::min(kStep, kc - kb);
-      for (int64_t i = 0; i < live; ++i) {
-        const float* src = a + (t * mr + i) * lda + k0 + kb;
-        for (int64_t k = 0; k < n; ++k) buf[i][k] = src[k];
+    for (int i = 0; i < mr; ++i) {
+      const int64_t r = t * mr + i;
+      if (r >= rows) {
+        for (int64_t k = 0; k < kc; ++k) d[k * mr + i] = 0.0f;
+        continue;
       }
-      for (int64_t i = live; i < mr; ++i) {
-        for (int64_t k = 0; k < n; ++k) buf[i][k] = 0.0f;
-      }
-      float* o = d + kb * mr;
-      for (int64_t k = 0; k < n; ++k) {
-        for (int i = 0; i < mr; ++i) o[k * mr + i] = buf[i][k];
-      }
+      const float* src = a + r * lda + k0;
+      for (int64_t k = 0; k < kc; ++k) d[k * mr + i] = src[k];
     }
   }
 }

@@ -145,8 +145,6 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, 
 // tiles of mr rows, dst[t][k][mr] (rows past `rows` are zero). The micro-panel of one tile is then
 // one contiguous stream: rows of a row-major lhs are K*4 bytes apart, and for K a multiple of
 // 1024 a dozen of them fall into one L1 set (4 KiB aliasing) if read in place.
-// mr <= kMaxPackMr (every ISA's max_mr is).
-inline constexpr int kMaxPackMr = 16;
 void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                 float* dst);
 // Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major matrix (row stride lda) into bf16 pairs

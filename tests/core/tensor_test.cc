@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "core/sanitizers.h"
+#include "core/tensor_cache.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/json.h"
 
@@ -61,6 +63,24 @@ TEST(Tensor, LargeBuffersAreReused) {
   Tensor t2({int64_t{7} << 20}, DType::kF32);
   if (!kMemorySanitizer) {
     EXPECT_EQ(t2.data(), from_thread);
+  }
+}
+
+// TOKAMAX_TENSOR_CACHE_MB: a whole number of megabytes in range, or a clear error.
+TEST(Tensor, BufferCacheLimitFromEnvironment) {
+  EXPECT_EQ(tensor_cache_limit_mb(nullptr), 256u);
+  EXPECT_EQ(tensor_cache_limit_mb(""), 256u);
+  EXPECT_EQ(tensor_cache_limit_mb("0"), 0u);
+  EXPECT_EQ(tensor_cache_limit_mb("1024"), 1024u);
+  for (const char* bad : {"abc", "12MB", "-1", "1048577", "99999999999999999999"}) {
+    try {
+      tensor_cache_limit_mb(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("TOKAMAX_TENSOR_CACHE_MB='" + std::string(bad)),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
