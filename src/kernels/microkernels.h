@@ -86,6 +86,9 @@ struct KernelSet {
   // pack_a_bf16 with its rows padded to kAmxRows (zero), and C rows written up to that padding.
   bool amx = false;
   PackAF32 pack_a_f32 = nullptr;  // a vector pack_a_f32 (same layout), where the ISA has one
+  // As stream but c += a b, blocked for a short K (attention decode's P v over a few kv
+  // positions): c stays in registers across K. Set whenever stream is.
+  StreamKernel stream_acc = nullptr;
 };
 inline constexpr int kAmxRows = 16;
 

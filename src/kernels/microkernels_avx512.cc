@@ -392,6 +392,60 @@ void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t 
   for (; k < K; ++k) stream_rows<MR, 1, BF16>(k, a, lda, b, ldb, cols, c, ldc);
 }
 
+// c += a b for a short K (attention's P v over a block of kv positions): column blocks of 16 V
+// whose MR x V accumulators stay in registers over all K rows of b, c loaded and stored once
+// per block. No prefetches: the caller reads b in memory order, which the hardware follows.
+template <int MR, int V, bool BF16, bool MASKED>
+inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
+                      __mmask16 m, float* c, int64_t ldc) {
+  static_assert(V == 1 || !MASKED);
+  __m512 acc[MR][V];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      acc[i][v] = MASKED ? _mm512_maskz_loadu_ps(m, c + i * ldc + j)
+                         : _mm512_loadu_ps(c + i * ldc + j + 16 * v);
+    }
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 w[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 16 * v, m);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 x = _mm512_set1_ps(a[i * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(x, w[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      if (MASKED)
+        _mm512_mask_storeu_ps(c + i * ldc + j, m, acc[i][v]);
+      else
+        _mm512_storeu_ps(c + i * ldc + j + 16 * v, acc[i][v]);
+    }
+  }
+}
+
+template <int MR, bool BF16>
+void stream_acc_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
+                     int64_t cols, float* c, int64_t ldc) {
+  constexpr int V = MR <= 4 ? 4 : 2;  // MR x V <= 16 accumulators
+  int64_t j = 0;
+  for (; j + 16 * V <= cols; j += 16 * V)
+    acc_block<MR, V, BF16, false>(K, a, lda, b, ldb, j, 0xFFFF, c, ldc);
+  for (; j + 16 <= cols; j += 16)
+    acc_block<MR, 1, BF16, false>(K, a, lda, b, ldb, j, 0xFFFF, c, ldc);
+  if (j < cols) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (cols - j)) - 1);
+    acc_block<MR, 1, BF16, true>(K, a, lda, b, ldb, j, m, c, ldc);
+  }
+}
+
 // Sum of the 16 lanes (not _mm512_reduce_add_ps: GCC 12's header trips -Wuninitialized).
 inline float hsum(__m512 v) {
   const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0),
@@ -401,6 +455,37 @@ inline float hsum(__m512 v) {
   q = _mm_add_ss(q, _mm_movehdup_ps(q));
   return _mm_cvtss_f32(q);
 }
+
+// The largest of the 16 lanes (a shuffle tree, as hsum: a short softmax row's max is on its
+// critical path).
+inline float hmax(__m512 v) {
+  const __m256 h = _mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0),
+                                 _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_max_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+
+// The sums of the 16 lanes of a, b, c and d, in that order: the four reduced together (6
+// shuffles and 3 adds to per-lane partial sums, then 2 and 2 across the 128-bit lanes) rather
+// than each by hsum (about 9 operations apiece). A decode row's q k^T is 4 dot products per K
+// row, so its reductions cost as much as its FMAs when taken one by one.
+inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], then [a, b, c, d] of the lane's 4 floats.
+  const __m512 ab =
+      _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xFFFF, a, b), _mm512_maskz_unpackhi_ps(0xFFFF, a, b));
+  const __m512 cd =
+      _mm512_add_ps(_mm512_maskz_unpacklo_ps(0xFFFF, c, d), _mm512_maskz_unpackhi_ps(0xFFFF, c, d));
+  const __m512 abcd = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, _mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, _mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // The four 128-bit lanes added.
+  const __m256 half = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, abcd, 0),
+                                    _mm512_maskz_extractf32x8_ps(0xFF, abcd, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+inline void c_store4(float* c, __m128 v) { _mm_storeu_ps(c, v); }
 
 // Transposed weights: JB output columns are JB rows of b, each a contiguous stream along K.
 template <int MR, int JB, bool BF16>
@@ -429,8 +514,12 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
   if (k < K) step.template operator()<true>(k, static_cast<__mmask16>((1u << (K - k)) - 1));
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
+    if constexpr (JB == 4) {
+      c_store4(c + i * ldc + j0, sum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    } else {
 #pragma GCC unroll 4
-    for (int jj = 0; jj < JB; ++jj) c[i * ldc + j0 + jj] = hsum(acc[i][jj]);
+      for (int jj = 0; jj < JB; ++jj) c[i * ldc + j0 + jj] = hsum(acc[i][jj]);
+    }
   }
 }
 
@@ -473,6 +562,13 @@ void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool 
             int64_t cols, float* c, int64_t ldc) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
     stream_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
+  });
+}
+
+void stream_acc(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
+                int64_t ldb, int64_t cols, float* c, int64_t ldc) {
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
   });
 }
 
@@ -521,7 +617,8 @@ const KernelSet kSet{Isa::kAvx512,
                      stream_t,
                      pack_b_bf16,
                      false,
-                     pack_a_f32_avx512};
+                     pack_a_f32_avx512,
+                     stream_acc};
 
 }  // namespace
 
@@ -529,14 +626,6 @@ const KernelSet* avx512_kernels() { return &kSet; }
 
 namespace {
 namespace ep = expf_poly;
-// Horizontal reductions through memory: GCC 12's _mm512_reduce_* warn (undefined upper halves).
-float lane_sum(__m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  float r = 0;
-  for (float x : lanes) r += x;
-  return r;
-}
 __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
@@ -566,7 +655,7 @@ float exp_shift_sum_avx512(float* x, int64_t n, float shift) {
     _mm512_mask_storeu_ps(x + i, m, e);
     acc = _mm512_add_ps(acc, e);
   }
-  return lane_sum(acc);
+  return hsum(acc);  // a shuffle tree: a short row's sum is on the softmax's critical path
 }
 
 // 1 / (1 + exp(-x)): exp's clamp at e^88 keeps it finite (-> 0) for very negative x; NaN stays
@@ -623,11 +712,7 @@ float scale_max_avx512(float* x, int64_t n, float scale) {
     _mm512_mask_storeu_ps(x + i, m, v);
     mx = _mm512_mask_max_ps(mx, m, mx, v);
   }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, mx);
-  float r = lanes[0];
-  for (int j = 1; j < 16; ++j) r = lanes[j] > r ? lanes[j] : r;
-  return r;
+  return hmax(mx);
 }
 
 }  // namespace tokamax::kernels

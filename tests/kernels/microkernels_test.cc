@@ -188,14 +188,23 @@ TEST(Microkernels, Bf16DotAndMultiPanel) {
   }
 }
 
+// stream (c = a b), stream_t (c = a b^T) and stream_acc (c += a b, from c's random values)
+// against double sums: every row count, depths around the vector width (0 included), column
+// counts around the 16-, 32- and 64-column blocks, f32 and bf16 weights, strides wider than the
+// rows; nothing written past the last row.
 TEST(Microkernels, WeightStreamingBothLayouts) {
+  enum Kind { kForward, kTransposed, kAccumulate };
   for (const k::KernelSet* ks : testing::runnable_sets()) {
-    for (bool trans : {false, true}) {
-      const k::StreamKernel stream = trans ? ks->stream_t : ks->stream;
+    for (Kind kind : {kForward, kTransposed, kAccumulate}) {
+      const k::StreamKernel stream = kind == kForward      ? ks->stream
+                                     : kind == kTransposed ? ks->stream_t
+                                                           : ks->stream_acc;
+      const bool trans = kind == kTransposed, acc = kind == kAccumulate;
+      const char* name = kind == kForward ? " stream" : trans ? " stream_t" : " stream_acc";
       if (!stream) continue;
       for (int mr = 1; mr <= k::kStreamMaxMr; ++mr) {
-        for (int64_t K : {1, 7, 8, 9, 16, 17, 40}) {
-          for (int64_t cols : {1, 15, 16, 17, 33, 2 * ks->nr + 5}) {
+        for (int64_t K : {0, 1, 7, 8, 9, 16, 17, 40}) {
+          for (int64_t cols : {1, 15, 16, 17, 33, 2 * ks->nr + 5, 64, 69, 133}) {
             for (bool bf16 : {false, true}) {
               const int64_t lda = K + 2, ldb = (trans ? K : cols) + 3, ldc = cols + 4;
               const std::vector<float> a = random_floats(static_cast<size_t>(mr * lda), bf16);
@@ -204,10 +213,14 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
               std::vector<uint16_t> bh(bf.size());
               for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
               std::vector<float> c(static_cast<size_t>((mr + 1) * ldc), kSentinel);
+              const std::vector<float> c0 = random_floats(static_cast<size_t>(mr * ldc), false);
+              for (int i = 0; acc && i < mr; ++i) {
+                for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = c0[i * ldc + j];
+              }
               std::vector<double> want(static_cast<size_t>(mr * cols));
               for (int i = 0; i < mr; ++i) {
                 for (int64_t j = 0; j < cols; ++j) {
-                  double s = 0;
+                  double s = acc ? c0[i * ldc + j] : 0.0;
                   for (int64_t kk = 0; kk < K; ++kk)
                     s += static_cast<double>(a[i * lda + kk]) *
                          bf[trans ? j * ldb + kk : kk * ldb + j];
@@ -217,9 +230,9 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
               const void* b = bf16 ? static_cast<const void*>(bh.data()) : bf.data();
               stream(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc);
               expect_tile(c, want, mr, cols, ldc, mr + 1,
-                          std::string(ks->name) + (trans ? " stream_t" : " stream") +
-                              " mr=" + std::to_string(mr) + " K=" + std::to_string(K) +
-                              " cols=" + std::to_string(cols) + (bf16 ? " bf16" : " f32"));
+                          std::string(ks->name) + name + " mr=" + std::to_string(mr) +
+                              " K=" + std::to_string(K) + " cols=" + std::to_string(cols) +
+                              (bf16 ? " bf16" : " f32"));
             }
           }
         }

@@ -282,6 +282,21 @@ TYPED_TEST_P(AttentionImpl, MasksAndCausal) {
   c.kv_lengths = true;
   c.bias = Shape{1, 2, 33, 33};
   check_case(this->impl(), c);
+  // Decode (one query position; the native implementation streams K and V in place, in
+  // chunks per batch and sub-blocks of positions across the kv heads), every option: odd S,
+  // GQA, head sizes off the vector width.
+  Case d{3, 1, 75, 8, 2, 16, 24};
+  d.window = std::pair<int64_t, int64_t>{40, 0};
+  d.kv_lengths = true;
+  check_case(this->impl(), d);
+  d.window.reset();
+  d.kv_lengths = false;
+  d.mask = Shape{3, 1, 1, 75};
+  d.bias = Shape{1, 8, 1, 75};
+  d.soft_cap = 3.0;
+  check_case(this->impl(), d);
+  d.causal = true;  // position 0 only
+  check_case(this->impl(), d);
 }
 
 TYPED_TEST_P(AttentionImpl, Bf16) {
