@@ -510,6 +510,7 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
     }
   };
   int64_t k = 0;
+#pragma GCC unroll 8
   for (; k + 16 <= K; k += 16) step.template operator()<false>(k, 0xFFFF);
   if (k < K) step.template operator()<true>(k, static_cast<__mmask16>((1u << (K - k)) - 1));
 #pragma GCC unroll 8
