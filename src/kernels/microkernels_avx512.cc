@@ -8,6 +8,8 @@
 // ran at 225-230 GFLOP/s against 217-222 with 12.)
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "kernels/exp_sum.h"
 #include "kernels/microkernels.h"
 
@@ -224,61 +226,69 @@ void pack_a_bf16_avx512(const void* a, bool is_bf16, int64_t lda, int64_t rows, 
   }
 }
 
+// Up to 16 rows (live of them read, the rest zero) of a tile into dst[k * mr + i], i < width.
+void pack_a_f32_half(const float* src, int64_t lda, int64_t live, int64_t kc, int width, int mr,
+                     float* d) {
+  const __mmask16 out_mask = static_cast<__mmask16>((1u << width) - 1);
+  for (int64_t kb = 0; kb < kc; kb += 16) {
+    const int64_t n = kc - kb < 16 ? kc - kb : 16;
+    const __mmask16 in_mask = static_cast<__mmask16>((1u << n) - 1);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      r[i] = i < live ? _mm512_maskz_loadu_ps(in_mask, src + i * lda + kb) : _mm512_setzero_ps();
+    }
+    // Pairs of rows interleaved, then groups of four, within each 128-bit lane: b[4j + c]'s
+    // lane l holds rows 4j..4j+3 at column 4l + c.
+    __m512 u[16], b[16];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      u[2 * j] = _mm512_maskz_unpacklo_ps(0xFFFF, r[2 * j], r[2 * j + 1]);
+      u[2 * j + 1] = _mm512_maskz_unpackhi_ps(0xFFFF, r[2 * j], r[2 * j + 1]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      b[4 * j + 0] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j], u[4 * j + 2], 0x44);
+      b[4 * j + 1] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j], u[4 * j + 2], 0xEE);
+      b[4 * j + 2] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j + 1], u[4 * j + 3], 0x44);
+      b[4 * j + 3] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j + 1], u[4 * j + 3], 0xEE);
+    }
+    // Then a 4 x 4 transpose of 128-bit lanes: column 4l + c gathers lane l of b[c],
+    // b[4 + c], b[8 + c], b[12 + c].
+    __m512 col[16];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512 x0 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[c], b[4 + c], 0x88);
+      const __m512 x1 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + c], b[12 + c], 0x88);
+      const __m512 x2 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[c], b[4 + c], 0xDD);
+      const __m512 x3 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + c], b[12 + c], 0xDD);
+      col[c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x0, x1, 0x88);
+      col[4 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x2, x3, 0x88);
+      col[8 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x0, x1, 0xDD);
+      col[12 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x2, x3, 0xDD);
+    }
+    float* o = d + kb * mr;
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) {
+      if (k < n) _mm512_mask_storeu_ps(o + k * mr, out_mask, col[k]);
+    }
+  }
+}
+
 // A into mr-row f32 tiles dst[t][k][mr] (pack_a_f32's layout), 16 k at a time: the 16 values
 // of each of the tile's rows (16 with zeros past mr or past the last row), a 16 x 16 transpose
 // in registers, then each k's mr values stored as one masked vector. The scalar loop this
 // replaces takes 1.32 ns a value, this one 0.16 (tokamax_gemm_bench, 7 interleaved rounds).
-// mr <= 16 (one masked vector per k). (The maskz forms with a full mask: see widen_bf16_bits.)
+// mr <= 32: a tile taller than 16 rows goes as two halves (attention packs K^T panels of 32
+// kv positions with it). (The maskz forms with a full mask: see widen_bf16_bits.)
 void pack_a_f32_avx512(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                        float* dst) {
-  const __mmask16 out_mask = static_cast<__mmask16>((1u << mr) - 1);
   const int64_t tiles = (rows + mr - 1) / mr;
   for (int64_t t = 0; t < tiles; ++t) {
-    float* d = dst + t * mr * kc;
-    const int64_t live = rows - t * mr < mr ? rows - t * mr : mr;
-    const float* src = a + t * mr * lda + k0;
-    for (int64_t kb = 0; kb < kc; kb += 16) {
-      const int64_t n = kc - kb < 16 ? kc - kb : 16;
-      const __mmask16 in_mask = static_cast<__mmask16>((1u << n) - 1);
-      __m512 r[16];
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) {
-        r[i] = i < live ? _mm512_maskz_loadu_ps(in_mask, src + i * lda + kb) : _mm512_setzero_ps();
-      }
-      // Pairs of rows interleaved, then groups of four, within each 128-bit lane: b[4j + c]'s
-      // lane l holds rows 4j..4j+3 at column 4l + c.
-      __m512 u[16], b[16];
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        u[2 * j] = _mm512_maskz_unpacklo_ps(0xFFFF, r[2 * j], r[2 * j + 1]);
-        u[2 * j + 1] = _mm512_maskz_unpackhi_ps(0xFFFF, r[2 * j], r[2 * j + 1]);
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        b[4 * j + 0] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j], u[4 * j + 2], 0x44);
-        b[4 * j + 1] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j], u[4 * j + 2], 0xEE);
-        b[4 * j + 2] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j + 1], u[4 * j + 3], 0x44);
-        b[4 * j + 3] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j + 1], u[4 * j + 3], 0xEE);
-      }
-      // Then a 4 x 4 transpose of 128-bit lanes: column 4l + c gathers lane l of b[c],
-      // b[4 + c], b[8 + c], b[12 + c].
-      __m512 col[16];
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const __m512 x0 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[c], b[4 + c], 0x88);
-        const __m512 x1 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + c], b[12 + c], 0x88);
-        const __m512 x2 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[c], b[4 + c], 0xDD);
-        const __m512 x3 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + c], b[12 + c], 0xDD);
-        col[c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x0, x1, 0x88);
-        col[4 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x2, x3, 0x88);
-        col[8 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x0, x1, 0xDD);
-        col[12 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x2, x3, 0xDD);
-      }
-      float* o = d + kb * mr;
-#pragma GCC unroll 16
-      for (int k = 0; k < 16; ++k) {
-        if (k < n) _mm512_mask_storeu_ps(o + k * mr, out_mask, col[k]);
-      }
+    for (int h = 0; h < mr; h += 16) {
+      const int64_t live = std::clamp<int64_t>(std::min<int64_t>(rows - t * mr, mr) - h, 0, 16);
+      pack_a_f32_half(live > 0 ? a + (t * mr + h) * lda + k0 : a, lda, live, kc,
+                      std::min(mr - h, 16), mr, dst + t * mr * kc + h);
     }
   }
 }

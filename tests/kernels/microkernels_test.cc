@@ -247,7 +247,13 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
 // written past the last tile.
 TEST(Microkernels, F32LhsPackingLayout) {
   for (const k::KernelSet* ks : testing::runnable_sets()) {
-    for (int mr = 1; mr <= ks->max_mr; ++mr) {
+    // Every tile height, then the panel widths attention packs K^T panels with (up to 32).
+    std::vector<int> heights;
+    for (int mr = 1; mr <= ks->max_mr; ++mr) heights.push_back(mr);
+    for (int mr : {16, 17, 31, 32}) {
+      if (mr > ks->max_mr) heights.push_back(mr);
+    }
+    for (int mr : heights) {
       for (int64_t rows : {int64_t{1}, int64_t{mr}, int64_t{mr} + 1, int64_t{3 * mr} - 1}) {
         for (int64_t kc : {1, 15, 16, 17, 40}) {
           const int64_t k0 = 3, lda = k0 + kc + 5, tiles = (rows + mr - 1) / mr;
