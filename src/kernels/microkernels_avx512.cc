@@ -317,6 +317,33 @@ inline __m512 load_w(const void* b, int64_t idx, __mmask16 m) {
   }
 }
 
+// The MR x V accumulators of c's columns [j, j + 16 V) (MASKED, V = 1: the lanes of m) in
+// and out: the streaming kernels' c blocks.
+template <int MR, int V, bool MASKED>
+inline void load_acc(__m512 (&acc)[MR][V], const float* c, int64_t ldc, int64_t j, __mmask16 m) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      acc[i][v] = MASKED ? _mm512_maskz_loadu_ps(m, c + i * ldc + j)
+                         : _mm512_loadu_ps(c + i * ldc + j + 16 * v);
+    }
+  }
+}
+template <int MR, int V, bool MASKED>
+inline void store_acc(const __m512 (&acc)[MR][V], float* c, int64_t ldc, int64_t j, __mmask16 m) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      if (MASKED)
+        _mm512_mask_storeu_ps(c + i * ldc + j, m, acc[i][v]);
+      else
+        _mm512_storeu_ps(c + i * ldc + j + 16 * v, acc[i][v]);
+    }
+  }
+}
+
 // Columns [j, j+16V) of rows k0..k0+S-1 of b into the MR accumulator rows of c: V vectors of
 // each weight row (V = 2: 128 bytes of f32, one whole line of bf16, instead of half a line per
 // pass). The lhs values are broadcast from memory inside the FMAs (c may alias a as far as the
@@ -327,14 +354,7 @@ inline void stream_chunk(const float* a, int64_t lda, int64_t k0, const void* b,
                          int64_t j, __mmask16 m, float* c, int64_t ldc) {
   static_assert(V == 1 || !MASKED);
   __m512 acc[MR][V];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) {
-      acc[i][v] = MASKED ? _mm512_maskz_loadu_ps(m, c + i * ldc + j)
-                         : _mm512_loadu_ps(c + i * ldc + j + 16 * v);
-    }
-  }
+  load_acc<MR, V, MASKED>(acc, c, ldc, j, m);
 #pragma GCC unroll 8
   for (int s = 0; s < S; ++s) {
     __m512 w[V];
@@ -355,15 +375,18 @@ inline void stream_chunk(const float* a, int64_t lda, int64_t k0, const void* b,
       for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(x, w[v], acc[i][v]);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) {
-      if (MASKED)
-        _mm512_mask_storeu_ps(c + i * ldc + j, m, acc[i][v]);
-      else
-        _mm512_storeu_ps(c + i * ldc + j + 16 * v, acc[i][v]);
-    }
+  store_acc<MR, V, MASKED>(acc, c, ldc, j, m);
+}
+
+// block.template operator()<V, false>(j, all lanes) over c's columns in blocks of 16 V, then
+// of 16, then <1, true> for the tail, with the tail's lanes as the mask.
+template <int V, class Block>
+inline void column_blocks(int64_t cols, Block&& block) {
+  int64_t j = 0;
+  for (; j + 16 * V <= cols; j += 16 * V) block.template operator()<V, false>(j, 0xFFFF);
+  for (; j + 16 <= cols; j += 16) block.template operator()<1, false>(j, 0xFFFF);
+  if (j < cols) {
+    block.template operator()<1, true>(j, static_cast<__mmask16>((1u << (cols - j)) - 1));
   }
 }
 
@@ -371,16 +394,9 @@ inline void stream_chunk(const float* a, int64_t lda, int64_t k0, const void* b,
 template <int MR, int S, bool BF16>
 inline void stream_rows(int64_t k0, const float* a, int64_t lda, const void* b, int64_t ldb,
                         int64_t cols, float* c, int64_t ldc) {
-  constexpr int V = 2;  // see stream_chunk
-  int64_t j = 0;
-  for (; j + 16 * V <= cols; j += 16 * V)
-    stream_chunk<MR, S, BF16, V, false>(a, lda, k0, b, ldb, j, 0xFFFF, c, ldc);
-  for (; j + 16 <= cols; j += 16)
-    stream_chunk<MR, S, BF16, 1, false>(a, lda, k0, b, ldb, j, 0xFFFF, c, ldc);
-  if (j < cols) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (cols - j)) - 1);
-    stream_chunk<MR, S, BF16, 1, true>(a, lda, k0, b, ldb, j, m, c, ldc);
-  }
+  column_blocks<2>(cols, [&]<int V, bool MASKED>(int64_t j, __mmask16 m) {  // V: see stream_chunk
+    stream_chunk<MR, S, BF16, V, MASKED>(a, lda, k0, b, ldb, j, m, c, ldc);
+  });
 }
 
 template <int MR, bool BF16>
@@ -410,14 +426,7 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
                       __mmask16 m, float* c, int64_t ldc) {
   static_assert(V == 1 || !MASKED);
   __m512 acc[MR][V];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      acc[i][v] = MASKED ? _mm512_maskz_loadu_ps(m, c + i * ldc + j)
-                         : _mm512_loadu_ps(c + i * ldc + j + 16 * v);
-    }
-  }
+  load_acc<MR, V, MASKED>(acc, c, ldc, j, m);
   for (int64_t k = 0; k < K; ++k) {
     __m512 w[V];
 #pragma GCC unroll 4
@@ -429,53 +438,34 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
       for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(x, w[v], acc[i][v]);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      if (MASKED)
-        _mm512_mask_storeu_ps(c + i * ldc + j, m, acc[i][v]);
-      else
-        _mm512_storeu_ps(c + i * ldc + j + 16 * v, acc[i][v]);
-    }
-  }
+  store_acc<MR, V, MASKED>(acc, c, ldc, j, m);
 }
 
 template <int MR, bool BF16>
 void stream_acc_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
                      int64_t cols, float* c, int64_t ldc) {
-  constexpr int V = MR <= 4 ? 4 : 2;  // MR x V <= 16 accumulators
-  int64_t j = 0;
-  for (; j + 16 * V <= cols; j += 16 * V)
-    acc_block<MR, V, BF16, false>(K, a, lda, b, ldb, j, 0xFFFF, c, ldc);
-  for (; j + 16 <= cols; j += 16)
-    acc_block<MR, 1, BF16, false>(K, a, lda, b, ldb, j, 0xFFFF, c, ldc);
-  if (j < cols) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (cols - j)) - 1);
-    acc_block<MR, 1, BF16, true>(K, a, lda, b, ldb, j, m, c, ldc);
-  }
+  // MR x V <= 16 accumulators.
+  column_blocks<MR <= 4 ? 4 : 2>(cols, [&]<int V, bool MASKED>(int64_t j, __mmask16 m) {
+    acc_block<MR, V, BF16, MASKED>(K, a, lda, b, ldb, j, m, c, ldc);
+  });
 }
 
-// Sum of the 16 lanes (not _mm512_reduce_add_ps: GCC 12's header trips -Wuninitialized).
-inline float hsum(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0),
-                                 _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+// The sum (or the largest) of the 16 lanes, by a shuffle tree: a short softmax row's sum and
+// max are on its critical path. (Not _mm512_reduce_add_ps: GCC 12's header trips
+// -Wuninitialized.)
+template <bool kMax>
+inline float hreduce(__m512 v) {
+  const auto op4 = [](__m128 x, __m128 y) { return kMax ? _mm_max_ps(x, y) : _mm_add_ps(x, y); };
+  const __m256 lo = _mm512_maskz_extractf32x8_ps(0xFF, v, 0);
+  const __m256 hi = _mm512_maskz_extractf32x8_ps(0xFF, v, 1);
+  const __m256 h = kMax ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi);
+  __m128 q = op4(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = op4(q, _mm_movehl_ps(q, q));
+  q = op4(q, _mm_movehdup_ps(q));
   return _mm_cvtss_f32(q);
 }
-
-// The largest of the 16 lanes (a shuffle tree, as hsum: a short softmax row's max is on its
-// critical path).
-inline float hmax(__m512 v) {
-  const __m256 h = _mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0),
-                                 _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
-  __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_max_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
+inline float hsum(__m512 v) { return hreduce<false>(v); }
+inline float hmax(__m512 v) { return hreduce<true>(v); }
 
 // The sums of the 16 lanes of a, b, c and d, in that order: the four reduced together (6
 // shuffles and 3 adds to per-lane partial sums, then 2 and 2 across the 128-bit lanes) rather
