@@ -39,10 +39,11 @@ namespace {
 namespace k = kernels;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxRows = 256;  // row ranges on the stack up to this many rows per item
-// Decode's sub-blocks: 64 KiB of K, 16 pages of K and 16 of V read a few lines at a time (two
-// threads, Sapphire Rapids, decode f32 8 kv heads of 128, interleaved: 8 KB per position, 16
-// positions 65% of the read ceiling; 8: 56%, 32: 55%, 64: 45%; bf16 32 positions 37%, 16: 36%).
-constexpr int64_t kDecodeBytes = 64 << 10;
+// Decode's sub-blocks: 128 KiB of K, 32 pages of K (then of V) read a few lines at a time. Two
+// threads, Sapphire Rapids, decode f32 8 kv heads of 128 (4 KB of K per position), read ceiling
+// timed beside it, three interleaved rounds: K then V over the sub-block, 32 positions 66-69%,
+// 16 66%; K and V head by head, 16 positions 63-65% (8: 56%, 32: 55%, 64: 45%, one run each).
+constexpr int64_t kDecodeBytes = 128 << 10;
 
 class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> {
  public:
@@ -131,10 +132,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   }
 
   // Items (batch, kv chunk): the kv positions are split into chunks so every thread streams
-  // (flash-decoding). An item takes its positions in sub-blocks of kDecodeBlock, each for every
+  // (flash-decoding). An item takes its positions in sub-blocks (decode_block), each for every
   // kv head in turn: S = q k^T, the online softmax, O += P v, K and V read in place. The reads
   // so go through memory nearly in order: a few positions' rows ([S, Nk, H]: all heads of a
-  // position are contiguous) at a time, a handful of page streams the hardware prefetchers
+  // position are contiguous) at a time, a few dozen page streams the hardware prefetchers
   // follow. Read one head at a time over all positions (the rows Nk * H apart, 4 KB for 8 heads
   // of 128), the same bytes came at about half the rate. Each chunk leaves, per kv head, its
   // unnormalized O, m and l; the chunks of a row are merged at the end.
@@ -177,15 +178,22 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       const char* vb = static_cast<const char*>(c.v.data()) + bb * c.s * c.nk * c.hv * es;
       for (int64_t sb = lo; sb < hi; sb += sub) {
         const int64_t width = std::min(sub, hi - sb);
+        // S = q k^T for every kv head (the K rows only), the online softmax, then O += P v for
+        // every kv head (the V rows only): half as many pages in flight at a time.
+        for (int64_t kh = 0; kh < c.nk; ++kh) {
+          ks.stream_t(static_cast<int>(rows), c.h, Q + kh * rows * c.h, c.h,
+                      kb + (sb * c.nk + kh) * c.h * es, bf16, c.nk * c.h, width,
+                      S + kh * rows * sub, sub);
+        }
         for (int64_t kh = 0; kh < c.nk; ++kh) {
           float* O = parts.data_as<float>() + ((bb * c.nk + kh) * chunks + ch) * part;
-          float* m = O + rows * ldo;
-          float* l = m + rows;
-          ks.stream_t(static_cast<int>(rows), c.h, Q + kh * rows * c.h, c.h,
-                      kb + (sb * c.nk + kh) * c.h * es, bf16, c.nk * c.h, width, S, sub);
-          softmax_block(c, rk, bb, kh, 0, rows, sb, width, r0, r1, S, sub, m, l, O, ldo);
-          ks.stream_acc(static_cast<int>(rows), width, S, sub, vb + (sb * c.nk + kh) * c.hv * es,
-                        bf16, c.nk * c.hv, c.hv, O, ldo);
+          softmax_block(c, rk, bb, kh, 0, rows, sb, width, r0, r1, S + kh * rows * sub, sub,
+                        O + rows * ldo, O + rows * ldo + rows, O, ldo);
+        }
+        for (int64_t kh = 0; kh < c.nk; ++kh) {
+          ks.stream_acc(static_cast<int>(rows), width, S + kh * rows * sub, sub,
+                        vb + (sb * c.nk + kh) * c.hv * es, bf16, c.nk * c.hv, c.hv,
+                        parts.data_as<float>() + ((bb * c.nk + kh) * chunks + ch) * part, ldo);
         }
       }
     });
@@ -340,7 +348,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   }
 
   // Decode's sub-block: the positions taken for every kv head before the next ones (see
-  // run_streamed), about kDecodeBytes of K: 16 positions of 8 heads of 128 f32 (32 of bf16).
+  // run_streamed), about kDecodeBytes of K: 32 positions of 8 heads of 128 f32 (64 of bf16).
   static int64_t decode_block(const AttentionCall& c) {
     const int64_t row = c.nk * std::max(c.h, c.hv) * dtype_size(c.q.dtype());
     return std::clamp<int64_t>(kDecodeBytes / std::max<int64_t>(row, 1), 4, 256);
@@ -353,7 +361,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   }
   // Decode's scratch: every kv head's rows of q (f32) and the S block.
   static int64_t decode_floats(const AttentionCall& c) {
-    return c.t * c.group() * (c.nk * c.h + decode_block(c));
+    return c.t * c.group() * c.nk * (c.h + decode_block(c));
   }
 
   // Rows r < rows of q for kv head kh from query position t0 (row r: position t0 + r / G, head
