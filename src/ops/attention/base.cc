@@ -250,6 +250,39 @@ bool native_uses_bf16_tiles(const AttentionCall& c) {
          c.k.dtype() == DType::kBF16 && c.v.dtype() == DType::kBF16;
 }
 
+namespace {
+// The start of x's (b, kh) slice and its row stride (elements between positions).
+const char* slice(const TensorView& x, int64_t b, int64_t kh, int64_t* ld) {
+  const int64_t s = x.shape()[1], nk = x.shape()[2], d = x.shape()[3];
+  *ld = nk * d;
+  return static_cast<const char*>(x.data()) + (b * s * nk + kh) * d * dtype_size(x.dtype());
+}
+}  // namespace
+
+void position_panels(const TensorView& x, int64_t b, int64_t kh, int64_t p0, int64_t p1,
+                     float* dst) {
+  const auto& ks = kernels::best_kernels();
+  const int64_t s = x.shape()[1], d = x.shape()[3], nr = ks.nr;
+  int64_t ld = 0;
+  const char* src = slice(x, b, kh, &ld);
+  if (x.dtype() == DType::kF32) {
+    const int64_t rows = std::min(s, p1 * nr) - p0 * nr;
+    (ks.pack_a_f32 ? ks.pack_a_f32 : kernels::pack_a_f32)(
+        reinterpret_cast<const float*>(src) + p0 * nr * ld, ld, rows, 0, d, ks.nr, dst);
+  } else {
+    kernels::pack_panels_f32(src, true, true, d, s, ks.nr, dst, p0, p1, ld);
+  }
+}
+
+void feature_panels(const TensorView& x, int64_t b, int64_t kh, int64_t p0, int64_t p1,
+                    float* dst) {
+  const auto& ks = kernels::best_kernels();
+  int64_t ld = 0;
+  const char* src = slice(x, b, kh, &ld);
+  kernels::pack_panels_f32(src, x.dtype() == DType::kBF16, false, x.shape()[1], x.shape()[3], ks.nr,
+                           dst, p0, p1, ld);
+}
+
 CallCost Family::cost_of(const AttentionCall& c) const {
   return {call_flops(c), memory_bound_of(c) ? call_bytes(c) : 0.0, native_uses_bf16_tiles(c)};
 }

@@ -260,23 +260,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         }
         return;
       }
-      const int64_t es = dtype_size(c.k.dtype());
-      if (p < kp) {  // K panel: [H][nr], kv positions p*nr.., zero past S (K^T's panel)
-        const char* src =
-            static_cast<const char*>(c.k.data()) + ((bb * c.s + p * nr) * c.nk + kh) * c.h * es;
-        float* dst = kpack + bh * k_elems + p * c.h * nr;
-        const int64_t n = std::min<int64_t>(nr, c.s - p * nr);
-        if (c.k.dtype() == DType::kF32) {  // as an lhs tile of nr rows: a vector transpose
-          (ks.pack_a_f32 ? ks.pack_a_f32 : k::pack_a_f32)(reinterpret_cast<const float*>(src),
-                                                          c.nk * c.h, n, 0, c.h, nr, dst);
-        } else {
-          k::pack_panels_f32(src, true, true, c.h, n, nr, dst, 0, 1, c.nk * c.h);
-        }
-      } else {  // V panel: [S][nr], head dims q*nr.., zero past Hv
+      if (p < kp) {  // K^T's panel p: [H][nr], kv positions p*nr.., zero past S
+        position_panels(c.k, bb, kh, p, p + 1, kpack + bh * k_elems + p * c.h * nr);
+      } else {  // V's panel q: [S][nr], head dims q*nr.., zero past Hv
         const int64_t q = p - kp;
-        const char* src = static_cast<const char*>(c.v.data()) + (bb * c.s * c.nk + kh) * c.hv * es;
-        k::pack_panels_f32(src, c.v.dtype() == DType::kBF16, false, c.s, c.hv, nr,
-                           vpack + bh * v_elems + q * c.s * nr, q, q + 1, c.nk * c.hv);
+        feature_panels(c.v, bb, kh, q, q + 1, vpack + bh * v_elems + q * c.s * nr);
       }
     });
     const int64_t tb = (c.t + cfg.block_q - 1) / cfg.block_q;

@@ -100,17 +100,9 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
       float* kt = base + bh * per_pair;
       float* vt = kt + kt_elems;
       float* kf = vt + vt_elems;
-      for (int64_t ss = 0; ss < sp * nr; ++ss) {
-        const int64_t row = (bb * c.s + ss) * c.nk + kh, p = ss / nr, j = ss % nr;
-        for (int64_t d = 0; d < c.h; ++d)
-          kt[(p * c.h + d) * nr + j] = ss < c.s ? load_f32(c.k, row * c.h + d) : 0.0f;
-        for (int64_t d = 0; d < c.hv; ++d)
-          vt[(p * c.hv + d) * nr + j] = ss < c.s ? load_f32(c.v, row * c.hv + d) : 0.0f;
-        if (ss < c.s) {
-          for (int64_t d = 0; d < hp; ++d)
-            kf[((d / nr) * c.s + ss) * nr + d % nr] = d < c.h ? load_f32(c.k, row * c.h + d) : 0.0f;
-        }
-      }
+      position_panels(c.k, bb, kh, 0, sp, kt);
+      position_panels(c.v, bb, kh, 0, sp, vt);
+      feature_panels(c.k, bb, kh, 0, hp / nr, kf);
     });
     // Per-thread dk and dv accumulators (rows (batch, kv head, s), padded columns) and dbias.
     const int64_t acc_floats = pairs * c.s * (hp + hvp);
