@@ -202,7 +202,7 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
       const bool trans = kind == kTransposed, acc = kind == kAccumulate;
       const char* name = kind == kForward ? " stream" : trans ? " stream_t" : " stream_acc";
       if (!stream) continue;
-      for (int mr = 1; mr <= k::kStreamMaxMr; ++mr) {
+      for (int mr = 0; mr <= k::kStreamMaxMr; ++mr) {
         for (int64_t K : {0, 1, 7, 8, 9, 16, 17, 40}) {
           for (int64_t cols : {1, 15, 16, 17, 33, 2 * ks->nr + 5, 64, 69, 133}) {
             for (bool bf16 : {false, true}) {

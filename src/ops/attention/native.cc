@@ -8,6 +8,8 @@
 //   online softmax: running row max m and sum l, P = exp(S - m) (vectorized), O rescaled;
 //   O += P v on the microkernel (accumulating);
 // then out = O / l and the log-sum-exp m + log l. The T x S logits never exist beyond one block.
+// Decode (T x G rows within one streaming tile) reads K and V in place instead: see
+// run_streamed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -104,10 +106,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const auto& ks = k::best_kernels();
     const int64_t threads = std::min(c.num_threads, ThreadPool::global().size());
     if (streams(c, cfg, ks)) {  // the chunks' states, and the items' scratch
-      const int64_t rows = c.t * c.group(), ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
-      return (c.b * c.nk * decode_chunks(c, threads) * rows * (ldo + 2) +
-              decode_floats(c) * threads) *
-             4;
+      return (decode_state_floats(c, threads, ks) + decode_floats(c) * threads) * 4;
     }
     return packed_floats(c, ks) * 4 + item_floats(c, cfg, ks) * 4 * threads;
   }
@@ -132,8 +131,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   }
 
   // Items (batch, kv chunk): the kv positions are split into chunks so every thread streams
-  // (flash-decoding). An item takes its positions in sub-blocks (decode_block), each for every
-  // kv head in turn: S = q k^T, the online softmax, O += P v, K and V read in place. The reads
+  // (flash-decoding). An item takes its positions in sub-blocks (decode_block), K and V read in
+  // place: q k^T for every kv head, the online softmax of every head's rows, then P v for every
+  // kv head (the last sub-block of a chunk may be short). The reads
   // so go through memory nearly in order: a few positions' rows ([S, Nk, H]: all heads of a
   // position are contiguous) at a time, a few dozen page streams the hardware prefetchers
   // follow. Read one head at a time over all positions (the rows Nk * H apart, 4 KB for 8 heads
@@ -143,10 +143,15 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int threads = std::min(c.num_threads, ThreadPool::global().size());
     const int64_t rows = c.t * c.group(), ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
     const int64_t pairs = c.b * c.nk;
-    const int64_t sub = decode_block(c), chunks = decode_chunks(c, threads);
-    const int64_t chunk_len = k::round_up((c.s + chunks - 1) / chunks, sub);
+    const int64_t sub = decode_block(c), chunks = decode_chunks(c, threads, ks);
+    // Chunks of whole panels, as even as that allows: sub-blocks need no alignment across them.
+    const int64_t chunk_len = k::round_up((c.s + chunks - 1) / chunks, ks.nr);
     const int64_t part = rows * (ldo + 2);  // O, m, l of one chunk
-    Tensor parts({std::max<int64_t>(1, pairs * chunks * part)}, DType::kF32);
+    Tensor parts({std::max<int64_t>(1, decode_state_floats(c, threads, ks))}, DType::kF32);
+    // Chunk ch's O (rows x ldo), then its m and l, for (batch, kv head) bh.
+    auto state = [&](int64_t bh, int64_t ch) {
+      return parts.data_as<float>() + (bh * chunks + ch) * part;
+    };
     const k::RowKernels rk = k::row_kernels(ks.isa);
     const bool bf16 = c.q.dtype() == DType::kBF16;
     const int64_t es = dtype_size(c.q.dtype());
@@ -156,20 +161,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       // Scratch: every kv head's rows of q (f32), S for one sub-block.
       float* Q = k::thread_scratch(k::kAttentionSlot, decode_floats(c));
       float* S = Q + c.nk * rows * c.h;
-      int64_t r0[k::kStreamMaxMr], r1[k::kStreamMaxMr];
-      int64_t lo = s1, hi = s0;
-      for (int64_t r = 0; r < rows; ++r) {
-        c.s_range(bb, r / c.group(), &r0[r], &r1[r]);
-        r0[r] = std::max(r0[r], s0);
-        r1[r] = std::min(r1[r], s1);
-        if (r1[r] > r0[r]) {
-          lo = std::min(lo, r0[r]);
-          hi = std::max(hi, r1[r]);
-        }
-      }
+      int64_t r0[k::kStreamMaxMr], r1[k::kStreamMaxMr], lo, hi;
+      row_ranges(c, bb, 0, rows, s0, s1, r0, r1, &lo, &hi);
       for (int64_t kh = 0; kh < c.nk; ++kh) {
         load_q_rows(c, bb, kh, 0, rows, Q + kh * rows * c.h);
-        float* st = parts.data_as<float>() + ((bb * c.nk + kh) * chunks + ch) * part;
+        float* st = state(bb * c.nk + kh, ch);
         std::fill(st, st + rows * ldo, 0.0f);
         std::fill(st + rows * ldo, st + rows * ldo + rows, kNegInf);
         std::fill(st + rows * ldo + rows, st + part, 0.0f);
@@ -186,21 +182,21 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
                       S + kh * rows * sub, sub);
         }
         for (int64_t kh = 0; kh < c.nk; ++kh) {
-          float* O = parts.data_as<float>() + ((bb * c.nk + kh) * chunks + ch) * part;
+          float* O = state(bb * c.nk + kh, ch);
           softmax_block(c, rk, bb, kh, 0, rows, sb, width, r0, r1, S + kh * rows * sub, sub,
                         O + rows * ldo, O + rows * ldo + rows, O, ldo);
         }
         for (int64_t kh = 0; kh < c.nk; ++kh) {
           ks.stream_acc(static_cast<int>(rows), width, S + kh * rows * sub, sub,
                         vb + (sb * c.nk + kh) * c.hv * es, bf16, c.nk * c.hv, c.hv,
-                        parts.data_as<float>() + ((bb * c.nk + kh) * chunks + ch) * part, ldo);
+                        state(bb * c.nk + kh, ch), ldo);
         }
       }
     });
     // Merge the chunks of each (batch, kv head): m = max m_c, l = sum l_c e^(m_c - m), O alike.
     parallel_for(pairs, threads, [&](int64_t bh, int) {
       std::vector<float> O(static_cast<size_t>(rows * ldo), 0.0f), m(rows, kNegInf), l(rows, 0.0f);
-      const float* first = parts.data_as<float>() + bh * chunks * part;
+      const float* first = state(bh, 0);
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const float* po = first + ch * part;
         const float* pm = po + rows * ldo;
@@ -286,7 +282,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       src.vpanels = vpack + bh * v_elems;
       src.pairs = pairs;
       const int64_t rows = std::min<int64_t>(cfg.block_q, c.t - t0) * c.group();
-      const ItemScratch sc = attend(c, cfg, ks, rk, bb, kh, t0, 0, c.s, src);
+      const ItemScratch sc = attend(c, cfg, ks, rk, bb, kh, t0, src);
       finish(c, bb, kh, t0, rows, sc.o, ldo, sc.m, sc.l);
     });
   }
@@ -342,14 +338,38 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     return std::clamp<int64_t>(kDecodeBytes / std::max<int64_t>(row, 1), 4, 256);
   }
   // Decode's chunks of kv positions per batch: two items per thread.
-  static int64_t decode_chunks(const AttentionCall& c, int64_t threads) {
+  static int64_t decode_chunks(const AttentionCall& c, int64_t threads, const k::KernelSet& ks) {
     if (c.b == 0) return 1;
-    const int64_t blocks = std::max<int64_t>(1, (c.s + decode_block(c) - 1) / decode_block(c));
-    return std::clamp<int64_t>((2 * threads + c.b - 1) / c.b, 1, blocks);
+    const int64_t panels = std::max<int64_t>(1, (c.s + ks.nr - 1) / ks.nr);
+    return std::clamp<int64_t>((2 * threads + c.b - 1) / c.b, 1, panels);
+  }
+  // Decode's chunk states: O, m and l per (batch, kv head, chunk).
+  static int64_t decode_state_floats(const AttentionCall& c, int64_t threads,
+                                     const k::KernelSet& ks) {
+    const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
+    return c.b * c.nk * decode_chunks(c, threads, ks) * c.t * c.group() * (ldo + 2);
   }
   // Decode's scratch: every kv head's rows of q (f32) and the S block.
   static int64_t decode_floats(const AttentionCall& c) {
     return c.t * c.group() * c.nk * (c.h + decode_block(c));
+  }
+
+  // Row r's kv positions [r0[r], r1[r]) within [s_begin, s_end) (row r: query position
+  // t0 + r / G), and [lo, hi) the span of the rows that see any (lo >= hi: none).
+  static void row_ranges(const AttentionCall& c, int64_t bb, int64_t t0, int64_t rows,
+                         int64_t s_begin, int64_t s_end, int64_t* r0, int64_t* r1, int64_t* lo,
+                         int64_t* hi) {
+    *lo = s_end;
+    *hi = s_begin;
+    for (int64_t r = 0; r < rows; ++r) {
+      c.s_range(bb, t0 + r / c.group(), &r0[r], &r1[r]);
+      r0[r] = std::max(r0[r], s_begin);
+      r1[r] = std::min(r1[r], s_end);
+      if (r1[r] > r0[r]) {
+        *lo = std::min(*lo, r0[r]);
+        *hi = std::max(*hi, r1[r]);
+      }
+    }
   }
 
   // Rows r < rows of q for kv head kh from query position t0 (row r: position t0 + r / G, head
@@ -421,11 +441,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   }
 
   // The online softmax of one item (rows: block_q query positions x the kv head's G query
-  // heads) over kv positions [s_begin, s_end). Leaves in the thread's scratch the unnormalized
+  // heads) over every kv position it sees. Leaves in the thread's scratch the unnormalized
   // O (rows x ldo), the row max m and sum l, and returns where they are.
   static ItemScratch attend(const AttentionCall& c, const AttentionNativeConfig& cfg,
                             const k::KernelSet& ks, const k::RowKernels& rk, int64_t bb, int64_t kh,
-                            int64_t t0, int64_t s_begin, int64_t s_end, const KvSource& src) {
+                            int64_t t0, const KvSource& src) {
     const int64_t G = c.group(), nr = ks.nr, mr = ks.max_mr;
     const int64_t tq = std::min<int64_t>(cfg.block_q, c.t - t0);
     const int64_t rows = tq * G;
@@ -443,7 +463,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     uint32_t* Qp = reinterpret_cast<uint32_t*>(Q);
     const int64_t rows_p = k::round_up(rows, k::kAmxRows);
     // Rows (t, g): query position t0 + r / G, head kh * G + r % G; q widened to f32.
-    int64_t lo = s_end, hi = s_begin;
+    int64_t lo, hi;
     int64_t rs0[kMaxRows], rs1[kMaxRows];
     std::vector<int64_t> rs0v, rs1v;
     int64_t* r0 = rs0;
@@ -455,6 +475,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       r1 = rs1v.data();
     }
     if (!src.pairs) load_q_rows(c, bb, kh, t0, rows, Q);
+    row_ranges(c, bb, t0, rows, 0, c.s, r0, r1, &lo, &hi);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.h;
@@ -462,13 +483,6 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         uint32_t* dst = Qp + r * hp;
         dst[hp - 1] = 0;  // the odd H's last pair: high half zero
         std::memcpy(dst, c.q.data_as<const uint16_t>() + base, c.h * sizeof(uint16_t));
-      }
-      c.s_range(bb, tt, &r0[r], &r1[r]);
-      r0[r] = std::max(r0[r], s_begin);
-      r1[r] = std::min(r1[r], s_end);
-      if (r1[r] > r0[r]) {
-        lo = std::min(lo, r0[r]);
-        hi = std::max(hi, r1[r]);
       }
       m[r] = kNegInf;
       l[r] = 0;

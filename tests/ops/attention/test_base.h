@@ -283,8 +283,8 @@ TYPED_TEST_P(AttentionImpl, MasksAndCausal) {
   c.bias = Shape{1, 2, 33, 33};
   check_case(this->impl(), c);
   // Decode (one query position; the native implementation streams K and V in place, in
-  // chunks per batch and sub-blocks of positions across the kv heads), every option: odd S,
-  // GQA, head sizes off the vector width.
+  // chunks per batch and sub-blocks of positions across the kv heads): odd S, GQA, head sizes
+  // off the vector width, every option.
   Case d{3, 1, 75, 8, 2, 16, 24};
   d.window = std::pair<int64_t, int64_t>{40, 0};
   d.kv_lengths = true;
@@ -297,6 +297,19 @@ TYPED_TEST_P(AttentionImpl, MasksAndCausal) {
   check_case(this->impl(), d);
   d.causal = true;  // position 0 only
   check_case(this->impl(), d);
+  // 8 kv heads of 128: 4 KB of K a position, so the native implementation's sub-blocks are 32
+  // positions and S = 300 spans several of them in each of several chunks (merged at the end),
+  // the last ones short; kv lengths (batch 0 empty) and a window end the rows inside them.
+  Case many{2, 1, 300, 16, 8, 128, 128};
+  check_case(this->impl(), many);
+  many.kv_lengths = true;
+  check_case(this->impl(), many);
+  many.kv_lengths = false;
+  many.window = std::pair<int64_t, int64_t>{0, 100};
+  many.mask = Shape{2, 1, 1, 300};
+  many.bias = Shape{1, 16, 1, 300};
+  many.soft_cap = 4.0;
+  check_case(this->impl(), many);
 }
 
 TYPED_TEST_P(AttentionImpl, Bf16) {
@@ -305,8 +318,8 @@ TYPED_TEST_P(AttentionImpl, Bf16) {
   c.causal = true;
   c.bias = Shape{1, 4, 37, 70};
   check_case(this->impl(), c);
-  Case decode{1, 1, 517, 8, 2, 64, 64, DType::kBF16};
-  decode.kv_lengths = true;
+  Case decode{2, 1, 517, 8, 2, 64, 64, DType::kBF16};
+  decode.kv_lengths = true;  // batch 0 empty, batch 1 a random length
   check_case(this->impl(), decode);
   // Odd head sizes and kv length (half pairs on the AMX path), more rows than one tile pair,
   // GQA, a window and padding: every edge of the bf16 pair packing.
