@@ -485,7 +485,6 @@ inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
                                     _mm512_maskz_extractf32x8_ps(0xFF, abcd, 1));
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
-inline void c_store4(float* c, __m128 v) { _mm_storeu_ps(c, v); }
 
 // Transposed weights: JB output columns are JB rows of b, each a contiguous stream along K.
 template <int MR, int JB, bool BF16>
@@ -516,7 +515,7 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     if constexpr (JB == 4) {
-      c_store4(c + i * ldc + j0, sum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+      _mm_storeu_ps(c + i * ldc + j0, sum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
     } else {
 #pragma GCC unroll 4
       for (int jj = 0; jj < JB; ++jj) c[i * ldc + j0 + jj] = hsum(acc[i][jj]);

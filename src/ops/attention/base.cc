@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/thread_pool.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
 
 namespace tokamax::attn {
@@ -259,28 +260,20 @@ const char* slice(const TensorView& x, int64_t b, int64_t kh, int64_t* ld) {
 }
 }  // namespace
 
-void position_panels(const TensorView& x, int64_t b, int64_t kh, int64_t p0, int64_t p1,
-                     float* dst) {
-  const auto& ks = kernels::best_kernels();
-  const int64_t s = x.shape()[1], d = x.shape()[3], nr = ks.nr;
+void position_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
+                     int64_t p0, int64_t p1, float* dst) {
   int64_t ld = 0;
   const char* src = slice(x, b, kh, &ld);
-  if (x.dtype() == DType::kF32) {
-    const int64_t rows = std::min(s, p1 * nr) - p0 * nr;
-    (ks.pack_a_f32 ? ks.pack_a_f32 : kernels::pack_a_f32)(
-        reinterpret_cast<const float*>(src) + p0 * nr * ld, ld, rows, 0, d, ks.nr, dst);
-  } else {
-    kernels::pack_panels_f32(src, true, true, d, s, ks.nr, dst, p0, p1, ld);
-  }
+  kernels::pack_panels(ks, false, src, x.dtype() == DType::kBF16, true, x.shape()[3], x.shape()[1],
+                       dst, p0, p1, ld);
 }
 
-void feature_panels(const TensorView& x, int64_t b, int64_t kh, int64_t p0, int64_t p1,
-                    float* dst) {
-  const auto& ks = kernels::best_kernels();
+void feature_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
+                    int64_t p0, int64_t p1, float* dst) {
   int64_t ld = 0;
   const char* src = slice(x, b, kh, &ld);
-  kernels::pack_panels_f32(src, x.dtype() == DType::kBF16, false, x.shape()[1], x.shape()[3], ks.nr,
-                           dst, p0, p1, ld);
+  kernels::pack_panels(ks, false, src, x.dtype() == DType::kBF16, false, x.shape()[1], x.shape()[3],
+                       dst, p0, p1, ld);
 }
 
 CallCost Family::cost_of(const AttentionCall& c) const {

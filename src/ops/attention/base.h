@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/microkernels.h"
 #include "ops/elements.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
@@ -193,16 +194,16 @@ double call_bytes(const AttentionCall& c);
 // and v where the CPU's kernel set has it.
 bool native_uses_bf16_tiles(const AttentionCall& c);
 
-// f32 panels of nr columns (kernels/microkernels.h) from one (batch b, kv head) slice of x
+// f32 panels of ks.nr columns (kernels::pack_panels) from one (batch b, kv head) slice of x
 // [B,S,Nk,D] (k or v), widened from bf16 where x is bf16; the native forward and backward pack
 // K and V with these once per call.
 //  - position_panels: panels [p0, p1) of x^T, dst[p - p0][D][nr]: column j of panel p is
-//    position p * nr + j (zero past S). For f32 x, the vector lhs pack (rows of x as nr-row
-//    tiles).
+//    position p * nr + j (zero past S).
 //  - feature_panels: panels [p0, p1) of x, dst[p - p0][S][nr]: column j of panel p is feature
-//    p * nr + j (zero past D); each position's row copied.
-void position_panels(const TensorView& x, int64_t b, int64_t kh, int64_t p0, int64_t p1,
-                     float* dst);
-void feature_panels(const TensorView& x, int64_t b, int64_t kh, int64_t p0, int64_t p1, float* dst);
+//    p * nr + j (zero past D).
+void position_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
+                     int64_t p0, int64_t p1, float* dst);
+void feature_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
+                    int64_t p0, int64_t p1, float* dst);
 
 }  // namespace tokamax::attn

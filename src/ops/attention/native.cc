@@ -87,6 +87,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const auto& ks = k::best_kernels();
     const int nr = ks.nr;
     const int64_t s_max = k::round_up(std::max<int64_t>(c.s, 1), nr);
+    const int streamed_block_kv = heuristics(c).block_kv;
     std::vector<AttentionNativeConfig> out;
     for (int bq : {6, 12, 24, 48, 72, 96}) {
       if (bq > std::max<int64_t>(c.t, 1) * 2 && bq != 8) continue;
@@ -95,7 +96,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
             static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1))),
             static_cast<int>(std::min<int64_t>(k::round_up(bkv, nr), s_max))};
         // Streamed (decode) items do not use block_kv: one candidate, not four alike.
-        if (streams(c, cfg, ks)) cfg.block_kv = heuristics(c).block_kv;
+        if (streams(c, cfg, ks)) cfg.block_kv = streamed_block_kv;
         if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
       }
     }
@@ -257,10 +258,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         return;
       }
       if (p < kp) {  // K^T's panel p: [H][nr], kv positions p*nr.., zero past S
-        position_panels(c.k, bb, kh, p, p + 1, kpack + bh * k_elems + p * c.h * nr);
+        position_panels(ks, c.k, bb, kh, p, p + 1, kpack + bh * k_elems + p * c.h * nr);
       } else {  // V's panel q: [S][nr], head dims q*nr.., zero past Hv
         const int64_t q = p - kp;
-        feature_panels(c.v, bb, kh, q, q + 1, vpack + bh * v_elems + q * c.s * nr);
+        feature_panels(ks, c.v, bb, kh, q, q + 1, vpack + bh * v_elems + q * c.s * nr);
       }
     });
     const int64_t tb = (c.t + cfg.block_q - 1) / cfg.block_q;
