@@ -251,29 +251,14 @@ bool native_uses_bf16_tiles(const AttentionCall& c) {
          c.k.dtype() == DType::kBF16 && c.v.dtype() == DType::kBF16;
 }
 
-namespace {
-// The start of x's (b, kh) slice and its row stride (elements between positions).
-const char* slice(const TensorView& x, int64_t b, int64_t kh, int64_t* ld) {
+void kv_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
+               bool across_positions, int64_t p0, int64_t p1, float* dst) {
   const int64_t s = x.shape()[1], nk = x.shape()[2], d = x.shape()[3];
-  *ld = nk * d;
-  return static_cast<const char*>(x.data()) + (b * s * nk + kh) * d * dtype_size(x.dtype());
-}
-}  // namespace
-
-void position_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
-                     int64_t p0, int64_t p1, float* dst) {
-  int64_t ld = 0;
-  const char* src = slice(x, b, kh, &ld);
-  kernels::pack_panels(ks, false, src, x.dtype() == DType::kBF16, true, x.shape()[3], x.shape()[1],
-                       dst, p0, p1, ld);
-}
-
-void feature_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
-                    int64_t p0, int64_t p1, float* dst) {
-  int64_t ld = 0;
-  const char* src = slice(x, b, kh, &ld);
-  kernels::pack_panels(ks, false, src, x.dtype() == DType::kBF16, false, x.shape()[1], x.shape()[3],
-                       dst, p0, p1, ld);
+  const char* src =
+      static_cast<const char*>(x.data()) + (b * s * nk + kh) * d * dtype_size(x.dtype());
+  // Across positions: the slice's rows [S, D] are x^T's panels' columns (pack_panels' [N,K]).
+  kernels::pack_panels(ks, false, src, x.dtype() == DType::kBF16, across_positions,
+                       across_positions ? d : s, across_positions ? s : d, dst, p0, p1, nk * d);
 }
 
 CallCost Family::cost_of(const AttentionCall& c) const {

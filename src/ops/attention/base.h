@@ -196,14 +196,12 @@ bool native_uses_bf16_tiles(const AttentionCall& c);
 
 // f32 panels of ks.nr columns (kernels::pack_panels) from one (batch b, kv head) slice of x
 // [B,S,Nk,D] (k or v), widened from bf16 where x is bf16; the native forward and backward pack
-// K and V with these once per call.
-//  - position_panels: panels [p0, p1) of x^T, dst[p - p0][D][nr]: column j of panel p is
-//    position p * nr + j (zero past S).
-//  - feature_panels: panels [p0, p1) of x, dst[p - p0][S][nr]: column j of panel p is feature
-//    p * nr + j (zero past D).
-void position_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
-                     int64_t p0, int64_t p1, float* dst);
-void feature_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
-                    int64_t p0, int64_t p1, float* dst);
+// K and V with it once per call.
+//  - across_positions: panels [p0, p1) of x^T, dst[p - p0][D][nr]: column j of panel p is
+//    position p * nr + j (zero past S);
+//  - else panels [p0, p1) of x, dst[p - p0][S][nr]: column j of panel p is feature p * nr + j
+//    (zero past D).
+void kv_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
+               bool across_positions, int64_t p0, int64_t p1, float* dst);
 
 }  // namespace tokamax::attn

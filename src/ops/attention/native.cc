@@ -258,10 +258,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         return;
       }
       if (p < kp) {  // K^T's panel p: [H][nr], kv positions p*nr.., zero past S
-        position_panels(ks, c.k, bb, kh, p, p + 1, kpack + bh * k_elems + p * c.h * nr);
+        kv_panels(ks, c.k, bb, kh, true, p, p + 1, kpack + bh * k_elems + p * c.h * nr);
       } else {  // V's panel q: [S][nr], head dims q*nr.., zero past Hv
         const int64_t q = p - kp;
-        feature_panels(ks, c.v, bb, kh, q, q + 1, vpack + bh * v_elems + q * c.s * nr);
+        kv_panels(ks, c.v, bb, kh, false, q, q + 1, vpack + bh * v_elems + q * c.s * nr);
       }
     });
     const int64_t tb = (c.t + cfg.block_q - 1) / cfg.block_q;

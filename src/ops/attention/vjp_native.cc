@@ -100,9 +100,9 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
       float* kt = base + bh * per_pair;
       float* vt = kt + kt_elems;
       float* kf = vt + vt_elems;
-      position_panels(ks, c.k, bb, kh, 0, sp, kt);
-      position_panels(ks, c.v, bb, kh, 0, sp, vt);
-      feature_panels(ks, c.k, bb, kh, 0, hp / nr, kf);
+      kv_panels(ks, c.k, bb, kh, true, 0, sp, kt);
+      kv_panels(ks, c.v, bb, kh, true, 0, sp, vt);
+      kv_panels(ks, c.k, bb, kh, false, 0, hp / nr, kf);
     });
     // Per-thread dk and dv accumulators (rows (batch, kv head, s), padded columns) and dbias.
     const int64_t acc_floats = pairs * c.s * (hp + hvp);
