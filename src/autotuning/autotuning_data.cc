@@ -59,11 +59,15 @@ double get_nullable(const Json& j, const char* name, const char* what) {
     throw InvalidArgument(fmt::format("{}: missing field '{}'", what, name));
   return from_nullable(j.at(name), fmt::format("{} '{}'", what, name).c_str());
 }
-// A [low, high] interval field (either end null when unknown).
-std::pair<double, double> get_interval(const Json& j, const char* name, const char* what) {
+// A list field of numbers or nulls.
+std::vector<double> get_nullable_list(const Json& j, const char* name, const char* what) {
   if (!j.is_object() || !j.contains(name))
     throw InvalidArgument(fmt::format("{}: missing field '{}'", what, name));
-  const auto v = from_nullable_list(j.at(name), fmt::format("{} '{}'", what, name).c_str());
+  return from_nullable_list(j.at(name), fmt::format("{} '{}'", what, name).c_str());
+}
+// A [low, high] interval field (either end null when unknown).
+std::pair<double, double> get_interval(const Json& j, const char* name, const char* what) {
+  const auto v = get_nullable_list(j, name, what);
   if (v.size() != 2) throw InvalidArgument(fmt::format("{}: '{}' must be [low, high]", what, name));
   return {v[0], v[1]};
 }
@@ -147,7 +151,7 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
   if (j.contains("finalist")) b.finalist = get_field<bool>(j, "finalist", "BenchmarkData");
   if (j.contains("sample_rounds")) {
     b.sample_rounds = get_field<std::vector<int>>(j, "sample_rounds", "BenchmarkData");
-    b.ratios = from_nullable_list(j.at("ratios"), "BenchmarkData 'ratios'");
+    b.ratios = get_nullable_list(j, "ratios", "BenchmarkData");
     if (b.ratios.size() != b.sample_rounds.size() || b.ratios.size() != b.samples_ms.size()) {
       throw InvalidArgument(
           "BenchmarkData: 'ratios', 'sample_rounds' and 'evaluation_times_ms' differ in length");

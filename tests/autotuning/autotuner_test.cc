@@ -97,6 +97,13 @@ TEST(Autotuner, CandidateWithoutAcceptedRoundsRoundTrips) {
   Json bad = j;
   bad["ratio"] = "fast";
   EXPECT_THROW(BenchmarkData::from_json(bad), InvalidArgument);
+  // With sample_rounds, every round field is required: a missing one is a named error, not a
+  // JSON library exception (the cache-file fuzzer found "ratios" renamed in a cache entry).
+  for (const char* field : {"ratios", "ratio", "ratio_ci", "rounds", "stage"}) {
+    Json missing = j;
+    missing.erase(field);
+    EXPECT_THROW(BenchmarkData::from_json(missing), InvalidArgument) << field;
+  }
 }
 
 // A measuring budget too small for the rounds to reach every candidate: the ones never sampled
