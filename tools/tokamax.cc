@@ -538,6 +538,9 @@ int main(int argc, char** argv) {
                   "a busy process on one core in random on/off phases during the tuning runs");
   check->add_option("--oracle-rounds", check_opts.oracle_rounds,
                     "interleaved rounds of every candidate in the oracle (default 15)");
+  check->add_option("--oracle-refine-rounds", check_opts.oracle_refine_rounds,
+                    "rounds of the oracle's second stage: the candidates within 4% of its first "
+                    "stage's best and every run's winner (default 40; 0: none)");
   check->add_option("--oracle-budget-s", check_opts.oracle_budget_s,
                     "the oracle's measuring budget per spec in seconds (default 180)");
   check->add_option("-o,--output", check_opts.out_path, "write the JSON report here");

@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/scratch.h"
+#include "tokamax/core/error.h"
 
 namespace tokamax::kernels {
 
@@ -109,7 +110,9 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
       }
     } else {
       float* af = reinterpret_cast<float*>(apack);
-      (ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32)(A + m0 * K, K, item_rows, kb, kcur, blk.mr, af);
+      const int64_t lda = p.lda > 0 ? p.lda : K;
+      (ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32)(A + m0 * lda, lda, item_rows, kb, kcur, blk.mr,
+                                                   af);
       for (int64_t q = 0; q < np;) {
         const float* bp = static_cast<const float*>(b) + q * panel_stride + kb * ks.nr;
         if (const int step = multi_panels(ks, false, item_rows, blk.mr, np - q); step > 1) {
@@ -260,8 +263,9 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
     const char* wg = static_cast<const char*>(p.b) + it.g * K * N * src_es;
     if (streams(it.rows)) {
       const char* b = wg + (trans ? it.n0 * K : it.n0) * src_es;
-      stream(static_cast<int>(it.rows), K, A + it.m0 * K, K, b, p.b_bf16, trans ? K : N, it.cols, C,
-             ldc);
+      const int64_t lda = p.lda > 0 ? p.lda : K;
+      stream(static_cast<int>(it.rows), K, A + it.m0 * lda, lda, b, p.b_bf16, trans ? K : N,
+             it.cols, C, ldc);
       p.store(C, ldc, it.m0, it.rows, it.n0, it.cols);
       return;
     }
@@ -320,6 +324,12 @@ void pack_panels(const KernelSet& ks, bool pairs, const void* src, bool src_bf16
 }
 
 void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
+  if (p.lda != 0 &&
+      (p.lda < p.k || p.a_bf16 || p.round_a_to_bf16 || (p.packed ? p.packed->pairs : p.bf16_dot))) {
+    throw InvalidArgument(
+        "grouped_gemm: a row stride of A (" + std::to_string(p.lda) +
+        ") needs an f32 A on the f32 kernels and at least k = " + std::to_string(p.k));
+  }
   if (p.packed)
     run_packed(p, blk, ks);
   else
@@ -333,58 +343,79 @@ int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, co
   return (tile + strip) * pool_threads(p.threads) + strip;
 }
 
-// A is the transposed A block of a group (K x rows, f32), B its rows packed into f32 panels
-// per call.
+void transpose_a(const void* a, bool a_bf16, bool round_to_bf16, int64_t rows, int64_t k,
+                 int threads, float* dst) {
+  // 64 x 64 blocks: a block's source rows and destination rows stay in L1 while it is copied.
+  constexpr int64_t kB = 64;
+  const int64_t rb = (rows + kB - 1) / kB, kbs = (k + kB - 1) / kB;
+  parallel_for(rb * kbs, pool_threads(threads), [&](int64_t blk, int) {
+    const int64_t r0 = (blk / kbs) * kB, k0 = (blk % kbs) * kB;
+    const int64_t r1 = std::min(rows, r0 + kB), k1 = std::min(k, k0 + kB);
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      float* d = dst + kk * rows;
+      if (a_bf16) {
+        const uint16_t* s = static_cast<const uint16_t*>(a) + kk;
+        for (int64_t r = r0; r < r1; ++r) d[r] = bf16_to_f32(s[r * k]);
+      } else if (round_to_bf16) {
+        const float* s = static_cast<const float*>(a) + kk;
+        for (int64_t r = r0; r < r1; ++r) d[r] = tokamax::round_to_bf16(s[r * k]);
+      } else {
+        const float* s = static_cast<const float*>(a) + kk;
+        for (int64_t r = r0; r < r1; ++r) d[r] = s[r * k];
+      }
+    }
+  });
+}
+
+int64_t grouped_gemm_tn_scratch_bytes(const GroupedGemmTn& p, const Blocking& blk,
+                                      const KernelSet& ks) {
+  const int64_t total = p.offsets ? p.offsets[p.groups] : 0;
+  int64_t tallest = 0;
+  for (int64_t g = 0; p.offsets && g < p.groups; ++g)
+    tallest = std::max(tallest, p.offsets[g + 1] - p.offsets[g]);
+  GroupedGemm q;
+  q.k = tallest;
+  q.n = p.n;
+  q.threads = p.threads;
+  return (p.a_t ? 0 : total * p.k * 4) + grouped_gemm_scratch_bytes(q, blk, ks);
+}
+
 void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSet& ks) {
-  const int64_t K = p.k, N = p.n;
-  const int threads = pool_threads(p.threads);
-  const int64_t panels = (N + ks.nr - 1) / ks.nr;
+  const int64_t K = p.k, N = p.n, total = p.offsets[p.groups];
+  Tensor at_store;
+  const float* at = p.a_t;
+  if (!at && total > 0 && K > 0) {
+    at_store = Tensor({total * K}, DType::kF32);
+    transpose_a(p.a, p.a_bf16, p.round_a_to_bf16, total, K, p.threads, at_store.data_as<float>());
+    at = at_store.data_as<float>();
+  }
   const int64_t b_es = p.b_bf16 ? 2 : 4;
-  auto a_at = [&](int64_t i) {
-    if (p.a_bf16) return bf16_to_f32(static_cast<const uint16_t*>(p.a)[i]);
-    const float v = static_cast<const float*>(p.a)[i];
-    return p.round_a_to_bf16 ? round_to_bf16(v) : v;
-  };
+  std::vector<float> zeros;
   for (int64_t g = 0; g < p.groups; ++g) {
     const int64_t r0 = p.offsets[g], mg = p.offsets[g + 1] - r0;
-    std::vector<Item> items;
-    for (int64_t m0 = 0; m0 < K; m0 += blk.mc) {
-      for (int64_t n0 = 0; n0 < N; n0 += blk.nc) {
-        items.push_back(
-            {g, m0, std::min<int64_t>(blk.mc, K - m0), n0, std::min<int64_t>(blk.nc, N - n0)});
-      }
+    if (K == 0 || N == 0) continue;
+    if (mg == 0) {  // an empty sum: zeros, one tile of rows at a time
+      zeros.assign(static_cast<size_t>(N), 0.0f);
+      for (int64_t i = 0; i < K; i += blk.mc)
+        p.store(zeros.data(), 0, g * K + i, std::min<int64_t>(blk.mc, K - i), 0, N);
+      continue;
     }
-    // A^T block as f32 [K][mg] and B panels [panels][mg][nr].
-    Tensor at({K * mg}, DType::kF32), bp({panels * mg * ks.nr}, DType::kF32);
-    float* a = at.data_as<float>();
-    if (mg > 0) {
-      for (int64_t r = 0; r < mg; ++r) {
-        for (int64_t kk = 0; kk < K; ++kk) a[kk * mg + r] = a_at((r0 + r) * K + kk);
-      }
-      pack_panels_f32(static_cast<const char*>(p.b) + r0 * N * b_es, p.b_bf16, false, mg, N, ks.nr,
-                      bp.data_as<float>(), 0, panels);
-    }
-    parallel_for(static_cast<int64_t>(items.size()), threads, [&](int64_t idx, int) {
-      const Item& it = items[idx];
-      const int64_t ldc = tile_ldc(blk.nc, ks);
-      float* C = thread_scratch(kTileSlot, static_cast<int64_t>(blk.mc) * ldc);
-      const int64_t p0 = it.n0 / ks.nr, np = (it.cols + ks.nr - 1) / ks.nr;
-      if (mg == 0) {
-        for (int64_t i = 0; i < it.rows; ++i) std::fill(C + i * ldc, C + i * ldc + it.cols, 0.0f);
-      }
-      for (int64_t kb = 0; kb < mg; kb += blk.kc) {
-        const int64_t kcur = std::min<int64_t>(blk.kc, mg - kb);
-        for (int64_t q = 0; q < np; ++q) {
-          const float* b = bp.data_as<float>() + (p0 + q) * mg * ks.nr + kb * ks.nr;
-          for (int64_t i = 0; i < it.rows; i += blk.mr) {
-            const int rows = static_cast<int>(std::min<int64_t>(blk.mr, it.rows - i));
-            ks.f32(rows, kcur, a + (it.m0 + i) * mg + kb, mg, 1, b, C + i * ldc + q * ks.nr, ldc,
-                   kb > 0);
-          }
-        }
-      }
-      p.store(C, ldc, g * K + it.m0, it.rows, it.n0, it.cols);
-    });
+    // out_g = (A^T block: K rows, mg columns, row stride total) x (B's rows of g: [mg, N]).
+    const int64_t offsets[2] = {0, K};
+    GroupedGemm q;
+    q.groups = 1;
+    q.offsets = offsets;
+    q.k = mg;
+    q.n = N;
+    q.a = at + r0;
+    q.lda = total;
+    q.b = static_cast<const char*>(p.b) + r0 * N * b_es;
+    q.b_bf16 = p.b_bf16;
+    q.threads = p.threads;
+    q.store = [&](const float* C, int64_t ldc, int64_t i0, int64_t rows, int64_t n0, int64_t cols) {
+      p.store(C, ldc, g * K + i0, rows, n0, cols);
+    };
+    grouped_gemm(q, blk, ks);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/kernels/kernel_sets.h"
@@ -151,10 +152,14 @@ TEST(GroupedGemm, EveryIsaFormAndBlockingAgainstDoubles) {
   }
 }
 
+// K = 7 output rows per group take the streaming kernels, K = 40 the packed strips the
+// threads share; given_t: the caller hands A^T in (the loss's backward), f32 only.
 TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
   for (const k::KernelSet* ks : testing::runnable_sets()) {
-    for (bool bf16 : {false, true}) {
-      const int64_t K = 7, N = ks->nr + 5;
+    for (const auto& [bf16, K, given_t] : std::vector<std::tuple<bool, int64_t, bool>>{
+             {false, 7, false}, {true, 7, false}, {false, 40, false}, {true, 40, false},
+             {false, 40, true}}) {
+      const int64_t N = ks->nr + 5;
       const std::vector<int32_t> sizes = {3, 0, 17, 1};
       std::vector<int64_t> offsets = {0};
       for (int32_t s : sizes) offsets.push_back(offsets.back() + s);
@@ -172,6 +177,12 @@ TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
       p.b = b.data();
       p.b_bf16 = bf16;
       p.threads = 2;
+      std::vector<float> at(static_cast<size_t>(rows * K));
+      if (given_t) {
+        k::transpose_a(a.data(), false, false, rows, K, 2, at.data());
+        p.a_t = at.data();
+        p.a = nullptr;  // not read
+      }
       p.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t nrows, int64_t n0,
                     int64_t cols) {
         for (int64_t i = 0; i < nrows; ++i) {
@@ -186,12 +197,35 @@ TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
             for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r)
               want += a.get(r * K + kk) * b.get(r * N + j);
             ASSERT_NEAR(out[(g * K + kk) * N + j], want, 1e-5 * (1 + std::abs(want)))
-                << ks->name << (bf16 ? " bf16" : " f32") << " group " << g;
+                << ks->name << (bf16 ? " bf16" : " f32") << " K " << K << " group " << g;
           }
         }
       }
     }
   }
+}
+
+// A row stride for A is for an f32 A on the f32 kernels only: a bf16 A (converted per call as
+// a dense copy) is refused with a clear error, not read at the wrong stride.
+TEST(GroupedGemm, RowStrideOfAOnlyForF32) {
+  const k::KernelSet& ks = k::best_kernels();
+  Tensor a = Tensor::randn({4, 16}, DType::kBF16, fresh_seed());
+  Tensor b = Tensor::randn({8, ks.nr}, DType::kF32, fresh_seed());
+  const int64_t offsets[2] = {0, 4};
+  k::GroupedGemm p;
+  p.groups = 1;
+  p.offsets = offsets;
+  p.k = 8;
+  p.n = ks.nr;
+  p.a = a.data();
+  p.a_bf16 = true;
+  p.lda = 16;
+  p.b = b.data();
+  p.store = [](const float*, int64_t, int64_t, int64_t, int64_t, int64_t) {};
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+  p.a_bf16 = false;
+  p.lda = 4;  // shorter than a row
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
 }
 
 }  // namespace

@@ -287,10 +287,13 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
   }
 
   int64_t scratch(const RaggedDotCall& c, const RaggedDotNativeConfig& cfg) const override {
+    if (c.dims == RaggedDimNums::kRaggedContracting) {
+      k::GroupedGemmTn p;
+      operands(c, nullptr, p);
+      return k::grouped_gemm_tn_scratch_bytes(p, blocking(cfg), k::best_kernels());
+    }
     k::PackedPanels panels;
     k::GroupedGemm p = gemm(c, nullptr, &panels);
-    // The ragged contraction keeps per-thread tiles only, as a pre-packed product does.
-    if (c.dims == RaggedDimNums::kRaggedContracting) p.packed = &panels;
     return k::grouped_gemm_scratch_bytes(p, blocking(cfg), k::best_kernels());
   }
 
