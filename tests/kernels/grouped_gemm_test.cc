@@ -156,9 +156,12 @@ TEST(GroupedGemm, EveryIsaFormAndBlockingAgainstDoubles) {
 // threads share; given_t: the caller hands A^T in (the loss's backward), f32 only.
 TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
   for (const k::KernelSet* ks : testing::runnable_sets()) {
-    for (const auto& [bf16, K, given_t] : std::vector<std::tuple<bool, int64_t, bool>>{
-             {false, 7, false}, {true, 7, false}, {false, 40, false}, {true, 40, false},
-             {false, 40, true}}) {
+    for (const auto& [bf16, K, given_t] :
+         std::vector<std::tuple<bool, int64_t, bool>>{{false, 7, false},
+                                                      {true, 7, false},
+                                                      {false, 40, false},
+                                                      {true, 40, false},
+                                                      {false, 40, true}}) {
       const int64_t N = ks->nr + 5;
       const std::vector<int32_t> sizes = {3, 0, 17, 1};
       std::vector<int64_t> offsets = {0};
