@@ -145,7 +145,8 @@ SpecCheck check_one(const BoundArguments& b, const std::string& spec, const Chec
   const AutotuningData* final_od = &od;
   AutotuningData refined;
   if (co.oracle_refine_rounds > 0) {
-    const double cut = best_of(ratios)->second * (1 + co.oracle_window);
+    constexpr double kWindow = 0.04;  // the contenders: within this of the first stage's best
+    const double cut = best_of(ratios)->second * (1 + kWindow);
     AutotuneOptions ro = oo;
     // The heuristics config first: the best's ratio to it is reported.
     if (od.heuristics()) ro.configs.push_back(*od.heuristics());

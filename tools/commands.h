@@ -78,10 +78,9 @@ struct CheckOptions {
   int reruns = 3;
   bool noise = false, json = false;
   int oracle_rounds = 15;
-  // The oracle's second stage: the candidates within oracle_window of its first stage's best,
-  // and every run's winner, measured again for this many rounds (0: no second stage).
+  // The oracle's second stage: the candidates within 4% of its first stage's best, and every
+  // run's winner, measured again for this many rounds (0: no second stage).
   int oracle_refine_rounds = 40;
-  double oracle_window = 0.04;
   double oracle_budget_s = 180;
 };
 int autotune_check(const CheckOptions& options);

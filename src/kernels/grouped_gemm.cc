@@ -71,6 +71,23 @@ int64_t strip_floats(const GroupedGemm& p, const KernelSet& ks, int64_t cols) {
 
 int pool_threads(int threads) { return std::clamp(threads, 1, ThreadPool::global().size()); }
 
+// Calls body(load), load(i) being element i of A as the f32 the f32 kernels multiply (bf16
+// widened, or f32 rounded to bf16 when asked): the branch is taken once, so each caller's loop
+// over load stays one the compiler vectorizes.
+template <class Body>
+void with_a_loader(const void* a, bool a_bf16, bool round_to_bf16, Body&& body) {
+  if (a_bf16) {
+    const uint16_t* s = static_cast<const uint16_t*>(a);
+    body([s](int64_t i) { return bf16_to_f32(s[i]); });
+  } else if (round_to_bf16) {
+    const float* s = static_cast<const float*>(a);
+    body([s](int64_t i) { return tokamax::round_to_bf16(s[i]); });
+  } else {
+    const float* s = static_cast<const float*>(a);
+    body([s](int64_t i) { return s[i]; });
+  }
+}
+
 // Output rows [m0, m0+rows) x columns [0, cols) of an item, relative to its first column, into
 // the f32 tile C (row stride ldc), from weights in panels: `b` is the item's first panel,
 // panels are panel_stride elements apart (floats, or bf16 pairs when `pairs`). A is the f32 lhs
@@ -110,7 +127,7 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
       }
     } else {
       float* af = reinterpret_cast<float*>(apack);
-      const int64_t lda = p.lda > 0 ? p.lda : K;
+      const int64_t lda = p.a_stride();
       (ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32)(A + m0 * lda, lda, item_rows, kb, kcur, blk.mr,
                                                    af);
       for (int64_t q = 0; q < np;) {
@@ -263,7 +280,7 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
     const char* wg = static_cast<const char*>(p.b) + it.g * K * N * src_es;
     if (streams(it.rows)) {
       const char* b = wg + (trans ? it.n0 * K : it.n0) * src_es;
-      const int64_t lda = p.lda > 0 ? p.lda : K;
+      const int64_t lda = p.a_stride();
       stream(static_cast<int>(it.rows), K, A + it.m0 * lda, lda, b, p.b_bf16, trans ? K : N,
              it.cols, C, ldc);
       p.store(C, ldc, it.m0, it.rows, it.n0, it.cols);
@@ -348,22 +365,14 @@ void transpose_a(const void* a, bool a_bf16, bool round_to_bf16, int64_t rows, i
   // 64 x 64 blocks: a block's source rows and destination rows stay in L1 while it is copied.
   constexpr int64_t kB = 64;
   const int64_t rb = (rows + kB - 1) / kB, kbs = (k + kB - 1) / kB;
-  parallel_for(rb * kbs, pool_threads(threads), [&](int64_t blk, int) {
-    const int64_t r0 = (blk / kbs) * kB, k0 = (blk % kbs) * kB;
-    const int64_t r1 = std::min(rows, r0 + kB), k1 = std::min(k, k0 + kB);
-    for (int64_t kk = k0; kk < k1; ++kk) {
-      float* d = dst + kk * rows;
-      if (a_bf16) {
-        const uint16_t* s = static_cast<const uint16_t*>(a) + kk;
-        for (int64_t r = r0; r < r1; ++r) d[r] = bf16_to_f32(s[r * k]);
-      } else if (round_to_bf16) {
-        const float* s = static_cast<const float*>(a) + kk;
-        for (int64_t r = r0; r < r1; ++r) d[r] = tokamax::round_to_bf16(s[r * k]);
-      } else {
-        const float* s = static_cast<const float*>(a) + kk;
-        for (int64_t r = r0; r < r1; ++r) d[r] = s[r * k];
+  with_a_loader(a, a_bf16, round_to_bf16, [&](auto load) {
+    parallel_for(rb * kbs, pool_threads(threads), [&](int64_t blk, int) {
+      const int64_t r0 = (blk / kbs) * kB, k0 = (blk % kbs) * kB;
+      const int64_t r1 = std::min(rows, r0 + kB), k1 = std::min(k, k0 + kB);
+      for (int64_t kk = k0; kk < k1; ++kk) {
+        for (int64_t r = r0; r < r1; ++r) dst[kk * rows + r] = load(r * k + kk);
       }
-    }
+    });
   });
 }
 
@@ -382,20 +391,19 @@ int64_t grouped_gemm_tn_scratch_bytes(const GroupedGemmTn& p, const Blocking& bl
 
 void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSet& ks) {
   const int64_t K = p.k, N = p.n, total = p.offsets[p.groups];
+  if (K == 0 || N == 0) return;  // no output
   Tensor at_store;
   const float* at = p.a_t;
-  if (!at && total > 0 && K > 0) {
+  if (!at && total > 0) {
     at_store = Tensor({total * K}, DType::kF32);
     transpose_a(p.a, p.a_bf16, p.round_a_to_bf16, total, K, p.threads, at_store.data_as<float>());
     at = at_store.data_as<float>();
   }
   const int64_t b_es = p.b_bf16 ? 2 : 4;
-  std::vector<float> zeros;
+  const std::vector<float> zeros(static_cast<size_t>(N), 0.0f);
   for (int64_t g = 0; g < p.groups; ++g) {
     const int64_t r0 = p.offsets[g], mg = p.offsets[g + 1] - r0;
-    if (K == 0 || N == 0) continue;
-    if (mg == 0) {  // an empty sum: zeros, one tile of rows at a time
-      zeros.assign(static_cast<size_t>(N), 0.0f);
+    if (mg == 0) {  // an empty sum: zeros (one row read for every row), a tile of rows at a time
       for (int64_t i = 0; i < K; i += blk.mc)
         p.store(zeros.data(), 0, g * K + i, std::min<int64_t>(blk.mc, K - i), 0, N);
       continue;
@@ -427,15 +435,11 @@ const float* a_as_f32(const void* a, bool a_bf16, bool round_to_bf16, int64_t co
   // Once per call over the whole A (a prefill's is megabytes): chunks in parallel, each a loop
   // the compiler vectorizes.
   constexpr int64_t kChunk = int64_t{1} << 15;
-  parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t chunk, int) {
-    const int64_t b = chunk * kChunk, e = std::min(count, b + kChunk);
-    if (a_bf16) {
-      const uint16_t* s = static_cast<const uint16_t*>(a);
-      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(s[i]);
-    } else {
-      const float* s = static_cast<const float*>(a);
-      for (int64_t i = b; i < e; ++i) d[i] = tokamax::round_to_bf16(s[i]);
-    }
+  with_a_loader(a, a_bf16, round_to_bf16, [&](auto load) {
+    parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t chunk, int) {
+      const int64_t b = chunk * kChunk, e = std::min(count, b + kChunk);
+      for (int64_t i = b; i < e; ++i) d[i] = load(i);
+    });
   });
   return d;
 }

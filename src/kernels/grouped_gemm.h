@@ -82,6 +82,7 @@ struct GroupedOperands {
   // (no rounding, no bf16 dot): a block of a wider matrix, such as the transposed A the ragged
   // contraction multiplies.
   int64_t lda = 0;
+  int64_t a_stride() const { return lda > 0 ? lda : k; }
   const void* b = nullptr;  // see each product
   bool b_bf16 = false;
   StoreTile store;

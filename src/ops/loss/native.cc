@@ -293,8 +293,7 @@ class VjpNative : public NativeBase<LossVjpCall> {
       gw.offsets = offsets;
       gw.k = H;
       gw.n = cv;
-      gw.a = x32;
-      gw.a_t = xt.data_as<float>();
+      gw.a_t = xt.data_as<float>();  // x^T, so no gw.a
       gw.b = D;
       gw.threads = c.num_threads;
       gw.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
