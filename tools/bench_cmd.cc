@@ -359,6 +359,7 @@ Json bench_document(const std::vector<BenchRow>& rows) {
   return {{"tokamax_version", library_version()},
           {"device_kind", device_kind()},
           {"device", device_info().to_json()},
+          {"blas", blas_info().to_json()},
           {"roofline", cached_roofline().to_json()},
           {"command", command_line()},
           {"created", utc_now()},

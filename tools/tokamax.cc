@@ -83,6 +83,8 @@ std::vector<std::pair<std::string, std::string>> existing_cache_files(const std:
 void print_device(bool json, bool roofline) {
   const tk::DeviceInfo& d = tk::device_info();
   Json j = d.to_json();
+  const tk::BlasInfo blas = tk::blas_info();
+  j["blas"] = blas.to_json();
   if (roofline) j["roofline"] = tk::measure_roofline().to_json();
   if (json) {
     std::cout << j.dump(2) << "\n";
@@ -101,6 +103,7 @@ void print_device(bool json, bool roofline) {
              d.l2_bytes >> 10, d.l3_bytes >> 20);
   fmt::print("cores:         {} physical, {} threads available, tokamax uses {}\n",
              d.physical_cores, d.threads_available, tk::num_threads());
+  fmt::print("baselines:     {}\n", blas.str());
   if (roofline) {
     const Json& r = j["roofline"];
     fmt::print("roofline ({} threads = all):\n", r["threads"].get<int>());
@@ -453,6 +456,8 @@ int cmd_report(Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else: the baselines' OpenBLAS at its best kernels here (core/blas.h).
+  tk::reexec_with_best_blas(argv);
   tk::cli::set_command_line(argc, argv);
   CLI::App app{"tokamax: fast CPU ML kernels and their autotuner"};
   app.require_subcommand(0, 1);

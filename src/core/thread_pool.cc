@@ -5,6 +5,7 @@
 #include <memory>
 #include <system_error>
 
+#include "core/float_mode.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/error.h"
 
@@ -70,10 +71,12 @@ void ThreadPool::worker_loop(int index) {
     if (stop_) return;
     const bool participate = index < active_threads_;
     const auto* fn = fn_;
+    const uint32_t mode = float_mode_;
     lock.unlock();
     if (participate) {
       try {
         const InPoolJob job;
+        const ScopedFloatMode in_callers_mode(mode);
         (*fn)(index);
       } catch (...) {
         std::lock_guard<std::mutex> elock(mu_);
@@ -103,6 +106,7 @@ void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;
+    float_mode_ = float_mode();
     active_threads_ = threads;
     error_ = nullptr;
     pending_.store(threads - 1);

@@ -23,7 +23,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
-  // Runs fn(thread_index) on `threads` threads (the caller is thread 0) and waits for all.
+  // Runs fn(thread_index) on `threads` threads (the caller is thread 0) and waits for all,
+  // every thread in the caller's floating-point mode (flush-to-zero, rounding: float_mode.h).
   // threads is clamped to [1, size()]. Exceptions from any thread are rethrown (the first one).
   // Called from inside a run (nested: a kernel inside a job of the autotuner's preparation),
   // it runs fn(0), ..., fn(threads - 1) inline on the calling thread.
@@ -44,6 +45,7 @@ class ThreadPool {
   std::atomic<int> pending_{0};
   int active_threads_ = 0;
   const std::function<void(int)>* fn_ = nullptr;
+  uint32_t float_mode_ = 0;  // the caller's (float_mode.h): workers run the job in it
   std::exception_ptr error_;
   bool stop_ = false;
 };

@@ -128,8 +128,11 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
     } else {
       float* af = reinterpret_cast<float*>(apack);
       const int64_t lda = p.a_stride();
-      (ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32)(A + m0 * lda, lda, item_rows, kb, kcur, blk.mr,
-                                                   af);
+      if (p.a_trans)
+        pack_a_f32_t(A + m0, lda, item_rows, kb, kcur, blk.mr, af);
+      else
+        (ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32)(A + m0 * lda, lda, item_rows, kb, kcur, blk.mr,
+                                                     af);
       for (int64_t q = 0; q < np;) {
         const float* bp = static_cast<const float*>(b) + q * panel_stride + kb * ks.nr;
         if (const int step = multi_panels(ks, false, item_rows, blk.mr, np - q); step > 1) {
@@ -210,7 +213,8 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
   const int64_t K = p.k, N = p.n;
   const int threads = pool_threads(p.threads);
   auto rows_of = [&](int64_t g) { return p.offsets[g + 1] - p.offsets[g]; };
-  auto streams = [&](int64_t rows) { return stream && rows <= kStreamMaxMr; };
+  // (The streaming kernels read A's rows in place: not a transposed A.)
+  auto streams = [&](int64_t rows) { return stream && !p.a_trans && rows <= kStreamMaxMr; };
   // Groups tall enough to keep every thread busy on their row blocks alone share one strip
   // at a time (BLIS's shared B block): the threads pack it together, a panel each, then
   // compute its row blocks. Each weight is then packed once and each A tile once per
@@ -341,11 +345,13 @@ void pack_panels(const KernelSet& ks, bool pairs, const void* src, bool src_bf16
 }
 
 void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
-  if (p.lda != 0 &&
-      (p.lda < p.k || p.a_bf16 || p.round_a_to_bf16 || (p.packed ? p.packed->pairs : p.bf16_dot))) {
-    throw InvalidArgument(
-        "grouped_gemm: a row stride of A (" + std::to_string(p.lda) +
-        ") needs an f32 A on the f32 kernels and at least k = " + std::to_string(p.k));
+  const bool f32_only = p.a_bf16 || p.round_a_to_bf16 || (p.packed ? p.packed->pairs : p.bf16_dot);
+  const int64_t min_lda = p.a_trans ? p.offsets[p.groups] : p.k;
+  if ((p.lda != 0 || p.a_trans) && (p.a_stride() < min_lda || f32_only)) {
+    throw InvalidArgument("grouped_gemm: a row stride of A (" + std::to_string(p.lda) +
+                          (p.a_trans ? ", transposed" : "") +
+                          ") needs an f32 A on the f32 kernels and at least " +
+                          std::to_string(min_lda));
   }
   if (p.packed)
     run_packed(p, blk, ks);
@@ -360,22 +366,6 @@ int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, co
   return (tile + strip) * pool_threads(p.threads) + strip;
 }
 
-void transpose_a(const void* a, bool a_bf16, bool round_to_bf16, int64_t rows, int64_t k,
-                 int threads, float* dst) {
-  // 64 x 64 blocks: a block's source rows and destination rows stay in L1 while it is copied.
-  constexpr int64_t kB = 64;
-  const int64_t rb = (rows + kB - 1) / kB, kbs = (k + kB - 1) / kB;
-  with_a_loader(a, a_bf16, round_to_bf16, [&](auto load) {
-    parallel_for(rb * kbs, pool_threads(threads), [&](int64_t blk, int) {
-      const int64_t r0 = (blk / kbs) * kB, k0 = (blk % kbs) * kB;
-      const int64_t r1 = std::min(rows, r0 + kB), k1 = std::min(k, k0 + kB);
-      for (int64_t kk = k0; kk < k1; ++kk) {
-        for (int64_t r = r0; r < r1; ++r) dst[kk * rows + r] = load(r * k + kk);
-      }
-    });
-  });
-}
-
 int64_t grouped_gemm_tn_scratch_bytes(const GroupedGemmTn& p, const Blocking& blk,
                                       const KernelSet& ks) {
   const int64_t total = p.offsets ? p.offsets[p.groups] : 0;
@@ -386,19 +376,15 @@ int64_t grouped_gemm_tn_scratch_bytes(const GroupedGemmTn& p, const Blocking& bl
   q.k = tallest;
   q.n = p.n;
   q.threads = p.threads;
-  return (p.a_t ? 0 : total * p.k * 4) + grouped_gemm_scratch_bytes(q, blk, ks);
+  const bool converted = p.a_bf16 || p.round_a_to_bf16;
+  return (converted ? total * p.k * 4 : 0) + grouped_gemm_scratch_bytes(q, blk, ks);
 }
 
 void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSet& ks) {
   const int64_t K = p.k, N = p.n, total = p.offsets[p.groups];
   if (K == 0 || N == 0) return;  // no output
-  Tensor at_store;
-  const float* at = p.a_t;
-  if (!at && total > 0) {
-    at_store = Tensor({total * K}, DType::kF32);
-    transpose_a(p.a, p.a_bf16, p.round_a_to_bf16, total, K, p.threads, at_store.data_as<float>());
-    at = at_store.data_as<float>();
-  }
+  Tensor a_storage;
+  const float* A = a_as_f32(p.a, p.a_bf16, p.round_a_to_bf16, total * K, p.threads, &a_storage);
   const int64_t b_es = p.b_bf16 ? 2 : 4;
   const std::vector<float> zeros(static_cast<size_t>(N), 0.0f);
   for (int64_t g = 0; g < p.groups; ++g) {
@@ -408,15 +394,16 @@ void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSe
         p.store(zeros.data(), 0, g * K + i, std::min<int64_t>(blk.mc, K - i), 0, N);
       continue;
     }
-    // out_g = (A^T block: K rows, mg columns, row stride total) x (B's rows of g: [mg, N]).
+    // out_g = (A's rows of g read transposed: K rows, mg columns) x (B's rows of g: [mg, N]).
     const int64_t offsets[2] = {0, K};
     GroupedGemm q;
     q.groups = 1;
     q.offsets = offsets;
     q.k = mg;
     q.n = N;
-    q.a = at + r0;
-    q.lda = total;
+    q.a = A + r0 * K;
+    q.a_trans = true;
+    q.lda = K;
     q.b = static_cast<const char*>(p.b) + r0 * N * b_es;
     q.b_bf16 = p.b_bf16;
     q.threads = p.threads;

@@ -79,10 +79,13 @@ struct GroupedOperands {
   bool a_bf16 = false;
   bool round_a_to_bf16 = false;
   // A's row stride in elements (0: k). Another stride only for an f32 A on the f32 kernels
-  // (no rounding, no bf16 dot): a block of a wider matrix, such as the transposed A the ragged
-  // contraction multiplies.
+  // (no rounding, no bf16 dot): a block of a wider matrix.
   int64_t lda = 0;
-  int64_t a_stride() const { return lda > 0 ? lda : k; }
+  // A given transposed: a column-major [rows, k], element (r, kk) at a[kk * lda + r] (lda 0:
+  // offsets[groups]). f32 A on the f32 kernels only; packing its tiles is a copy of contiguous
+  // runs, so the ragged contraction multiplies A^T without ever making it.
+  bool a_trans = false;
+  int64_t a_stride() const { return lda > 0 ? lda : a_trans ? (offsets ? offsets[groups] : 0) : k; }
   const void* b = nullptr;  // see each product
   bool b_bf16 = false;
   StoreTile store;
@@ -111,20 +114,13 @@ int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, co
 // The ragged contraction: for every group g, out_g[K, N] = A[rows of g]^T x B[rows of g], A
 // row-major [rows, k] (f32 or bf16, rounded as above), B row-major [rows, n] (f32 or bf16).
 // store receives rows g * k + i of the stacked [groups * k, n] result; an empty group's are zero.
-// A is transposed once per call (in parallel) into f32 [k, rows]; each group is then a grouped
-// GEMM of its block of A^T (k rows, row stride `rows`) against its rows of B as unpacked
-// weights. a_t: A^T already made by the caller (f32 [k, offsets[groups]]), as the loss's
-// backward does once for all its vocabulary chunks.
-struct GroupedGemmTn : GroupedOperands {
-  const float* a_t = nullptr;
-};
-// Scratch grouped_gemm_tn keeps per call (A^T, and the unpacked products' tiles and strips).
+// Each group is a grouped GEMM of its rows of A read transposed (a_trans: nothing is copied for
+// an f32 A; a bf16 or rounded one is converted once per call) against its rows of B as unpacked
+// weights.
+struct GroupedGemmTn : GroupedOperands {};
+// Scratch grouped_gemm_tn keeps per call (A converted, and the products' tiles and strips).
 int64_t grouped_gemm_tn_scratch_bytes(const GroupedGemmTn& p, const Blocking& blk,
                                       const KernelSet& ks);
-// A^T for grouped_gemm_tn: a (f32 or bf16 [rows, k], rounded as GroupedOperands says) into
-// dst[k][rows] f32, in parallel.
-void transpose_a(const void* a, bool a_bf16, bool round_to_bf16, int64_t rows, int64_t k,
-                 int threads, float* dst);
 void grouped_gemm_tn(const GroupedGemmTn& p, const Blocking& blk, const KernelSet& ks);
 
 // The f32 values the f32 kernels multiply for A: A itself when it already is (f32, no

@@ -195,6 +195,21 @@ void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t k
   }
 }
 
+void pack_a_f32_t(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
+                  float* dst) {
+  const int64_t tiles = (rows + mr - 1) / mr;
+  // k outer: each source row's run of `rows` floats is read once, in order.
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* src = a + (k0 + k) * lda;
+    for (int64_t t = 0; t < tiles; ++t) {
+      float* d = dst + t * mr * kc + k * mr;
+      const int64_t n = std::min<int64_t>(mr, rows - t * mr);
+      std::memcpy(d, src + t * mr, static_cast<size_t>(n) * 4);
+      std::fill(d + n, d + mr, 0.0f);
+    }
+  }
+}
+
 void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc,
                  int64_t as, uint32_t* dst) {
   const int64_t KP = (kc + 1) / 2;

@@ -150,6 +150,10 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, 
 // 1024 a dozen of them fall into one L1 set (4 KiB aliasing) if read in place.
 void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                 float* dst);
+// pack_a_f32's tiles from A stored transposed (element (r, k) at a[k * lda + r]): each tile's
+// row k is a copy of min(mr, rows left) contiguous floats.
+void pack_a_f32_t(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
+                  float* dst);
 // Packs A rows [0,rows) x k in [k0, k0+kc) of a row-major matrix (row stride lda) into bf16 pairs
 // dst[kp*a_stride + i]; rows >= `rows` up to a_stride and the odd tail are zero.
 void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc,

@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "tokamax/autotuning/roofline.h"
+#include "tokamax/core/blas.h"
 #include "tokamax/core/json.h"
 
 namespace tokamax {
@@ -82,6 +83,54 @@ TEST(Device, CliPrintsDeviceAndHonoursKindOverride) {
   const Json j = Json::parse(out);
   EXPECT_EQ(j["device_kind"], "my_test_chip");
   EXPECT_EQ(run(std::string(TOKAMAX_CLI) + " --version", &rc).find("tokamax"), 0u);
+}
+
+// Core types are ranked by the vector ISA of their kernels; names OpenBLAS may add later are
+// never called weaker.
+TEST(Device, BlasCoreRanks) {
+  auto weaker = [](const char* core, const char* best) {
+    BlasInfo b;
+    b.core = core;
+    b.best = best;
+    return b.weaker();
+  };
+  EXPECT_TRUE(weaker("Prescott", "Cooperlake"));
+  EXPECT_TRUE(weaker("PRESCOTT", "SkylakeX"));
+  EXPECT_TRUE(weaker("Haswell", "SkylakeX"));
+  EXPECT_TRUE(weaker("Sandybridge", "Haswell"));
+  EXPECT_FALSE(weaker("SkylakeX", "SkylakeX"));
+  EXPECT_FALSE(weaker("SapphireRapids", "Cooperlake"));
+  EXPECT_FALSE(weaker("Zen5", "SkylakeX"));  // unknown: not weaker
+  EXPECT_FALSE(weaker("Prescott", ""));      // nothing better known for this CPU
+  EXPECT_NE(blas_info().config.find("OpenBLAS"), std::string::npos);
+}
+
+// The command's baselines run OpenBLAS's best kernels for this CPU (it starts itself again with
+// OPENBLAS_CORETYPE where OpenBLAS took the CPU for an older one), and a core type the user set
+// is kept.
+TEST(Device, CliRunsTheBaselinesOnTheBestBlasKernels) {
+  int rc = 0;
+  const std::string out = run(std::string("env -u OPENBLAS_CORETYPE -u TOKAMAX_BLAS_DETECTED ") +
+                                  TOKAMAX_CLI + " device --json",
+                              &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const Json b = Json::parse(out)["blas"];
+  BlasInfo info;
+  info.core = b["core"].get<std::string>();
+  info.best = b["best_core"].get<std::string>();
+  EXPECT_FALSE(info.weaker()) << b.dump();
+  if (b["core_from_env"].get<bool>()) {
+    EXPECT_FALSE(b["detected"].get<std::string>().empty());
+  }
+  const std::string kept =
+      run(std::string("env -u TOKAMAX_BLAS_DETECTED OPENBLAS_CORETYPE=Prescott ") + TOKAMAX_CLI +
+              " device --json",
+          &rc);
+  ASSERT_EQ(rc, 0) << kept;
+  const Json k = Json::parse(kept)["blas"];
+  EXPECT_EQ(k["core"], "Prescott") << k.dump();
+  EXPECT_TRUE(k["core_from_env"].get<bool>());
+  EXPECT_EQ(k["detected"], "");
 }
 
 }  // namespace

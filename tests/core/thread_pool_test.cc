@@ -1,6 +1,6 @@
 // The library's one thread pool: every item once, exceptions rethrown, and runs nested inside a
 // job (the autotuner prepares candidates on the pool; their packing runs on it too) complete
-// inline instead of deadlocking.
+// inline instead of deadlocking; every thread of a job runs in its caller's floating-point mode.
 #include "core/thread_pool.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/float_mode.h"
 #include "tokamax/core/device.h"
 
 namespace tokamax {
@@ -41,6 +42,44 @@ TEST(ThreadPool, NestedRunsCompleteInline) {
                            [&](int) { ThreadPool::global().run(2, [&](int) { calls++; }); });
   EXPECT_EQ(calls.load(), std::min(threads, ThreadPool::global().size()) *
                               std::min(2, ThreadPool::global().size()));
+}
+
+// Each thread's mode and a product below f32's smallest normal (1e-20 squared), per thread
+// index of one job.
+struct ModeSeen {
+  std::vector<uint32_t> mode;
+  std::vector<float> tiny;
+};
+ModeSeen modes_of_a_job(int threads) {
+  ModeSeen seen{std::vector<uint32_t>(threads), std::vector<float>(threads)};
+  ThreadPool::global().run(threads, [&](int t) {
+    volatile float a = 1e-20f;
+    seen.mode[t] = float_mode();
+    seen.tiny[t] = a * a;
+  });
+  return seen;
+}
+
+TEST(ThreadPool, JobsRunInTheCallersFloatMode) {
+  const int threads = ThreadPool::global().size();
+  const uint32_t outside = float_mode();
+  {
+    const ScopedFlushDenormals flush;
+    EXPECT_EQ(float_mode(), outside | kFlushDenormalBits);
+    const ModeSeen in = modes_of_a_job(threads);
+    for (int t = 0; t < threads; ++t) {
+      EXPECT_EQ(in.mode[t], outside | kFlushDenormalBits) << "thread " << t;
+      if (kFlushDenormalBits != 0) {
+        EXPECT_EQ(in.tiny[t], 0.0f) << "thread " << t;
+      }
+    }
+  }
+  EXPECT_EQ(float_mode(), outside);  // restored
+  const ModeSeen after = modes_of_a_job(threads);
+  for (int t = 0; t < threads; ++t) {
+    EXPECT_EQ(after.mode[t], outside) << "thread " << t;
+    EXPECT_GT(after.tiny[t], 0.0f) << "thread " << t << ": a denormal, not flushed";
+  }
 }
 
 }  // namespace

@@ -39,10 +39,11 @@ struct Case {
   bool a_bf16, b_bf16, round_a, bf16_dot, trans, packed;
   int threads;
   k::Blocking blk;
+  bool a_trans = false;  // A handed in transposed ([K, rows], GroupedOperands::a_trans)
   std::string str() const {
     return std::string(ks->name) + (a_bf16 ? " a:bf16" : " a:f32") +
            (b_bf16 ? " b:bf16" : " b:f32") + (round_a ? " round" : "") + (bf16_dot ? " dot" : "") +
-           (trans ? " trans" : "") + (packed ? " packed" : "") +
+           (trans ? " trans" : "") + (packed ? " packed" : "") + (a_trans ? " a_trans" : "") +
            " threads=" + std::to_string(threads) + " mr=" + std::to_string(blk.mr) +
            " mc=" + std::to_string(blk.mc) + " kc=" + std::to_string(blk.kc) +
            " nc=" + std::to_string(blk.nc);
@@ -70,6 +71,14 @@ void check_case(const Case& cs, int64_t K, int64_t N, const std::vector<int32_t>
   p.a = a.data();
   p.a_bf16 = cs.a_bf16;
   p.round_a_to_bf16 = cs.round_a;
+  Tensor a_t({std::max<int64_t>(1, rows * K)}, DType::kF32);
+  if (cs.a_trans) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t kk = 0; kk < K; ++kk) a_t.data_as<float>()[kk * rows + r] = a.get(r * K + kk);
+    p.a = a_t.data();
+    p.a_trans = true;
+    p.lda = rows;  // past the groups' rows: the extra ones are in the stride, never read
+  }
   p.b = b.data();
   p.b_bf16 = cs.b_bf16;
   p.b_trans = cs.trans;
@@ -144,6 +153,11 @@ TEST(GroupedGemm, EveryIsaFormAndBlockingAgainstDoubles) {
               cs.threads = threads;
               const int64_t K = threads == 1 ? 13 : 70, N = threads == 1 ? 2 * nr + 3 : nr - 1;
               for (const auto& sizes : group_sets) check_case(cs, K, N, sizes, /*extra_rows=*/2);
+              if (dtypes == 0) {  // f32 A read transposed in place
+                cs.a_trans = true;
+                for (const auto& sizes : group_sets) check_case(cs, K, N, sizes, 2);
+                cs.a_trans = false;
+              }
             }
           }
         }
@@ -152,11 +166,11 @@ TEST(GroupedGemm, EveryIsaFormAndBlockingAgainstDoubles) {
   }
 }
 
-// K = 7 output rows per group take the streaming kernels, K = 40 the packed strips the
-// threads share; given_t: the caller hands A^T in (the loss's backward), f32 only.
+// A read transposed in place (f32), converted first (bf16, or f32 rounded to bf16); K = 7
+// output rows per group fit in one tile, K = 40 take the packed strips the threads share.
 TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
   for (const k::KernelSet* ks : testing::runnable_sets()) {
-    for (const auto& [bf16, K, given_t] :
+    for (const auto& [bf16, K, rounded] :
          std::vector<std::tuple<bool, int64_t, bool>>{{false, 7, false},
                                                       {true, 7, false},
                                                       {false, 40, false},
@@ -177,15 +191,10 @@ TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
       p.n = N;
       p.a = a.data();
       p.a_bf16 = bf16;
+      p.round_a_to_bf16 = rounded;
       p.b = b.data();
       p.b_bf16 = bf16;
       p.threads = 2;
-      std::vector<float> at(static_cast<size_t>(rows * K));
-      if (given_t) {
-        k::transpose_a(a.data(), false, false, rows, K, 2, at.data());
-        p.a_t = at.data();
-        p.a = nullptr;  // not read
-      }
       p.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t nrows, int64_t n0,
                     int64_t cols) {
         for (int64_t i = 0; i < nrows; ++i) {
@@ -197,10 +206,14 @@ TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
         for (int64_t kk = 0; kk < K; ++kk) {
           for (int64_t j = 0; j < N; ++j) {
             double want = 0;
-            for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r)
-              want += a.get(r * K + kk) * b.get(r * N + j);
+            for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) {
+              const double av = rounded ? round_to_bf16(static_cast<float>(a.get(r * K + kk)))
+                                        : a.get(r * K + kk);
+              want += av * b.get(r * N + j);
+            }
             ASSERT_NEAR(out[(g * K + kk) * N + j], want, 1e-5 * (1 + std::abs(want)))
-                << ks->name << (bf16 ? " bf16" : " f32") << " K " << K << " group " << g;
+                << ks->name << (bf16 ? " bf16" : " f32") << (rounded ? " rounded" : "") << " K "
+                << K << " group " << g;
           }
         }
       }
@@ -228,6 +241,12 @@ TEST(GroupedGemm, RowStrideOfAOnlyForF32) {
   EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
   p.a_bf16 = false;
   p.lda = 4;  // shorter than a row
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+  p.a_trans = true;  // transposed: at least the 4 rows, f32 only
+  p.lda = 3;
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+  p.lda = 4;
+  p.a_bf16 = true;
   EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
 }
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/thread_pool.h"
+#include "kernels/blas.h"
 #include "kernels/grouped_gemm.h"
 #include "ops/attention/base.h"
 
@@ -25,7 +26,7 @@ class Composed : public TypedImplementation<AttentionCall, void> {
  public:
   std::string name() const override { return "composed"; }
   void run_call(AttentionCall& c, const Prepared*) const override {
-    openblas_set_num_threads(std::max(1, c.num_threads));
+    kernels::use_blas(c.num_threads);
     Tensor qs, ks, vs;
     const float* Q = as_f32(c.q, c.num_threads, &qs);
     const float* K = as_f32(c.k, c.num_threads, &ks);
@@ -97,7 +98,7 @@ class ComposedVjp : public TypedImplementation<AttentionVjpCall, void> {
  public:
   std::string name() const override { return "composed"; }
   void run_call(AttentionVjpCall& c, const Prepared*) const override {
-    openblas_set_num_threads(std::max(1, c.num_threads));
+    kernels::use_blas(c.num_threads);
     Tensor qs, ks, vs, os, ds;
     const float* Q = as_f32(c.q, c.num_threads, &qs);
     const float* K = as_f32(c.k, c.num_threads, &ks);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/thread_pool.h"
+#include "kernels/blas.h"
 #include "kernels/grouped_gemm.h"
 #include "ops/glu/base.h"
 
@@ -27,7 +28,7 @@ class Composed : public TypedImplementation<GluCall, void> {
     if (!c.w.data() && c.m > 0) throw Unsupported("composed needs the unpacked weights");
   }
   void run_call(GluCall& c, const Prepared*) const override {
-    openblas_set_num_threads(std::max(1, c.num_threads));
+    kernels::use_blas(c.num_threads);
     const int64_t M = c.m, K = c.k, N = c.n;
     if (M == 0 || N == 0) return;
     Tensor xs, ws, us;
@@ -62,7 +63,7 @@ class VjpComposed : public TypedImplementation<GluVjpCall, void> {
  public:
   std::string name() const override { return "composed"; }
   void run_call(GluVjpCall& c, const Prepared*) const override {
-    openblas_set_num_threads(std::max(1, c.num_threads));
+    kernels::use_blas(c.num_threads);
     const int64_t M = c.m, K = c.k, N = c.n;
     Tensor dh({std::max<int64_t>(1, M * 2 * N)}, DType::kF32), xs, ws;
     float* DH = dh.data_as<float>();

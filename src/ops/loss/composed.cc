@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/thread_pool.h"
+#include "kernels/blas.h"
 #include "kernels/grouped_gemm.h"
 #include "ops/loss/base.h"
 
@@ -46,7 +47,7 @@ class Composed : public TypedImplementation<LossCall, void> {
  public:
   std::string name() const override { return "composed"; }
   void run_call(LossCall& c, const Prepared*) const override {
-    openblas_set_num_threads(std::max(1, c.num_threads));
+    kernels::use_blas(c.num_threads);
     Tensor xs, ws;
     const float* X = x_as_f32(c, &xs);
     const float* W = as_f32(c.w, c.num_threads, &ws);
@@ -66,7 +67,7 @@ class VjpComposed : public TypedImplementation<LossVjpCall, void> {
  public:
   std::string name() const override { return "composed"; }
   void run_call(LossVjpCall& c, const Prepared*) const override {
-    openblas_set_num_threads(std::max(1, c.num_threads));
+    kernels::use_blas(c.num_threads);
     Tensor xs, ws;
     const float* X = x_as_f32(c, &xs);
     const float* W = as_f32(c.w, c.num_threads, &ws);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/float_mode.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
@@ -83,9 +84,13 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
     int64_t nc = 1024;
     while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
     cfg.nc = static_cast<int>(k::round_up(std::min<int64_t>(nc, cols), ks.nr));
-    cfg.block_v = static_cast<int>(std::min<int64_t>(2048, cols));
+    cfg.block_v = static_cast<int>(std::min<int64_t>(block_vs().front(), cols));
     return cfg;
   }
+  // Vocabulary chunk widths the search tries, the heuristics' first. The forward's chunk is
+  // its packed weights alone (H x block_v floats); the backward's is also d [B, block_v] and
+  // the weights packed both ways, so its chunks are narrower (next to VjpNative).
+  virtual std::vector<int> block_vs() const { return {2048, 8192}; }
   std::vector<LossNativeConfig> search_space(const CallT& c) const override {
     const auto& ks = k::best_kernels();
     const int64_t rows = std::max<int64_t>(c.b, 1);
@@ -97,7 +102,7 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
       if (mr * mcf > k::round_up(rows, mr) * 2 && mcf != 4) continue;  // items taller than B
       for (int kc : {256, 512}) {
         for (int nc : {512, 1024, 2048}) {
-          for (int bv : {2048, 8192}) {
+          for (int bv : block_vs()) {
             const LossNativeConfig cfg{mr, mr * mcf, static_cast<int>(std::min<int64_t>(kc, h2)),
                                        static_cast<int>(std::min<int64_t>(nc, cols)),
                                        static_cast<int>(std::min<int64_t>(bv, cols))};
@@ -207,12 +212,22 @@ class Native : public NativeBase<LossCall> {
 
 class VjpNative : public NativeBase<LossVjpCall> {
  public:
+  // A chunk holds d [B, block_v] and the chunk's weights packed both ways (2 x H x block_v):
+  // at B=4096, H=2048, 1024 columns are 34 MB (2048: 67 MB) and ran as fast (V=8192, one-off
+  // interleaved calls on Emerald Rapids: 1.97-2.25 s against 2.18-2.27 s; at B=512, V=32000
+  // 1.09-1.34 s against 1.05-2.22 s).
+  std::vector<int> block_vs() const override { return {1024, 2048}; }
   int64_t scratch(const LossVjpCall& c, const LossNativeConfig& cfg) const override {
     const int64_t bv = chunk_cols(c, cfg);
-    return (c.b * bv + 2 * c.h * k::round_up(bv, k::best_kernels().nr) + c.b * c.h) * 4;
+    return (c.b * bv + 2 * c.h * k::round_up(bv, k::best_kernels().nr)) * 4;
   }
   void run_call(LossVjpCall& c, const LossNativeConfig& cfg, const Prepared*) const override {
     check_config(cfg);
+    // The probabilities of a wide vocabulary are mostly tiny, and their products with x and w
+    // in the two GEMMs over d fall below f32's smallest normal by the million: each such FMA
+    // result or operand takes a microcode assist unless denormals are flushed (B=4096, H=2048,
+    // V=8192, randn inputs, interleaved calls: 1.84-1.95 s flushed against 2.62-3.20 s).
+    const ScopedFlushDenormals flush;
     const auto& ks = k::best_kernels();
     const int nr = ks.nr;
     const int64_t B = c.b, H = c.h, V = c.v, bv = chunk_cols(c, cfg);
@@ -234,9 +249,6 @@ class VjpNative : public NativeBase<LossVjpCall> {
     const int64_t offsets[2] = {0, B};
     Tensor x_store;
     const float* x32 = x_as_f32(c, &x_store);
-    // x^T for dw = x^T d, made once for every chunk.
-    Tensor xt({std::max<int64_t>(1, B * H)}, DType::kF32);
-    k::transpose_a(x32, false, false, B, H, c.num_threads, xt.data_as<float>());
     const k::RowKernels rk = k::row_kernels(ks.isa);
     // The logits are recomputed as the forward computed them (its lse was).
     const bool pairs = native_logits_on_bf16_dot(c);
@@ -255,15 +267,9 @@ class VjpNative : public NativeBase<LossVjpCall> {
               const float* ci = C + i * ldc;
               std::memcpy(dr, ci, static_cast<size_t>(cols) * 4);
               rk.exp_shift_sum(dr, cols, l);  // the SIMD exp, as the forward's
-              // Probabilities below f32's smallest normal are flushed to 0: as denormals they
-              // made every FMA of the two GEMMs that read d take a microcode assist (B=4096,
-              // V=8192, randn inputs: 32.8 s a call, most of d denormal after the mean's 1/B).
-              // A NaN logit stays NaN (the SIMD exp gives 0 for it).
-              for (int64_t j = 0; j < cols; ++j) {
-                float e = dr[j] * wgt;
-                e = std::fabs(e) < std::numeric_limits<float>::min() ? 0.0f : e;
-                dr[j] = ci[j] == ci[j] ? e : ci[j];
-              }
+              // (Denormal products flush to 0 under the scope above.) A NaN logit stays NaN
+              // (the SIMD exp gives 0 for it).
+              for (int64_t j = 0; j < cols; ++j) dr[j] = ci[j] == ci[j] ? dr[j] * wgt : ci[j];
               const int64_t lab = c.label(r) - v0 - n0;
               if (lab >= 0 && lab < cols) dr[lab] -= wgt;
             }
@@ -293,7 +299,7 @@ class VjpNative : public NativeBase<LossVjpCall> {
       gw.offsets = offsets;
       gw.k = H;
       gw.n = cv;
-      gw.a_t = xt.data_as<float>();  // x^T, so no gw.a
+      gw.a = x32;  // read transposed in place: x^T is never made
       gw.b = D;
       gw.threads = c.num_threads;
       gw.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,

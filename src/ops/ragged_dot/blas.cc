@@ -3,6 +3,8 @@
 // exported), so bf16 operands are widened to f32 per call and multiplied with cblas_sgemm: what a
 // user of this BLAS must do. Under Precision::kDefault an f32 lhs with bf16 weights is rounded to
 // bf16 first, so that it computes what the other implementations compute.
+#include "kernels/blas.h"
+
 #include <cblas.h>
 
 #include <cstring>
@@ -22,7 +24,7 @@ class Blas : public TypedImplementation<RaggedDotCall, void> {
     }
   }
   void run_call(RaggedDotCall& c, const Prepared*) const override {
-    openblas_set_num_threads(std::max(1, c.num_threads));
+    kernels::use_blas(c.num_threads);
     const int64_t K = c.k, N = c.n, M = c.m;
     const bool contracting = c.dims == RaggedDimNums::kRaggedContracting;
     const int64_t out_elems = contracting ? c.g * K * N : M * N;
