@@ -92,10 +92,8 @@ BlasInfo blas_info() {
 }
 
 void reexec_with_best_blas(char** argv) {
-  const char* env = std::getenv("OPENBLAS_CORETYPE");
-  if (env && *env) return;
   const BlasInfo c = blas_info();
-  if (!c.weaker()) return;
+  if (c.core_from_env || !c.weaker()) return;  // a value the user set is kept
   // OpenBLAS reads the variable once, when it is loaded: only a new process image sees it.
   setenv("OPENBLAS_CORETYPE", c.best.c_str(), 1);
   setenv(kDetectedVar, c.core.c_str(), 1);

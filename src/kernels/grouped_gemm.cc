@@ -71,23 +71,6 @@ int64_t strip_floats(const GroupedGemm& p, const KernelSet& ks, int64_t cols) {
 
 int pool_threads(int threads) { return std::clamp(threads, 1, ThreadPool::global().size()); }
 
-// Calls body(load), load(i) being element i of A as the f32 the f32 kernels multiply (bf16
-// widened, or f32 rounded to bf16 when asked): the branch is taken once, so each caller's loop
-// over load stays one the compiler vectorizes.
-template <class Body>
-void with_a_loader(const void* a, bool a_bf16, bool round_to_bf16, Body&& body) {
-  if (a_bf16) {
-    const uint16_t* s = static_cast<const uint16_t*>(a);
-    body([s](int64_t i) { return bf16_to_f32(s[i]); });
-  } else if (round_to_bf16) {
-    const float* s = static_cast<const float*>(a);
-    body([s](int64_t i) { return tokamax::round_to_bf16(s[i]); });
-  } else {
-    const float* s = static_cast<const float*>(a);
-    body([s](int64_t i) { return s[i]; });
-  }
-}
-
 // Output rows [m0, m0+rows) x columns [0, cols) of an item, relative to its first column, into
 // the f32 tile C (row stride ldc), from weights in panels: `b` is the item's first panel,
 // panels are panel_stride elements apart (floats, or bf16 pairs when `pairs`). A is the f32 lhs
@@ -422,11 +405,15 @@ const float* a_as_f32(const void* a, bool a_bf16, bool round_to_bf16, int64_t co
   // Once per call over the whole A (a prefill's is megabytes): chunks in parallel, each a loop
   // the compiler vectorizes.
   constexpr int64_t kChunk = int64_t{1} << 15;
-  with_a_loader(a, a_bf16, round_to_bf16, [&](auto load) {
-    parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t chunk, int) {
-      const int64_t b = chunk * kChunk, e = std::min(count, b + kChunk);
-      for (int64_t i = b; i < e; ++i) d[i] = load(i);
-    });
+  parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t chunk, int) {
+    const int64_t b = chunk * kChunk, e = std::min(count, b + kChunk);
+    if (a_bf16) {
+      const uint16_t* s = static_cast<const uint16_t*>(a);
+      for (int64_t i = b; i < e; ++i) d[i] = bf16_to_f32(s[i]);
+    } else {
+      const float* s = static_cast<const float*>(a);
+      for (int64_t i = b; i < e; ++i) d[i] = tokamax::round_to_bf16(s[i]);
+    }
   });
   return d;
 }

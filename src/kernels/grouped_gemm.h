@@ -117,7 +117,7 @@ int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, co
 // Each group is a grouped GEMM of its rows of A read transposed (a_trans: nothing is copied for
 // an f32 A; a bf16 or rounded one is converted once per call) against its rows of B as unpacked
 // weights.
-struct GroupedGemmTn : GroupedOperands {};
+using GroupedGemmTn = GroupedOperands;
 // Scratch grouped_gemm_tn keeps per call (A converted, and the products' tiles and strips).
 int64_t grouped_gemm_tn_scratch_bytes(const GroupedGemmTn& p, const Blocking& blk,
                                       const KernelSet& ks);
