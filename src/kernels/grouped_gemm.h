@@ -33,6 +33,27 @@ struct Blocking {
 // 256 63.5 ms against 68.9 for the 6 x 4 and 512 the ragged_dot heuristics had).
 inline int item_tiles(const KernelSet& ks) { return ks.max_mr >= 14 ? 14 : 16; }
 
+// Columns per work item, for the heuristics: `widest` halved (not below `narrowest`) while the
+// items, row_blocks times the column blocks of `cols`, number fewer than `want`; and, given
+// `even_over` threads (0: not asked), while items alike in size (one tile of rows each: the
+// weight-streaming path) would leave a thread idle for over 1/16 of the last wave. 11 items on
+// 2 threads take as long as 12: the GLU at decode (8 rows, 2048 x 11264 weights streamed) took
+// 0.906x the time [0.889, 0.915] with the 22 items of 512 columns the tuner chose as with the
+// heuristics' 11 of 1024 (Emerald Rapids, 2 threads, 48 interleaved rounds). Row blocks of
+// unequal height (a group's last block) are balanced by the scheduler's biggest-first order.
+inline int64_t item_columns(int64_t row_blocks, int64_t cols, int64_t want, int even_over,
+                            int64_t widest, int64_t narrowest) {
+  auto items = [&](int64_t nc) { return row_blocks * ((cols + nc - 1) / nc); };
+  auto uneven = [&](int64_t n) {
+    if (even_over < 2 || want < even_over) return false;
+    const int64_t slots = (n + even_over - 1) / even_over * even_over;
+    return 16 * (slots - n) > slots;
+  };
+  int64_t nc = widest;
+  while (nc > narrowest && (items(nc) < want || uneven(items(nc)))) nc /= 2;
+  return nc;
+}
+
 // A config's blocks size per-thread scratch (mc x kc of A, kc x nc of B): each product is held
 // to this many floats (64 MiB), so a config from a file cannot ask for gigabytes. Tuned and
 // heuristic blockings stay far below (at most 2880 x 1024 so far).

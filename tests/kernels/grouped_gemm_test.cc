@@ -250,5 +250,24 @@ TEST(GroupedGemm, RowStrideOfAOnlyForF32) {
   EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
 }
 
+// The heuristics' item width: halved while items are too few, and, when asked, until alike
+// items split evenly over the threads (to within 1/16 of the last wave); never below the
+// narrowest, and tiny calls (want 1) are not split to balance.
+TEST(GroupedGemm, ItemColumnsBalanceTheThreads) {
+  // 11 items of 1024 columns on 2 threads leave one idle for the last: 22 of 512.
+  EXPECT_EQ(k::item_columns(1, 11264, 8, 2, 1024, 64), 512);
+  EXPECT_EQ(k::item_columns(1, 11264, 8, 0, 1024, 64), 1024);  // not asked
+  // Too few items: halved until there are `want` of them, balanced or not.
+  EXPECT_EQ(k::item_columns(1, 4096, 8, 0, 1024, 32), 512);
+  // 3 threads: 11 -> 22 (2 of 24 slots idle, over 1/16) -> 44 (1 of 45).
+  EXPECT_EQ(k::item_columns(1, 11264, 8, 3, 1024, 32), 256);
+  // Already even, or many items: unchanged.
+  EXPECT_EQ(k::item_columns(21, 11264, 8, 2, 1024, 64), 1024);
+  EXPECT_EQ(k::item_columns(1, 8192, 8, 2, 1024, 64), 1024);
+  // The narrowest bounds it; a call too small to split (want 1) is left whole.
+  EXPECT_EQ(k::item_columns(1, 96, 8, 2, 1024, 32), 32);
+  EXPECT_EQ(k::item_columns(1, 1024 * 3, 1, 2, 1024, 32), 1024);
+}
+
 }  // namespace
 }  // namespace tokamax

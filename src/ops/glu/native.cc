@@ -101,7 +101,8 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
   // rows; 14 x 14 since the 14-row kernel): each packed weight panel is reused by ~200 rows.
   // K blocks of 512; items as wide as 1024 gate + up columns while there are enough for the
   // threads. Few rows (decode) take the streaming path (run_call), where only the K block and
-  // item width matter.
+  // item width matter: there the items are alike, and narrower ones split evenly over the
+  // threads (k::item_columns).
   GluNativeConfig heuristics(const GluCall& c) const override {
     const auto& ks = k::best_kernels();
     GluNativeConfig cfg;
@@ -114,8 +115,8 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;
     const int64_t want = std::clamp<int64_t>(static_cast<int64_t>(call_flops(c) / 1e6), 1,
                                              4 * std::max(1, c.num_threads));
-    int64_t nc = 1024;
-    while (nc > 2 * ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
+    const int64_t nc = k::item_columns(
+        row_blocks, cols, want, rows <= k::kStreamMaxMr ? c.num_threads : 0, 1024, 2 * ks.nr);
     cfg.nc = static_cast<int>(k::round_up(std::min<int64_t>(nc, cols), 2 * ks.nr));
     return cfg;
   }

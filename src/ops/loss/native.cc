@@ -81,8 +81,7 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
     const int64_t cols = k::round_up(std::max<int64_t>(c.v, 1), ks.nr);
     const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;
     const int64_t want = 4 * std::max(1, c.num_threads);
-    int64_t nc = 1024;
-    while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
+    const int64_t nc = k::item_columns(row_blocks, cols, want, 0, 1024, ks.nr);
     cfg.nc = static_cast<int>(k::round_up(std::min<int64_t>(nc, cols), ks.nr));
     cfg.block_v = static_cast<int>(std::min<int64_t>(block_vs().front(), cols));
     return cfg;

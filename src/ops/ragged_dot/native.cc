@@ -189,8 +189,8 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
     const double work = std::max(call_flops(c) / 1e6, weight_bytes(c) / 1e6);
     const int64_t want =
         std::clamp<int64_t>(static_cast<int64_t>(work), 1, 4 * std::max(1, c.num_threads));
-    int nc = 1024;
-    while (nc > ks.nr && row_blocks * ((cols + nc - 1) / nc) < want) nc /= 2;
+    const int64_t nc =
+        k::item_columns(row_blocks, cols, want, streaming ? c.num_threads : 0, 1024, ks.nr);
     cfg.nc = static_cast<int>(
         round_up(std::min<int64_t>(nc, round_up(std::max<int64_t>(cols, 1), ks.nr)), ks.nr));
     return cfg;
