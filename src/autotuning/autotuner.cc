@@ -13,6 +13,7 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
@@ -456,10 +457,35 @@ struct TuningRun {
     const double quiet = r.control_quiet_ms;
     for (int j = 0; j < n; ++j) data.set(cands[ok[j]], enter(j, &r.candidates[j], quiet));
     if (r.best < 0) {
-      TOKAMAX_LOG("autotune", kWarning,
-                  what() +
-                      ": no round was accepted within the budget (the machine was never "
-                      "quiet enough); the winner falls back to the raw medians");
+      // Nothing measured side by side: one checked run each is no evidence against the
+      // heuristics config (single runs of one config spread by 1.3x on a shared machine).
+      const std::string why =
+          r.budget_exhausted
+              ? fmt::format(
+                    "the measuring budget of {:g} s ran out before a round of the {} candidates "
+                    "(about {:.1f} s each) was accepted; raise --measure-budget-s or lower "
+                    "--max-candidates",
+                    ro.budget_s, n,
+                    std::accumulate(first_ms.begin(), first_ms.end(), 0.0) / n / 1e3)
+              : "no round was accepted (the machine was never quiet enough)";
+      if (!has_heuristics) {
+        TOKAMAX_LOG("autotune", kWarning,
+                    what() + ": " + why + "; the winner falls back to the raw medians");
+        return;
+      }
+      TOKAMAX_LOG("autotune", kWarning, what() + ": " + why + "; the heuristics config is kept");
+      TuningEvidence ev;
+      ev.confidence = o.rounds.confidence;
+      ev.best = cands[ok[control]].str();
+      ev.details = {{"control", ev.best},       {"control_is_heuristics", true},
+                    {"candidates", n},          {"rounds", r.rounds},
+                    {"decided", false},         {"budget_exhausted", r.budget_exhausted},
+                    {"measure_s", r.elapsed_s}, {"tuning_s", now_seconds() - started},
+                    {"kept_because", why}};
+      BenchmarkData b = *data.entries().at(ev.best).benchmark;
+      b.chosen = true;
+      b.evidence = std::move(ev);
+      data.set(cands[ok[control]], std::move(b));
       return;
     }
     // The tie-break on memory (XLA's): among the finalists within the tie window of the best,

@@ -98,6 +98,9 @@ TuningEvidence TuningEvidence::from_json(const Json& j) {
 }
 
 std::string TuningEvidence::summary() const {
+  if (details.contains("kept_because") && details["kept_because"].is_string())
+    return "the heuristics config, kept unmeasured against the others: " +
+           details["kept_because"].get<std::string>();
   std::string s =
       fmt::format("{:.3f}x the heuristics config [{:.3f}, {:.3f}] ({:.0f}% CI, {} rounds)", ratio,
                   lo, hi, confidence * 100, rounds);

@@ -54,16 +54,28 @@ void act_mul_portable(int act, const float* g, const float* u, float* out, int64
   for (int64_t i = 0; i < n; ++i) out[i] = apply_activation(a, g[i]) * u[i];
 }
 
+// The reference's arithmetic (libm, the derivative in double), element by element.
+void act_grad_portable(int act, const float* g, const float* u, const float* dout, float* dg,
+                       float* du, int64_t n) {
+  const Activation a = static_cast<Activation>(act);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i], go = dout[i];
+    dg[i] = go * u[i] * static_cast<float>(activation_grad(a, x));
+    du[i] = go * apply_activation(a, x);
+  }
+}
+
 RowKernels row_kernels(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
-      return {exp_shift_sum_avx512, scale_max_avx512, act_mul_avx512};
+      return {exp_shift_sum_avx512, scale_max_avx512, act_mul_avx512, act_grad_avx512};
     case Isa::kAvx2:
-      return {exp_shift_sum_avx2, scale_max_avx2, act_mul_portable};
+      return {exp_shift_sum_avx2, scale_max_avx2, act_mul_portable, act_grad_portable};
     case Isa::kPortable:
       break;
   }
-  return {expf_poly::exp_shift_sum_portable, expf_poly::scale_max_portable, act_mul_portable};
+  return {expf_poly::exp_shift_sum_portable, expf_poly::scale_max_portable, act_mul_portable,
+          act_grad_portable};
 }
 
 const KernelSet& best_kernels() {

@@ -98,10 +98,15 @@ inline constexpr int kAmxRows = 16;
 //   act_mul:       out[i] = activation(g[i]) * u[i] for i < n (the gated linear unit's
 //                  epilogue); the AVX-512 loop takes sigmoid, silu, gelu_tanh, relu and none on
 //                  the polynomial exp (~2 ulp from libm's), gelu (erf) element by element.
+//   act_grad:      dg[i] = dout[i] * u[i] * activation'(g[i]), du[i] = dout[i] * activation(g[i])
+//                  (the gated linear unit's backward, dh from h and dout); the same activations
+//                  on the AVX-512 loop, gelu element by element.
 struct RowKernels {
   float (*exp_shift_sum)(float* x, int64_t n, float shift);
   float (*scale_max)(float* x, int64_t n, float scale);
   void (*act_mul)(int act, const float* g, const float* u, float* out, int64_t n);
+  void (*act_grad)(int act, const float* g, const float* u, const float* dout, float* dg, float* du,
+                   int64_t n);
 };
 RowKernels row_kernels(Isa isa);
 // act is an Activation's value (tokamax/ops/activation.h; the ISA files see these codes only, no
@@ -110,6 +115,10 @@ RowKernels row_kernels(Isa isa);
 enum ActCode : int { kActNone, kActRelu, kActSilu, kActGelu, kActGeluTanh, kActSigmoid };
 void act_mul_portable(int act, const float* g, const float* u, float* out, int64_t n);
 void act_mul_avx512(int act, const float* g, const float* u, float* out, int64_t n);
+void act_grad_portable(int act, const float* g, const float* u, const float* dout, float* dg,
+                       float* du, int64_t n);
+void act_grad_avx512(int act, const float* g, const float* u, const float* dout, float* dg,
+                     float* du, int64_t n);
 float exp_shift_sum_avx2(float* x, int64_t n, float shift);  // microkernels_avx2.cc
 float scale_max_avx2(float* x, int64_t n, float scale);
 float exp_shift_sum_avx512(float* x, int64_t n, float shift);  // microkernels_avx512.cc

@@ -661,14 +661,19 @@ float exp_shift_sum_avx512(float* x, int64_t n, float shift) {
   return hsum(acc);  // a shuffle tree: a short row's sum is on the softmax's critical path
 }
 
-// 1 / (1 + exp(-x)): exp's clamp at e^88 keeps it finite (-> 0) for very negative x; NaN stays
-// NaN through x itself where the caller multiplies by it (silu), or through the sum (sigmoid:
-// exp16 gives 0 for NaN, so sigmoid(NaN) would read 1: the NaN lanes are put back).
-inline __m512 sigmoid16(__m512 x, __mmask16 m) {
+// 1 / (1 + exp(-x)); exactly 0 where exp(-x) is beyond the float range (exp16 clamps it to
+// e^88, which would leave x s = -1e20 * 3e-39 for silu(-1e20) rather than 0). NaN stays NaN
+// through x itself where the caller multiplies by it (silu), or through the sum (sigmoid: exp16
+// gives 0 for NaN, so sigmoid(NaN) would read 1: the NaN lanes are put back). `e`, when given,
+// receives exp(-x).
+inline __m512 sigmoid16(__m512 x, __mmask16 m, __m512* e = nullptr) {
   const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 s =
-      _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x), m)));
+  const __m512 ex = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x), m);
+  __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, ex));
+  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-ep::kHi), _CMP_LT_OQ),
+                         _mm512_setzero_ps());
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  if (e) *e = ex;
   return _mm512_mask_mov_ps(s, nan, x);
 }
 
@@ -703,6 +708,76 @@ void act_mul_avx512(int act, const float* g, const float* u, float* out, int64_t
         break;
     }
     _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(y, up));
+  }
+}
+
+// sigmoid(x) and 1 - sigmoid(x): the latter as e s (e = exp(-x)) where x >= 0, where 1 - s would
+// cancel (sigmoid'(20) = 2e-9, not 0). NaN lanes give NaN in both.
+inline __m512 sigmoid_parts16(__m512 x, __mmask16 m, __m512* one_minus) {
+  __m512 e;
+  const __m512 s = sigmoid16(x, m, &e);
+  const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
+  // 1 - s is exact enough where s <= 1/2, and NaN where s is.
+  *one_minus = _mm512_mask_mul_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), s), pos, e, s);
+  return s;
+}
+
+void act_grad_avx512(int act, const float* g, const float* u, const float* dout, float* dg,
+                     float* du, int64_t n) {
+  if (act == kActGelu) {  // erf: element by element
+    act_grad_portable(act, g, u, dout, dg, du, n);
+    return;
+  }
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+    const __m512 go = _mm512_maskz_loadu_ps(m, dout + i);
+    const __m512 up = _mm512_maskz_loadu_ps(m, u + i);
+    __m512 a = x, d = one;  // activation(x), activation'(x)
+    switch (act) {
+      case kActSigmoid: {
+        __m512 oms;
+        a = sigmoid_parts16(x, m, &oms);
+        d = _mm512_mul_ps(a, oms);
+        break;
+      }
+      case kActSilu: {  // (x s)' = s (1 + x (1 - s))
+        __m512 oms;
+        const __m512 s = sigmoid_parts16(x, m, &oms);
+        a = _mm512_mul_ps(x, s);
+        d = _mm512_mul_ps(s, _mm512_fmadd_ps(x, oms, one));
+        break;
+      }
+      case kActGeluTanh: {
+        // x S, S = sigmoid(2z), z = c (x + 0.044715 x^3): (x S)' = S + x S (1 - S) 2 z'.
+        const float c2 = 2 * 0.7978845608028654f;
+        const __m512 x2 = _mm512_mul_ps(x, x);
+        const __m512 z2 =
+            _mm512_mul_ps(_mm512_set1_ps(c2),
+                          _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), _mm512_mul_ps(x2, x), x));
+        __m512 oms;
+        const __m512 S = sigmoid_parts16(z2, m, &oms);
+        a = _mm512_mul_ps(x, S);
+        const __m512 dz2 = _mm512_mul_ps(_mm512_set1_ps(c2),
+                                         _mm512_fmadd_ps(_mm512_set1_ps(3 * 0.044715f), x2, one));
+        const __m512 sp = _mm512_mul_ps(S, oms);
+        d = _mm512_fmadd_ps(_mm512_mul_ps(x, sp), dz2, S);
+        // Saturated (S (1 - S) = 0): S alone; x^2 may have overflowed, and 0 * inf is NaN.
+        d = _mm512_mask_mov_ps(d, _mm512_cmp_ps_mask(sp, _mm512_setzero_ps(), _CMP_EQ_OQ), S);
+        break;
+      }
+      case kActRelu: {
+        const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+        a = _mm512_maskz_mov_ps(pos, x);
+        d = _mm512_maskz_mov_ps(pos, one);
+        break;
+      }
+      default:
+        break;
+    }
+    _mm512_mask_storeu_ps(dg + i, m, _mm512_mul_ps(_mm512_mul_ps(go, up), d));
+    _mm512_mask_storeu_ps(du + i, m, _mm512_mul_ps(go, a));
   }
 }
 

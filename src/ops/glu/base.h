@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/microkernels.h"
 #include "ops/elements.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
@@ -54,8 +55,9 @@ class Reference : public TypedImplementation<GluCall, void> {
   void run_call(GluCall& call, const Prepared* prepared) const override;
 };
 // The backward's elementwise part, dh (f32 [M, 2N], each row gate then up) from h and dout:
-// dh_gate = dout * up * act'(gate), dh_up = dout * act(gate). Every backward shares it.
-void compute_dh(const GluVjpCall& c, float* dh);
+// dh_gate = dout * up * act'(gate), dh_up = dout * act(gate). Every backward shares it: the
+// reference on the portable loop (libm, the derivative in double), the others on the ISA's.
+void compute_dh(const GluVjpCall& c, float* dh, kernels::Isa isa);
 
 class VjpReference : public TypedImplementation<GluVjpCall, void> {
  public:

@@ -50,11 +50,18 @@ class Composed : public TypedImplementation<GluCall, void> {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, X, K, U, N, 0.0f, H + N,
                   2 * N);
     }
+    // The elementwise pass on the ISA's vector loop, as a framework's fused activation-multiply
+    // would run it (a scalar libm loop here would slow the baseline, not the user's code).
+    const auto act_mul = kernels::row_kernels(kernels::best_kernels().isa).act_mul;
+    const bool f32 = c.out().dtype() == DType::kF32;
     parallel_for(M, c.num_threads, [&](int64_t r, int) {
-      const float* g = H + r * 2 * N;
-      for (int64_t j = 0; j < N; ++j)
-        store_f32(c.out(), r * N + j, kernels::apply_activation(c.activation, g[j]) * g[N + j]);
+      float* g = H + r * 2 * N;
       if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
+      float* o = f32 ? c.out().data_as<float>() + r * N : g;  // bf16: through the gate half
+      act_mul(static_cast<int>(c.activation), g, g + N, o, N);
+      if (!f32) {
+        for (int64_t j = 0; j < N; ++j) store_f32(c.out(), r * N + j, o[j]);
+      }
     });
   }
 };
@@ -67,7 +74,7 @@ class VjpComposed : public TypedImplementation<GluVjpCall, void> {
     const int64_t M = c.m, K = c.k, N = c.n;
     Tensor dh({std::max<int64_t>(1, M * 2 * N)}, DType::kF32), xs, ws;
     float* DH = dh.data_as<float>();
-    compute_dh(c, DH);
+    compute_dh(c, DH, kernels::best_kernels().isa);
     const float* X = as_f32(c.x.data(), c.x.dtype(), c.x.size(), c.num_threads, &xs);
     const float* W = as_f32(c.w.data(), c.w_dtype, c.w.size(), c.num_threads, &ws);
     Tensor dx32;

@@ -43,18 +43,20 @@ std::vector<ArgField<GluVjpCall>> vjp_fields() {
 
 }  // namespace
 
-// dh (f32 [M, 2N], rows of gate then up) from h and dout.
-void compute_dh(const GluVjpCall& c, float* dh) {
+// dh (f32 [M, 2N], rows of gate then up) from h and dout, a row at a time on the ISA's loop.
+void compute_dh(const GluVjpCall& c, float* dh, kernels::Isa isa) {
   const int64_t N = c.n;
   const float* H = c.h_in.data_as<const float>();
+  const auto act_grad = kernels::row_kernels(isa).act_grad;
+  const bool f32 = c.dout.dtype() == DType::kF32;
   parallel_for(c.m, c.num_threads, [&](int64_t r, int) {
     const float* g = H + r * 2 * N;
     float* d = dh + r * 2 * N;
-    for (int64_t j = 0; j < N; ++j) {
-      const float go = load_f32(c.dout.data(), c.dout.dtype(), r * N + j);
-      d[j] = go * g[N + j] * static_cast<float>(kernels::activation_grad(c.activation, g[j]));
-      d[N + j] = go * kernels::apply_activation(c.activation, g[j]);
+    const float* go = f32 ? c.dout.data_as<const float>() + r * N : d + N;
+    if (!f32) {  // bf16 dout widened into the up half, which act_grad writes after reading
+      for (int64_t j = 0; j < N; ++j) d[N + j] = load_f32(c.dout.data(), c.dout.dtype(), r * N + j);
     }
+    act_grad(static_cast<int>(c.activation), g, g + N, go, d, d + N, N);
   });
 }
 
@@ -119,7 +121,7 @@ std::vector<ArgSpec> VjpFamily::arg_specs() const {
 void VjpReference::run_call(GluVjpCall& c, const Prepared*) const {
   const int64_t M = c.m, K = c.k, N2 = 2 * c.n;
   std::vector<float> dh(static_cast<size_t>(std::max<int64_t>(1, M * N2)));
-  compute_dh(c, dh.data());
+  compute_dh(c, dh.data(), kernels::Isa::kPortable);
   parallel_for(M, c.num_threads, [&](int64_t r, int) {
     for (int64_t kk = 0; kk < K; ++kk) {
       double s = 0;
@@ -169,7 +171,7 @@ class VjpNative : public TypedImplementation<GluVjpCall, GluNativeConfig> {
     const int64_t M = c.m, K = c.k, N2 = 2 * c.n;
     const kernels::Blocking blk{cfg.mr, cfg.mc, cfg.kc, cfg.nc};
     Tensor dh({std::max<int64_t>(1, M * N2)}, DType::kF32);
-    compute_dh(c, dh.data_as<float>());
+    compute_dh(c, dh.data_as<float>(), ks.isa);
     const int64_t offsets[2] = {0, M};
     // dx [M, K] = dh [M, 2N] w^T: w [K, 2N] is the [n, k] form of the product's rhs.
     kernels::GroupedGemm dx;
