@@ -362,74 +362,9 @@ TEST(Microkernels, SoftmaxRowLoops) {
 namespace tokamax {
 namespace {
 
-// The gated linear unit's epilogue loop of every ISA: activation(g) * u within a few ulp of the
-// double-precision formula for every activation, NaN kept, every length up to 3 vectors, nothing
-// written past n.
-TEST(Microkernels, ActivationTimesUpRowLoops) {
-  const Activation acts[] = {Activation::kNone, Activation::kRelu,     Activation::kSilu,
-                             Activation::kGelu, Activation::kGeluTanh, Activation::kSigmoid};
-  for (const kernels::KernelSet* ks : testing::runnable_sets()) {
-    const kernels::RowKernels rk = kernels::row_kernels(ks->isa);
-    for (Activation act : acts) {
-      for (int64_t n = 0; n <= 50; ++n) {
-        Tensor g = Tensor::uniform({n + 1}, DType::kF32, fresh_seed(), -30.0, 30.0);
-        Tensor u = Tensor::uniform({n + 1}, DType::kF32, fresh_seed(), -2.0, 2.0);
-        float* gp = g.data_as<float>();
-        if (n > 3) gp[2] = std::numeric_limits<float>::quiet_NaN();
-        if (n > 5) gp[4] = -200.0f;  // exp(-x) beyond the float range
-        std::vector<float> out(n + 1, 7.0f);
-        rk.act_mul(static_cast<int>(act), gp, u.data_as<float>(), out.data(), n);
-        for (int64_t i = 0; i < n; ++i) {
-          const double x = gp[i], up = u.data_as<float>()[i];
-          const std::string what = std::string(ks->name) + " " + std::string(activation_name(act)) +
-                                   " x=" + std::to_string(x);
-          if (std::isnan(x)) {  // NaN through, except relu's (x > 0 ? x : 0) = 0
-            if (act == Activation::kRelu)
-              ASSERT_EQ(out[i], 0.0f) << what;
-            else
-              ASSERT_TRUE(std::isnan(out[i])) << what;
-            continue;
-          }
-          const double sig = 1.0 / (1.0 + std::exp(-x));
-          double y = x;
-          switch (act) {
-            case Activation::kNone:
-              y = x;
-              break;
-            case Activation::kRelu:
-              y = x > 0 ? x : 0;
-              break;
-            case Activation::kSilu:
-              y = x * sig;
-              break;
-            case Activation::kGelu:
-              y = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-              break;
-            case Activation::kGeluTanh:
-              y = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
-              break;
-            case Activation::kSigmoid:
-              y = sig;
-              break;
-          }
-          // Relative, plus f32's step at |x| for the cancellation in gelu's 1 + erf(x) (x << 0).
-          ASSERT_NEAR(out[i], y * up, 1e-6 * std::abs(y * up) + 1e-7 * std::abs(x * up)) << what;
-        }
-        ASSERT_EQ(out[n], 7.0f) << ks->name << ": wrote past n";
-      }
-    }
-  }
-}
-
-}  // namespace
-}  // namespace tokamax
-
-namespace tokamax {
-namespace {
-
 // The activation and its derivative in double: an independent formula per activation (not
-// kernels::activation_grad, which the portable loop itself calls).
-// 1 - sigmoid(x) as sigmoid(-x): no cancellation in the tails.
+// kernels::activation_grad, which the portable loop itself calls). 1 - sigmoid(x) as
+// sigmoid(-x): no cancellation in the tails.
 std::pair<double, double> activation_and_grad(Activation act, double x) {
   const double sig = 1.0 / (1.0 + std::exp(-x)), sig_c = 1.0 / (1.0 + std::exp(x));
   switch (act) {
@@ -454,11 +389,11 @@ std::pair<double, double> activation_and_grad(Activation act, double x) {
   return {x, 1};
 }
 
-// The gated linear unit backward's row loop of every ISA: dg = dout u act'(g) and du = dout
-// act(g) within a few ulp of double precision for every activation (sigmoid's 1 - s kept where it
-// is tiny, g up to 1e20 without NaN), NaN kept, every length up to 3 vectors, nothing written past
-// n.
-TEST(Microkernels, ActivationGradRowLoops) {
+// The GLU row loops' cases: every runnable ISA, every activation, every length n up to 3
+// vectors; g of n + 1 values uniform in [-30, 30) with NaN at 2 and -200 (exp(-x) beyond the
+// float range) at 4 where n allows, u uniform in [-2, 2). f(ks, rk, act, n, g, u).
+template <class F>
+void for_each_row_case(F f) {
   const Activation acts[] = {Activation::kNone, Activation::kRelu,     Activation::kSilu,
                              Activation::kGelu, Activation::kGeluTanh, Activation::kSigmoid};
   for (const kernels::KernelSet* ks : testing::runnable_sets()) {
@@ -467,50 +402,86 @@ TEST(Microkernels, ActivationGradRowLoops) {
       for (int64_t n = 0; n <= 50; ++n) {
         Tensor g = Tensor::uniform({n + 1}, DType::kF32, fresh_seed(), -30.0, 30.0);
         Tensor u = Tensor::uniform({n + 1}, DType::kF32, fresh_seed(), -2.0, 2.0);
-        Tensor go = Tensor::uniform({n + 1}, DType::kF32, fresh_seed(), -2.0, 2.0);
         float* gp = g.data_as<float>();
         if (n > 3) gp[2] = std::numeric_limits<float>::quiet_NaN();
-        if (n > 5) gp[4] = -200.0f;  // exp(-x) beyond the float range
-        if (n > 7) gp[6] = 1e20f;    // x^2, x^3 beyond it
-        if (n > 9) gp[8] = -1e20f;
-        if (n > 11) gp[10] = 17.0f;  // sigmoid' = 4e-8: 1 - s must not cancel to 0
-        std::vector<float> dg(n + 1, 7.0f), du(n + 1, 7.0f);
-        rk.act_grad(static_cast<int>(act), gp, u.data_as<float>(), go.data_as<float>(), dg.data(),
-                    du.data(), n);
-        for (int64_t i = 0; i < n; ++i) {
-          const double x = gp[i], up = u.data_as<float>()[i], o = go.data_as<float>()[i];
-          const std::string what = std::string(ks->name) + " " + std::string(activation_name(act)) +
-                                   " x=" + std::to_string(x);
-          if (std::isnan(x)) {  // NaN through, except relu's (0 and 0) and none's slope 1
-            ASSERT_EQ(std::isnan(dg[i]), act != Activation::kRelu && act != Activation::kNone)
-                << what;
-            ASSERT_EQ(std::isnan(du[i]), act != Activation::kRelu) << what;
-            continue;
-          }
-          const auto [y, dy] = activation_and_grad(act, x);
-          if (std::abs(x) > 1e3) {  // saturated: finite, the limit's sign and size
-            ASSERT_TRUE(std::isfinite(dg[i]) && std::isfinite(du[i])) << what;
-            ASSERT_NEAR(dg[i], o * up * dy, 1e-6 * std::abs(o * up) + 1e-30) << what;
-            ASSERT_NEAR(du[i], o * y, 1e-6 * std::abs(o * y) + 1e-30) << what;
-            continue;
-          }
-          // Relative (gelu_tanh's also f32's error in its exponent, 2z, itself), plus a step of
-          // 1e-6 where derivatives cancel (silu' and gelu's near their zeros, |x| < 8), not
-          // beyond: sigmoid'(17) = 4e-8 must hold relatively. 1e-34: a sigmoid below f32's
-          // smallest normal (1.2e-38) is 0, times x z' (up to 1e3) in gelu_tanh's derivative.
-          const double z2 = 1.6 * std::abs(x + 0.044715 * x * x * x);
-          const double rel = 2e-6 + (act == Activation::kGeluTanh ? 2e-7 * z2 : 0.0);
-          ASSERT_NEAR(
-              dg[i], o * up * dy,
-              rel * std::abs(o * up * dy) + (std::abs(x) < 8 ? 1e-6 * std::abs(o * up) : 0) + 1e-34)
-              << what;
-          ASSERT_NEAR(du[i], o * y, 1e-6 * std::abs(o * y) + 1e-7 * std::abs(x * o)) << what;
-        }
-        ASSERT_EQ(dg[n], 7.0f) << ks->name << ": wrote past n";
-        ASSERT_EQ(du[n], 7.0f) << ks->name << ": wrote past n";
+        if (n > 5) gp[4] = -200.0f;
+        f(*ks, rk, act, n, gp, u.data_as<float>());
       }
     }
   }
+}
+
+std::string case_name(const kernels::KernelSet& ks, Activation act, double x) {
+  return std::string(ks.name) + " " + std::string(activation_name(act)) + " x=" + std::to_string(x);
+}
+
+// The gated linear unit's epilogue loop of every ISA: activation(g) * u within a few ulp of the
+// double-precision formula for every activation, NaN kept, nothing written past n.
+TEST(Microkernels, ActivationTimesUpRowLoops) {
+  for_each_row_case([](const kernels::KernelSet& ks, const kernels::RowKernels& rk, Activation act,
+                       int64_t n, float* gp, const float* us) {
+    std::vector<float> out(n + 1, 7.0f);
+    rk.act_mul(static_cast<int>(act), gp, us, out.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = gp[i], up = us[i];
+      const std::string what = case_name(ks, act, x);
+      if (std::isnan(x)) {  // NaN through, except relu's (x > 0 ? x : 0) = 0
+        if (act == Activation::kRelu)
+          ASSERT_EQ(out[i], 0.0f) << what;
+        else
+          ASSERT_TRUE(std::isnan(out[i])) << what;
+        continue;
+      }
+      const double y = activation_and_grad(act, x).first;
+      // Relative, plus f32's step at |x| for the cancellation in gelu's 1 + erf(x) (x << 0).
+      ASSERT_NEAR(out[i], y * up, 1e-6 * std::abs(y * up) + 1e-7 * std::abs(x * up)) << what;
+    }
+    ASSERT_EQ(out[n], 7.0f) << ks.name << ": wrote past n";
+  });
+}
+
+// The gated linear unit backward's row loop of every ISA: dg = dout u act'(g) and du = dout
+// act(g) within a few ulp of double precision for every activation (sigmoid's 1 - s kept where it
+// is tiny, g up to 1e20 without NaN), NaN kept, nothing written past n.
+TEST(Microkernels, ActivationGradRowLoops) {
+  for_each_row_case([](const kernels::KernelSet& ks, const kernels::RowKernels& rk, Activation act,
+                       int64_t n, float* gp, const float* us) {
+    Tensor go = Tensor::uniform({n + 1}, DType::kF32, fresh_seed(), -2.0, 2.0);
+    if (n > 7) gp[6] = 1e20f;  // x^2, x^3 beyond the float range
+    if (n > 9) gp[8] = -1e20f;
+    if (n > 11) gp[10] = 17.0f;  // sigmoid' = 4e-8: 1 - s must not cancel to 0
+    std::vector<float> dg(n + 1, 7.0f), du(n + 1, 7.0f);
+    rk.act_grad(static_cast<int>(act), gp, us, go.data_as<float>(), dg.data(), du.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = gp[i], up = us[i], o = go.data_as<float>()[i];
+      const std::string what = case_name(ks, act, x);
+      if (std::isnan(x)) {  // NaN through, except relu's (0 and 0) and none's slope 1
+        ASSERT_EQ(std::isnan(dg[i]), act != Activation::kRelu && act != Activation::kNone) << what;
+        ASSERT_EQ(std::isnan(du[i]), act != Activation::kRelu) << what;
+        continue;
+      }
+      const auto [y, dy] = activation_and_grad(act, x);
+      if (std::abs(x) > 1e3) {  // saturated: finite, the limit's sign and size
+        ASSERT_TRUE(std::isfinite(dg[i]) && std::isfinite(du[i])) << what;
+        ASSERT_NEAR(dg[i], o * up * dy, 1e-6 * std::abs(o * up) + 1e-30) << what;
+        ASSERT_NEAR(du[i], o * y, 1e-6 * std::abs(o * y) + 1e-30) << what;
+        continue;
+      }
+      // Relative (gelu_tanh's also f32's error in its exponent, 2z, itself), plus a step of
+      // 1e-6 where derivatives cancel (silu' and gelu's near their zeros, |x| < 8), not
+      // beyond: sigmoid'(17) = 4e-8 must hold relatively. 1e-34: a sigmoid below f32's
+      // smallest normal (1.2e-38) is 0, times x z' (up to 1e3) in gelu_tanh's derivative.
+      const double z2 = 1.6 * std::abs(x + 0.044715 * x * x * x);
+      const double rel = 2e-6 + (act == Activation::kGeluTanh ? 2e-7 * z2 : 0.0);
+      ASSERT_NEAR(
+          dg[i], o * up * dy,
+          rel * std::abs(o * up * dy) + (std::abs(x) < 8 ? 1e-6 * std::abs(o * up) : 0) + 1e-34)
+          << what;
+      ASSERT_NEAR(du[i], o * y, 1e-6 * std::abs(o * y) + 1e-7 * std::abs(x * o)) << what;
+    }
+    ASSERT_EQ(dg[n], 7.0f) << ks.name << ": wrote past n";
+    ASSERT_EQ(du[n], 7.0f) << ks.name << ": wrote past n";
+  });
 }
 
 }  // namespace
