@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
@@ -133,6 +134,23 @@ void Family::finish_made_call(GluCall& c) const {
 }
 
 // --- reference: f64 sums per output element, the activation and product in f32 ---
+
+void activate_rows(const GluCall& c, float* h, int64_t r0, int64_t rows, kernels::Isa isa) {
+  const int64_t N = c.n;
+  const auto act_mul = kernels::row_kernels(isa).act_mul;
+  const bool f32 = c.out().dtype() == DType::kF32;
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    float* g = h + r * 2 * N;
+    if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
+    // A bf16 output goes through the gate half of the row (act_mul writes element i after
+    // reading it), which the residual copy above has already taken.
+    float* o = f32 ? c.out().data_as<float>() + r * N : g;
+    act_mul(static_cast<int>(c.activation), g, g + N, o, N);
+    if (!f32) {
+      for (int64_t j = 0; j < N; ++j) c.out().data_as<uint16_t>()[r * N + j] = f32_to_bf16(o[j]);
+    }
+  }
+}
 
 void Reference::check_call(const GluCall& c) const {
   if (!c.w.data() && c.m > 0) throw Unsupported("the reference needs the unpacked weights");

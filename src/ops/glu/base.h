@@ -54,6 +54,10 @@ class Reference : public TypedImplementation<GluCall, void> {
   void check_call(const GluCall& c) const override;
   void run_call(GluCall& call, const Prepared* prepared) const override;
 };
+// The forward's elementwise part for rows [r0, r0 + rows) of h ([M, 2N] f32, each row gate then
+// up): the residual copied out when asked for, then out = activation(gate) * up on the ISA's
+// vector loop. h's gate half is overwritten on the way to a bf16 output.
+void activate_rows(const GluCall& c, float* h, int64_t r0, int64_t rows, kernels::Isa isa);
 // The backward's elementwise part, dh (f32 [M, 2N], each row gate then up) from h and dout:
 // dh_gate = dout * up * act'(gate), dh_up = dout * act(gate). Every backward shares it: the
 // reference on the portable loop (libm, the derivative in double), the others on the ISA's.

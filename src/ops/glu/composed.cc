@@ -53,17 +53,8 @@ class Composed : public TypedImplementation<GluCall, void> {
     }
     // The elementwise pass on the ISA's vector loop, as a framework's fused activation-multiply
     // would run it (a scalar libm loop here would slow the baseline, not the user's code).
-    const auto act_mul = kernels::row_kernels(kernels::best_kernels().isa).act_mul;
-    const bool f32 = c.out().dtype() == DType::kF32;
-    parallel_for(M, c.num_threads, [&](int64_t r, int) {
-      float* g = H + r * 2 * N;
-      if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
-      float* o = f32 ? c.out().data_as<float>() + r * N : g;  // bf16: through the gate half
-      act_mul(static_cast<int>(c.activation), g, g + N, o, N);
-      if (!f32) {
-        for (int64_t j = 0; j < N; ++j) store_f32(c.out(), r * N + j, o[j]);
-      }
-    });
+    const kernels::Isa isa = kernels::best_kernels().isa;
+    parallel_for(M, c.num_threads, [&](int64_t r, int) { activate_rows(c, H, r, 1, isa); });
   }
 };
 

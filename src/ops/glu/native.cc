@@ -208,19 +208,7 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
       };
       k::grouped_gemm(p, blocking(cfg), ks);
     }
-    const auto act_mul = k::row_kernels(ks.isa).act_mul;
-    const bool f32 = c.x.dtype() == DType::kF32;
-    for (int64_t r = 0; r < c.m; ++r) {
-      float* g = h + r * 2 * N;
-      if (c.h()) std::memcpy(c.h()->data_as<float>() + r * 2 * N, g, 2 * N * sizeof(float));
-      // A bf16 output goes through the gate half of the row (act_mul writes element i after
-      // reading it), which the residual copy above has already taken.
-      float* o = f32 ? c.out().data_as<float>() + r * N : g;
-      act_mul(static_cast<int>(c.activation), g, g + N, o, N);
-      if (!f32) {
-        for (int64_t j = 0; j < N; ++j) c.out().data_as<uint16_t>()[r * N + j] = f32_to_bf16(o[j]);
-      }
-    }
+    activate_rows(c, h, 0, c.m, ks.isa);
   }
 
   // One group of M rows; the interleaved weights as 2 * ceil(N / nr) panels.
