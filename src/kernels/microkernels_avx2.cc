@@ -1,5 +1,9 @@
-// AVX2+FMA microkernel (f32), nr = 16 (two ymm per row), up to 6 rows (12 accumulators of 16
-// registers). bf16 weights are widened to f32 panels at pack time on this ISA.
+// AVX2+FMA microkernels (f32), nr = 16 (two ymm per row), up to 6 rows (12 accumulators of 16
+// registers); the multi-panel decode kernel and the weight-streaming kernels (stream, stream_t,
+// stream_acc: decode reads weights and KV caches in place, bf16 widened in registers). bf16
+// weights are widened to f32 panels at pack time on this ISA (it has no bf16 dot).
+// No STL here, as in the AVX-512 file: an inline template instantiated in this file could
+// otherwise be shared with baseline code.
 #include <immintrin.h>
 
 #include "kernels/exp_sum.h"
@@ -7,6 +11,22 @@
 
 namespace tokamax::kernels {
 namespace {
+namespace ep = expf_poly;
+// Lanes [0, left) of 8 as a load/store mask.
+__m256i tail_mask8(int64_t left) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left < 8 ? left : 8)), idx);
+}
+float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
 
 constexpr int kNr = 16;
 
@@ -43,30 +63,309 @@ void f32_kernel(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, cons
   with_tile_rows<6>(mr, [&]<int MR>() { f32_tile<MR>(kc, a, rs, cs, b, c, ldc, acc); });
 }
 
-const KernelSet kSet{Isa::kAvx2, "avx2", kNr, 6, f32_kernel, nullptr};
+// Decode on pre-packed panels: MR rows (1..4) against NP panels at once, 2 * MR * NP
+// accumulators, so each thread keeps NP weight streams in flight. The lhs values are broadcast
+// per panel (loads, not FMA-port work) to leave the 16 registers to the accumulators.
+template <int MR, int NP>
+void f32_multi_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, int64_t ps,
+                    float* c, int64_t ldc, bool acc) {
+  __m256 c0[MR][NP], c1[MR][NP];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) c0[i][p] = c1[i][p] = _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) {
+      const __m256 b0 = _mm256_load_ps(b + p * ps + k * kNr),
+                   b1 = _mm256_load_ps(b + p * ps + k * kNr + 8);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const __m256 ai = _mm256_broadcast_ss(a + k * cs + i * rs);
+        c0[i][p] = _mm256_fmadd_ps(ai, b0, c0[i][p]);
+        c1[i][p] = _mm256_fmadd_ps(ai, b1, c1[i][p]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < NP; ++p) {
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      float* ci = c + i * ldc + p * kNr;
+      if (acc) {
+        c0[i][p] = _mm256_add_ps(c0[i][p], _mm256_loadu_ps(ci));
+        c1[i][p] = _mm256_add_ps(c1[i][p], _mm256_loadu_ps(ci + 8));
+      }
+      _mm256_storeu_ps(ci, c0[i][p]);
+      _mm256_storeu_ps(ci + 8, c1[i][p]);
+    }
+  }
+}
+
+// Panels per multi call by tile rows: 2 * MR * NP accumulators, 2 panel vectors and a broadcast
+// within the 16 registers.
+constexpr int kMultiNp[kMultiMaxMr + 1] = {0, 4, 3, 2, 1};
+
+void f32_multi(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
+               int64_t ps, float* c, int64_t ldc, bool acc) {
+  with_tile_rows<kMultiMaxMr>(
+      mr, [&]<int MR>() { f32_multi_tile<MR, kMultiNp[MR]>(kc, a, rs, cs, b, ps, c, ldc, acc); });
+}
+
+// --- Weight streaming from the caller's layout (see StreamKernel), as the AVX-512 set's with
+// 8-lane vectors and half the registers ---
+
+// 8 weights as f32 from element idx (bf16 widened exactly: its bits are the f32's high half);
+// MASKED: the first n lanes only (a column or depth tail), zeros after them.
+template <bool BF16, bool MASKED>
+inline __m256 load_w(const void* b, int64_t idx, int64_t n) {
+  if constexpr (BF16) {
+    const uint16_t* p = static_cast<const uint16_t*>(b) + idx;
+    __m128i h;
+    if (MASKED) {  // AVX2 has no 16-bit masked load: the tail through a zeroed copy
+      alignas(16) uint16_t t[8] = {};
+      for (int64_t i = 0; i < n && i < 8; ++i) t[i] = p[i];
+      h = _mm_load_si128(reinterpret_cast<const __m128i*>(t));
+    } else {
+      h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    const float* p = static_cast<const float*>(b) + idx;
+    return MASKED ? _mm256_maskload_ps(p, tail_mask8(n)) : _mm256_loadu_ps(p);
+  }
+}
+
+// c's columns [j, j + 8 V) of MR rows (MASKED, V = 1: the first n) in and out.
+template <int MR, int V, bool MASKED>
+inline void load_acc(__m256 (&acc)[MR][V], const float* c, int64_t ldc, int64_t j, int64_t n) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      acc[i][v] = MASKED ? _mm256_maskload_ps(c + i * ldc + j, tail_mask8(n))
+                         : _mm256_loadu_ps(c + i * ldc + j + 8 * v);
+    }
+  }
+}
+template <int MR, int V, bool MASKED>
+inline void store_acc(const __m256 (&acc)[MR][V], float* c, int64_t ldc, int64_t j, int64_t n) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      if (MASKED)
+        _mm256_maskstore_ps(c + i * ldc + j, tail_mask8(n), acc[i][v]);
+      else
+        _mm256_storeu_ps(c + i * ldc + j + 8 * v, acc[i][v]);
+    }
+  }
+}
+
+// block.template operator()<V, false>(j, 8 V) over c's columns in blocks of 8 V, then of 8,
+// then <1, true>(j, lanes left) for the tail.
+template <int V, class Block>
+inline void column_blocks(int64_t cols, Block&& block) {
+  int64_t j = 0;
+  for (; j + 8 * V <= cols; j += 8 * V) block.template operator()<V, false>(j, 8 * V);
+  for (; j + 8 <= cols; j += 8) block.template operator()<1, false>(j, 8);
+  if (j < cols) block.template operator()<1, true>(j, cols - j);
+}
+
+// Rows k0..k0+S-1 of b (S streams side by side), columns [j, j + 8 V), into the MR rows of c,
+// which are loaded and stored once per S weight rows; the lhs values are broadcast from memory
+// (loads), so S is not bounded by the registers. The same columns of the next pass's rows are
+// prefetched into L2, one line per row, as the AVX-512 kernel does.
+template <int MR, int S, bool BF16, int V, bool MASKED>
+inline void stream_chunk(const float* a, int64_t lda, int64_t k0, const void* b, int64_t ldb,
+                         int64_t j, int64_t n, float* c, int64_t ldc) {
+  static_assert(V == 1 || !MASKED);
+  __m256 acc[MR][V];
+  load_acc<MR, V, MASKED>(acc, c, ldc, j, n);
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s) {
+    __m256 w[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, (k0 + s) * ldb + j + 8 * v, n);
+    _mm_prefetch(static_cast<const char*>(b) + ((k0 + S + s) * ldb + j) * (BF16 ? 2 : 4),
+                 _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x = _mm256_broadcast_ss(a + i * lda + k0 + s);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm256_fmadd_ps(x, w[v], acc[i][v]);
+    }
+  }
+  store_acc<MR, V, MASKED>(acc, c, ldc, j, n);
+}
+
+template <int MR, bool BF16>
+void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t cols,
+                 float* c, int64_t ldc) {
+  for (int i = 0; i < MR; ++i) {
+    for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = 0.0f;
+  }
+  // 8 weight rows per pass; V = 2 (a line of f32 per row and pass) while the MR x 2
+  // accumulators, 2 weights and a broadcast fit the 16 registers.
+  constexpr int S = 8, V = MR <= 6 ? 2 : 1;
+  auto rows = [&]<int SS>(int64_t k0) {
+    column_blocks<V>(cols, [&]<int VV, bool MASKED>(int64_t j, int64_t n) {
+      stream_chunk<MR, SS, BF16, VV, MASKED>(a, lda, k0, b, ldb, j, n, c, ldc);
+    });
+  };
+  int64_t k = 0;
+  for (; k + S <= K; k += S) rows.template operator()<S>(k);
+  for (; k < K; ++k) rows.template operator()<1>(k);
+}
+
+// c += a b for a short K (attention decode's P v): column blocks whose MR x V accumulators stay
+// in registers over all K rows of b, c loaded and stored once per block.
+template <int MR, int V, bool BF16, bool MASKED>
+inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
+                      int64_t n, float* c, int64_t ldc) {
+  static_assert(V == 1 || !MASKED);
+  __m256 acc[MR][V];
+  load_acc<MR, V, MASKED>(acc, c, ldc, j, n);
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 w[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 8 * v, n);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x = _mm256_broadcast_ss(a + i * lda + k);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm256_fmadd_ps(x, w[v], acc[i][v]);
+    }
+  }
+  store_acc<MR, V, MASKED>(acc, c, ldc, j, n);
+}
+
+template <int MR, bool BF16>
+void stream_acc_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
+                     int64_t cols, float* c, int64_t ldc) {
+  // MR x V accumulators, V weights and a broadcast within the 16 registers.
+  constexpr int V = MR <= 2 ? 4 : MR <= 6 ? 2 : 1;
+  column_blocks<V>(cols, [&]<int VV, bool MASKED>(int64_t j, int64_t n) {
+    acc_block<MR, VV, BF16, MASKED>(K, a, lda, b, ldb, j, n, c, ldc);
+  });
+}
+
+// The sums of the 8 lanes of a, b, c and d, in that order, reduced together (3 horizontal adds
+// and one across the halves instead of 4 apiece): a decode row's q k^T is a few dot products per
+// K row, whose reductions would otherwise cost as much as their FMAs.
+inline __m128 sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// Transposed weights: JB output columns are JB rows of b, each a contiguous stream along K; the
+// MR x JB dot products are reduced four at a time.
+template <int MR, int JB, bool BF16>
+void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j0,
+                   float* c, int64_t ldc) {
+  __m256 acc[MR * JB];
+#pragma GCC unroll 16
+  for (int f = 0; f < MR * JB; ++f) acc[f] = _mm256_setzero_ps();
+  auto step = [&]<bool MASKED>(int64_t k, int64_t n) {
+    __m256 w[JB];
+#pragma GCC unroll 4
+    for (int jj = 0; jj < JB; ++jj) w[jj] = load_w<BF16, MASKED>(b, (j0 + jj) * ldb + k, n);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x = MASKED ? _mm256_maskload_ps(a + i * lda + k, tail_mask8(n))
+                              : _mm256_loadu_ps(a + i * lda + k);
+#pragma GCC unroll 4
+      for (int jj = 0; jj < JB; ++jj)
+        acc[i * JB + jj] = _mm256_fmadd_ps(x, w[jj], acc[i * JB + jj]);
+    }
+  };
+  int64_t k = 0;
+#pragma GCC unroll 4
+  for (; k + 8 <= K; k += 8) step.template operator()<false>(k, 8);
+  if (k < K) step.template operator()<true>(k, K - k);
+  // Accumulator f is c's row f / JB, column j0 + f % JB.
+  int f = 0;
+#pragma GCC unroll 8
+  for (; f + 4 <= MR * JB; f += 4) {
+    alignas(16) float s[4];
+    _mm_store_ps(s, sum4(acc[f], acc[f + 1], acc[f + 2], acc[f + 3]));
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; ++e) c[(f + e) / JB * ldc + j0 + (f + e) % JB] = s[e];
+  }
+#pragma GCC unroll 4
+  for (; f < MR * JB; ++f) c[f / JB * ldc + j0 + f % JB] = hsum(acc[f]);
+}
+
+template <int MR, bool BF16>
+void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t cols,
+                   float* c, int64_t ldc) {
+  // MR x JB accumulators, JB weights and one lhs vector within the 16 registers.
+  constexpr int JB = MR <= 2 ? 4 : MR <= 6 ? 2 : 1;
+  // Rows of b a few groups ahead prefetched whole: rows more than a page apart (a KV cache read
+  // one head at a time) defeat the hardware prefetchers (see the AVX-512 kernel).
+  constexpr int64_t kAhead = 24;
+  const int64_t row_bytes = K * (BF16 ? 2 : 4);
+  auto prefetch_rows = [&](int64_t j0, int64_t n) {
+    for (int64_t j = j0; j < cols && j < j0 + n; ++j) {
+      const char* row = static_cast<const char*>(b) + j * ldb * (BF16 ? 2 : 4);
+      for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+    }
+  };
+  prefetch_rows(0, kAhead);
+  int64_t j = 0;
+  for (; j + JB <= cols; j += JB) {
+    prefetch_rows(j + kAhead, JB);
+    stream_t_cols<MR, JB, BF16>(K, a, lda, b, ldb, j, c, ldc);
+  }
+  for (; j < cols; ++j) stream_t_cols<MR, 1, BF16>(K, a, lda, b, ldb, j, c, ldc);
+}
+
+// Runs body.template operator()<MR, BF16>() for the tile height and weight dtype of a call.
+template <class Body>
+inline void with_rows_and_dtype(int mr, bool b_bf16, Body&& body) {
+  if (mr <= 0) return;  // no rows of c: nothing to write
+  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
+    if (b_bf16)
+      body.template operator()<MR, true>();
+    else
+      body.template operator()<MR, false>();
+  });
+}
+
+void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16, int64_t ldb,
+            int64_t cols, float* c, int64_t ldc) {
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    stream_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
+  });
+}
+
+void stream_acc(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
+                int64_t ldb, int64_t cols, float* c, int64_t ldc) {
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
+  });
+}
+
+void stream_t(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
+              int64_t ldb, int64_t cols, float* c, int64_t ldc) {
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    stream_t_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
+  });
+}
+
+const KernelSet kSet{Isa::kAvx2, "avx2",
+                     kNr,        6,
+                     f32_kernel, nullptr,
+                     f32_multi,  nullptr,
+                     nullptr,    {kMultiNp[0], kMultiNp[1], kMultiNp[2], kMultiNp[3], kMultiNp[4]},
+                     stream,     stream_t,
+                     nullptr,    false,
+                     nullptr,    stream_acc};
 
 }  // namespace
 
 const KernelSet* avx2_kernels() { return &kSet; }
-
-namespace {
-namespace ep = expf_poly;
-// Lanes [0, left) of 8 as a load/store mask.
-__m256i tail_mask8(int64_t left) {
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left < 8 ? left : 8)), idx);
-}
-float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-float hmax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-}  // namespace
 
 float exp_shift_sum_avx2(float* x, int64_t n, float shift) {
   const __m256 vs = _mm256_set1_ps(shift), lo = _mm256_set1_ps(ep::kLo),
