@@ -20,6 +20,7 @@
 #include "kernels/microkernels.h"
 #include "kernels/scratch.h"
 #include "ops/attention/base.h"
+#include "tokamax/core/device.h"
 
 namespace tokamax {
 
@@ -41,10 +42,14 @@ namespace {
 namespace k = kernels;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxRows = 256;  // row ranges on the stack up to this many rows per item
-// Decode's sub-blocks: 128 KiB of K, 32 pages of K (then of V) read a few lines at a time. Two
-// threads, Sapphire Rapids, decode f32 8 kv heads of 128 (4 KB of K per position), read ceiling
-// timed beside it, three interleaved rounds: K then V over the sub-block, 32 positions 66-69%,
-// 16 66%; K and V head by head, 16 positions 63-65% (8: 56%, 32: 55%, 64: 45%, one run each).
+// Decode's sub-blocks (block_kv positions when streamed): in the heuristics, about this many
+// bytes of K, and no more than an eighth of L2 (K and V of a sub-block, its pages read a few
+// lines at a time). Two threads, decode f32 8 kv heads of 128 (4 KB of K per position), read
+// ceiling timed beside it. Sapphire Rapids (2 MiB L2), three interleaved rounds: K then V over
+// the sub-block, 32 positions 66-69%, 16 66%; K and V head by head, 16 positions 63-65% (8: 56%,
+// 32: 55%, 64: 45%, one run each). Zen 3 (512 KiB L2), 15 interleaved rounds in one process: 16
+// positions 0.61-0.71x the time of 32, 8 positions 1.09x of 16. (Software prefetches of the
+// next sub-block, whole or a head's slice at a time, L1 or L2: no faster there either.)
 constexpr int64_t kDecodeBytes = 128 << 10;
 
 class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> {
@@ -65,7 +70,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   // Rows per item (block_q query positions times the group's heads) of about six tiles, a
   // whole number of them where the group allows: each packed K/V panel is reused by that many
   // rows while the item's tiles stay in L2. Enough items to balance the threads; kv blocks of
-  // 256.
+  // 256. Decode (streamed): sub-blocks of about kDecodeBytes of K, at most L2 / 8.
   AttentionNativeConfig heuristics(const AttentionCall& c) const override {
     const auto& ks = k::best_kernels();
     AttentionNativeConfig cfg;
@@ -80,6 +85,14 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     cfg.block_q = static_cast<int>(bq);
     cfg.block_kv = static_cast<int>(
         std::min<int64_t>(tiles ? 512 : 256, k::round_up(std::max<int64_t>(c.s, 1), ks.nr)));
+    if (streams(c, cfg, ks)) {  // decode: the sub-block's positions, whole panels of them
+      const int64_t bytes = std::min<int64_t>(kDecodeBytes, device_info().l2_bytes / 8);
+      const int64_t row = c.nk * std::max(c.h, c.hv) * dtype_size(c.q.dtype());
+      const int64_t panels =
+          std::clamp<int64_t>(bytes / std::max<int64_t>(row, 1) / ks.nr, 1, 256 / ks.nr);
+      cfg.block_kv =
+          static_cast<int>(std::min(panels * ks.nr, k::round_up(std::max<int64_t>(c.s, 1), ks.nr)));
+    }
     return cfg;
   }
 
@@ -87,16 +100,16 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const auto& ks = k::best_kernels();
     const int nr = ks.nr;
     const int64_t s_max = k::round_up(std::max<int64_t>(c.s, 1), nr);
-    const int streamed_block_kv = heuristics(c).block_kv;
     std::vector<AttentionNativeConfig> out;
     for (int bq : {6, 12, 24, 48, 72, 96}) {
       if (bq > std::max<int64_t>(c.t, 1) * 2 && bq != 8) continue;
-      for (int bkv : {64, 128, 256, 512}) {
-        AttentionNativeConfig cfg{
-            static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1))),
-            static_cast<int>(std::min<int64_t>(k::round_up(bkv, nr), s_max))};
-        // Streamed (decode) items do not use block_kv: one candidate, not four alike.
-        if (streams(c, cfg, ks)) cfg.block_kv = streamed_block_kv;
+      const int q = static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1)));
+      // Streamed (decode) items: block_kv is the sub-block, of 1 to 8 panels of positions.
+      const bool streamed = streams(c, {q, nr}, ks);
+      static constexpr int kPanels[] = {1, 2, 4, 8}, kBlocks[] = {64, 128, 256, 512};
+      for (int bkv : streamed ? kPanels : kBlocks) {
+        const AttentionNativeConfig cfg{q, static_cast<int>(std::min<int64_t>(
+                                               streamed ? bkv * nr : k::round_up(bkv, nr), s_max))};
         if (std::find(out.begin(), out.end(), cfg) == out.end()) out.push_back(cfg);
       }
     }
@@ -107,7 +120,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const auto& ks = k::best_kernels();
     const int64_t threads = std::min(c.num_threads, ThreadPool::global().size());
     if (streams(c, cfg, ks)) {  // the chunks' states, and the items' scratch
-      return (decode_state_floats(c, threads, ks) + decode_floats(c) * threads) * 4;
+      return (decode_state_floats(c, threads, ks) + decode_floats(c, cfg) * threads) * 4;
     }
     return packed_floats(c, ks) * 4 + item_floats(c, cfg, ks) * 4 * threads;
   }
@@ -117,7 +130,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const auto& ks = k::best_kernels();
     check_config(cfg);
     if (streams(c, cfg, ks))
-      run_streamed(c, ks);
+      run_streamed(c, cfg, ks);
     else
       run_packed(c, cfg, ks);
   }
@@ -132,7 +145,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   }
 
   // Items (batch, kv chunk): the kv positions are split into chunks so every thread streams
-  // (flash-decoding). An item takes its positions in sub-blocks (decode_block), K and V read in
+  // (flash-decoding). An item takes its positions in sub-blocks (block_kv), K and V read in
   // place: q k^T for every kv head, the online softmax of every head's rows, then P v for every
   // kv head (the last sub-block of a chunk may be short). The reads
   // so go through memory nearly in order: a few positions' rows ([S, Nk, H]: all heads of a
@@ -140,11 +153,12 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   // follow. Read one head at a time over all positions (the rows Nk * H apart, 4 KB for 8 heads
   // of 128), the same bytes came at about half the rate. Each chunk leaves, per kv head, its
   // unnormalized O, m and l; the chunks of a row are merged at the end.
-  static void run_streamed(const AttentionCall& c, const k::KernelSet& ks) {
+  static void run_streamed(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                           const k::KernelSet& ks) {
     const int threads = std::min(c.num_threads, ThreadPool::global().size());
     const int64_t rows = c.t * c.group(), ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
     const int64_t pairs = c.b * c.nk;
-    const int64_t sub = decode_block(c), chunks = decode_chunks(c, threads, ks);
+    const int64_t sub = cfg.block_kv, chunks = decode_chunks(c, threads, ks);
     // Chunks of whole panels, as even as that allows: sub-blocks need no alignment across them.
     const int64_t chunk_len = k::round_up((c.s + chunks - 1) / chunks, ks.nr);
     const int64_t part = rows * (ldo + 2);  // O, m, l of one chunk
@@ -160,7 +174,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       const int64_t bb = item / chunks, ch = item % chunks;
       const int64_t s0 = std::min(c.s, ch * chunk_len), s1 = std::min(c.s, s0 + chunk_len);
       // Scratch: every kv head's rows of q (f32), S for one sub-block.
-      float* Q = k::thread_scratch(k::kAttentionSlot, decode_floats(c));
+      float* Q = k::thread_scratch(k::kAttentionSlot, decode_floats(c, cfg));
       float* S = Q + c.nk * rows * c.h;
       int64_t r0[k::kStreamMaxMr], r1[k::kStreamMaxMr], lo, hi;
       row_ranges(c, bb, 0, rows, s0, s1, r0, r1, &lo, &hi);
@@ -332,12 +346,6 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     return item_floats(c, item_rows(c, cfg), cfg.block_kv, ks);
   }
 
-  // Decode's sub-block: the positions taken for every kv head before the next ones (see
-  // run_streamed), about kDecodeBytes of K: 32 positions of 8 heads of 128 f32 (64 of bf16).
-  static int64_t decode_block(const AttentionCall& c) {
-    const int64_t row = c.nk * std::max(c.h, c.hv) * dtype_size(c.q.dtype());
-    return std::clamp<int64_t>(kDecodeBytes / std::max<int64_t>(row, 1), 4, 256);
-  }
   // Decode's chunks of kv positions per batch: two items per thread.
   static int64_t decode_chunks(const AttentionCall& c, int64_t threads, const k::KernelSet& ks) {
     if (c.b == 0) return 1;
@@ -350,9 +358,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
     return c.b * c.nk * decode_chunks(c, threads, ks) * c.t * c.group() * (ldo + 2);
   }
-  // Decode's scratch: every kv head's rows of q (f32) and the S block.
-  static int64_t decode_floats(const AttentionCall& c) {
-    return c.t * c.group() * c.nk * (c.h + decode_block(c));
+  // Decode's scratch: every kv head's rows of q (f32) and the S block of block_kv positions.
+  static int64_t decode_floats(const AttentionCall& c, const AttentionNativeConfig& cfg) {
+    return c.t * c.group() * c.nk * (c.h + cfg.block_kv);
   }
 
   // Row r's kv positions [r0[r], r1[r]) within [s_begin, s_end) (row r: query position

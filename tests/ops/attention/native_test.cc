@@ -1,4 +1,6 @@
-// dot_product_attention's native implementation: the shared cases (test_base.h).
+// dot_product_attention's native implementation: the shared cases (test_base.h), and its decode
+// sub-blocks.
+#include "kernels/microkernels.h"
 #include "tests/ops/attention/test_base.h"
 
 namespace tokamax::attention_test {
@@ -7,5 +9,21 @@ struct Native {
   static constexpr const char* kName = "native";
 };
 INSTANTIATE_TYPED_TEST_SUITE_P(Native, AttentionImpl, Native);
+
+// Decode streams K and V in sub-blocks of block_kv positions (whole panels; the search space
+// takes 1 to 8): every size, against the reference, with S ending inside a sub-block and chunks
+// of several sub-blocks, and with kv lengths, a window and bf16 ending rows inside them.
+TEST(AttentionNative, EveryDecodeSubBlock) {
+  const int nr = kernels::best_kernels().nr;
+  for (int panels : {1, 2, 4, 8}) {
+    const Config cfg = Config::make(AttentionNativeConfig{1, panels * nr});
+    Case d{2, 1, 300, 16, 8, 128, 128};
+    check_case("native", d, cfg);
+    d.kv_lengths = true;
+    d.window = std::pair<int64_t, int64_t>{170, 0};
+    d.dtype = DType::kBF16;
+    check_case("native", d, cfg);
+  }
+}
 
 }  // namespace tokamax::attention_test

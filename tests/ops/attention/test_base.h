@@ -150,14 +150,18 @@ inline void f64_attention(const Case& c, const Inputs& in, std::vector<double>* 
   }
 }
 
-// One case through `impl`: against the reference (the family's tolerance), the reference
-// against doubles, the residuals, and a second run bit-identical.
-inline void check_case(const std::string& impl, const Case& c) {
+// One case through `impl` (with `config`, or its own choice): against the reference (the
+// family's tolerance), the reference against doubles, the residuals, and a second run
+// bit-identical.
+inline void check_case(const std::string& impl, const Case& c,
+                       const std::optional<Config>& config = std::nullopt) {
   const Inputs in = make_inputs(c);
   AttentionOptions o = in.options;
   o.implementation = impl;
+  o.config = config;
   const AttentionResult got = dot_product_attention_with_residuals(in.q, in.k, in.v, o);
   o.implementation = "reference";
+  o.config.reset();
   const AttentionResult ref = dot_product_attention_with_residuals(in.q, in.k, in.v, o);
   std::vector<double> f64, f64_lse;
   f64_attention(c, in, &f64, &f64_lse);
@@ -181,6 +185,7 @@ inline void check_case(const std::string& impl, const Case& c) {
   expect_close(got.lse, values(ref.lse), {1e-4, 1e-5, 0}, "lse " + what);
   // Determinism: the same inputs, config and threads give the same bits.
   o.implementation = impl;
+  o.config = config;
   const Tensor again = dot_product_attention(in.q, in.k, in.v, o);
   ASSERT_EQ(std::memcmp(again.data(), got.out.data(), got.out.nbytes()), 0) << "rerun " << what;
 }
@@ -297,9 +302,9 @@ TYPED_TEST_P(AttentionImpl, MasksAndCausal) {
   check_case(this->impl(), d);
   d.causal = true;  // position 0 only
   check_case(this->impl(), d);
-  // 8 kv heads of 128: 4 KB of K a position, so the native implementation's sub-blocks are 32
-  // positions and S = 300 spans several of them in each of several chunks (merged at the end),
-  // the last ones short; kv lengths (batch 0 empty) and a window end the rows inside them.
+  // 8 kv heads of 128: 4 KB of K a position, so the native implementation's sub-blocks are 16
+  // to 64 positions and S = 300 spans several of them in each of several chunks (merged at the
+  // end), the last ones short; kv lengths (batch 0 empty) and a window end the rows inside them.
   Case many{2, 1, 300, 16, 8, 128, 128};
   check_case(this->impl(), many);
   many.kv_lengths = true;
