@@ -70,7 +70,7 @@ RowKernels row_kernels(Isa isa) {
     case Isa::kAvx512:
       return {exp_shift_sum_avx512, scale_max_avx512, act_mul_avx512, act_grad_avx512};
     case Isa::kAvx2:
-      return {exp_shift_sum_avx2, scale_max_avx2, act_mul_portable, act_grad_portable};
+      return {exp_shift_sum_avx2, scale_max_avx2, act_mul_avx2, act_grad_avx2};
     case Isa::kPortable:
       break;
   }

@@ -96,11 +96,11 @@ inline constexpr int kAmxRows = 16;
 //   exp_shift_sum: x[i] = exp(x[i] - shift) for i < n, returning the sum;
 //   scale_max:     x[i] *= scale for i < n, returning the max (-inf when n = 0).
 //   act_mul:       out[i] = activation(g[i]) * u[i] for i < n (the gated linear unit's
-//                  epilogue); the AVX-512 loop takes sigmoid, silu, gelu_tanh, relu and none on
-//                  the polynomial exp (~2 ulp from libm's), gelu (erf) element by element.
+//                  epilogue); the AVX-512 and AVX2 loops take sigmoid, silu, gelu_tanh, relu and
+//                  none on the polynomial exp (~2 ulp from libm's), gelu (erf) element by element.
 //   act_grad:      dg[i] = dout[i] * u[i] * activation'(g[i]), du[i] = dout[i] * activation(g[i])
 //                  (the gated linear unit's backward, dh from h and dout); the same activations
-//                  on the AVX-512 loop, gelu element by element.
+//                  on the AVX-512 and AVX2 loops, gelu element by element.
 struct RowKernels {
   float (*exp_shift_sum)(float* x, int64_t n, float shift);
   float (*scale_max)(float* x, int64_t n, float scale);
@@ -111,7 +111,7 @@ struct RowKernels {
 RowKernels row_kernels(Isa isa);
 // act is an Activation's value (tokamax/ops/activation.h; the ISA files see these codes only, no
 // library headers: microkernels.cc checks that they agree). The portable loop is also the
-// AVX-512 one's fallback (gelu) and the AVX2 set's.
+// vector loops' fallback (gelu).
 enum ActCode : int { kActNone, kActRelu, kActSilu, kActGelu, kActGeluTanh, kActSigmoid };
 void act_mul_portable(int act, const float* g, const float* u, float* out, int64_t n);
 void act_mul_avx512(int act, const float* g, const float* u, float* out, int64_t n);
@@ -121,6 +121,9 @@ void act_grad_avx512(int act, const float* g, const float* u, const float* dout,
                      float* du, int64_t n);
 float exp_shift_sum_avx2(float* x, int64_t n, float shift);  // microkernels_avx2.cc
 float scale_max_avx2(float* x, int64_t n, float scale);
+void act_mul_avx2(int act, const float* g, const float* u, float* out, int64_t n);
+void act_grad_avx2(int act, const float* g, const float* u, const float* dout, float* dg, float* du,
+                   int64_t n);
 float exp_shift_sum_avx512(float* x, int64_t n, float shift);  // microkernels_avx512.cc
 float scale_max_avx512(float* x, int64_t n, float scale);
 

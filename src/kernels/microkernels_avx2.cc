@@ -367,29 +367,155 @@ const KernelSet kSet{Isa::kAvx2, "avx2",
 
 const KernelSet* avx2_kernels() { return &kSet; }
 
+namespace {
+// exp(v) on the lanes of `m` (all ones or all zeros per lane), 0 elsewhere and where v <= kLo
+// (-inf, NaN included): kHi keeps 2^n a normal float.
+inline __m256 exp8(__m256 v, __m256 m) {
+  const __m256 lo = _mm256_set1_ps(ep::kLo), hi = _mm256_set1_ps(ep::kHi);
+  const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(v, lo, _CMP_GT_OQ), m);
+  v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+  const __m256 kf = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(ep::kLog2e)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(ep::kLn2Hi), v);
+  r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(ep::kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(ep::kP[0]);
+  for (int j = 1; j < 6; ++j) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ep::kP[j]));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
+}
+
+}  // namespace
+
 float exp_shift_sum_avx2(float* x, int64_t n, float shift) {
-  const __m256 vs = _mm256_set1_ps(shift), lo = _mm256_set1_ps(ep::kLo),
-               hi = _mm256_set1_ps(ep::kHi);
+  const __m256 vs = _mm256_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i m = tail_mask8(n - i);
-    __m256 v = _mm256_sub_ps(_mm256_maskload_ps(x + i, m), vs);
-    const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(v, lo, _CMP_GT_OQ), _mm256_castsi256_ps(m));
-    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-    const __m256 kf = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(ep::kLog2e)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(ep::kLn2Hi), v);
-    r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(ep::kLn2Lo), r);
-    __m256 p = _mm256_set1_ps(ep::kP[0]);
-    for (int j = 1; j < 6; ++j) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ep::kP[j]));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i bits =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
-    const __m256 e = _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), vs), _mm256_castsi256_ps(m));
     _mm256_maskstore_ps(x + i, m, e);
     acc = _mm256_add_ps(acc, e);
   }
   return hsum(acc);
+}
+
+// The gated linear unit's row loops (see RowKernels), as the AVX-512 ones at 8 lanes: sigmoid,
+// silu, gelu_tanh, relu and none on the polynomial exp; gelu (erf) element by element.
+namespace {
+// sigmoid(x) (exactly 0 below -kHi, NaN where x is), and exp(-x) in *e.
+inline __m256 sigmoid8(__m256 x, __m256 m, __m256* e = nullptr) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 ex = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x), m);
+  __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, ex));
+  s = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-ep::kHi), _CMP_LT_OQ), s);
+  if (e) *e = ex;
+  return _mm256_blendv_ps(s, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+// sigmoid(x), and 1 - sigmoid(x) as e s where x >= 0 (where 1 - s would cancel).
+inline __m256 sigmoid_parts8(__m256 x, __m256 m, __m256* one_minus) {
+  __m256 e;
+  const __m256 s = sigmoid8(x, m, &e);
+  const __m256 pos = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
+  *one_minus = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), s), _mm256_mul_ps(e, s), pos);
+  return s;
+}
+
+// x S and its derivative for gelu_tanh: S = sigmoid(2z), z = c (x + 0.044715 x^3), (x S)' = S + x
+// S (1 - S) 2 z'; S alone where saturated (x^2 may have overflowed, and 0 * inf is NaN).
+inline __m256 gelu_tanh8(__m256 x, __m256 m, __m256* d) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const float c2 = 2 * 0.7978845608028654f;
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  const __m256 z2 = _mm256_mul_ps(
+      _mm256_set1_ps(c2), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), _mm256_mul_ps(x2, x), x));
+  if (!d) return _mm256_mul_ps(x, sigmoid8(z2, m));
+  __m256 oms;
+  const __m256 S = sigmoid_parts8(z2, m, &oms);
+  const __m256 dz2 =
+      _mm256_mul_ps(_mm256_set1_ps(c2), _mm256_fmadd_ps(_mm256_set1_ps(3 * 0.044715f), x2, one));
+  const __m256 sp = _mm256_mul_ps(S, oms);
+  *d = _mm256_blendv_ps(_mm256_fmadd_ps(_mm256_mul_ps(x, sp), dz2, S), S,
+                        _mm256_cmp_ps(sp, _mm256_setzero_ps(), _CMP_EQ_OQ));
+  return _mm256_mul_ps(x, S);
+}
+
+}  // namespace
+
+void act_mul_avx2(int act, const float* g, const float* u, float* out, int64_t n) {
+  if (act == kActGelu) {  // erf: element by element
+    act_mul_portable(act, g, u, out, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i mi = tail_mask8(n - i);
+    const __m256 m = _mm256_castsi256_ps(mi);
+    const __m256 x = _mm256_maskload_ps(g + i, mi), up = _mm256_maskload_ps(u + i, mi);
+    __m256 y = x;
+    switch (act) {
+      case kActSigmoid:
+        y = sigmoid8(x, m);
+        break;
+      case kActSilu:
+        y = _mm256_mul_ps(x, sigmoid8(x, m));
+        break;
+      case kActGeluTanh:
+        y = gelu_tanh8(x, m, nullptr);
+        break;
+      case kActRelu:
+        y = _mm256_max_ps(x, _mm256_setzero_ps());
+        break;
+      default:
+        break;
+    }
+    _mm256_maskstore_ps(out + i, mi, _mm256_mul_ps(y, up));
+  }
+}
+
+void act_grad_avx2(int act, const float* g, const float* u, const float* dout, float* dg, float* du,
+                   int64_t n) {
+  if (act == kActGelu) {  // erf: element by element
+    act_grad_portable(act, g, u, dout, dg, du, n);
+    return;
+  }
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i mi = tail_mask8(n - i);
+    const __m256 m = _mm256_castsi256_ps(mi);
+    const __m256 x = _mm256_maskload_ps(g + i, mi);
+    const __m256 go = _mm256_maskload_ps(dout + i, mi);
+    const __m256 up = _mm256_maskload_ps(u + i, mi);
+    __m256 a = x, d = one;  // activation(x), activation'(x)
+    switch (act) {
+      case kActSigmoid: {
+        __m256 oms;
+        a = sigmoid_parts8(x, m, &oms);
+        d = _mm256_mul_ps(a, oms);
+        break;
+      }
+      case kActSilu: {  // (x s)' = s (1 + x (1 - s))
+        __m256 oms;
+        const __m256 s = sigmoid_parts8(x, m, &oms);
+        a = _mm256_mul_ps(x, s);
+        d = _mm256_mul_ps(s, _mm256_fmadd_ps(x, oms, one));
+        break;
+      }
+      case kActGeluTanh:
+        a = gelu_tanh8(x, m, &d);
+        break;
+      case kActRelu: {
+        const __m256 pos = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GT_OQ);
+        a = _mm256_and_ps(pos, x);
+        d = _mm256_and_ps(pos, one);
+        break;
+      }
+      default:
+        break;
+    }
+    _mm256_maskstore_ps(dg + i, mi, _mm256_mul_ps(_mm256_mul_ps(go, up), d));
+    _mm256_maskstore_ps(du + i, mi, _mm256_mul_ps(go, a));
+  }
 }
 
 float scale_max_avx2(float* x, int64_t n, float scale) {
