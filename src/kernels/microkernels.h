@@ -55,6 +55,19 @@ using Bf16MultiKernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t 
 inline constexpr int kStreamMaxMr = 8;
 using StreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const void* b,
                               bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc);
+// The streaming kernels' dispatch: body.template operator()<MR, BF16>() for the tile height (up to
+// kStreamMaxMr) and weight dtype of a call; nothing for mr <= 0 (no rows of c to write). As
+// with_tile_rows, each ISA file instantiates it with its own lambdas.
+template <class Body>
+inline void with_rows_and_dtype(int mr, bool b_bf16, Body&& body) {
+  if (mr <= 0) return;
+  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
+    if (b_bf16)
+      body.template operator()<MR, true>();
+    else
+      body.template operator()<MR, false>();
+  });
+}
 // Packs B panels [panel_begin, panel_end) of a [K,N] bf16 matrix into bf16 pair panels (as
 // pack_panels_bf16 with is_bf16 and not transposed); ISAs with a bf16 dot have a vector one.
 // ld: src's row stride in elements (>= N; a column block of a wider matrix).

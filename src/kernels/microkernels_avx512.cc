@@ -549,18 +549,6 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
   for (; j < cols; ++j) stream_t_cols<MR, 1, BF16>(K, a, lda, b, ldb, j, c, ldc);
 }
 
-// Runs body.template operator()<MR, BF16>() for the tile height and weight dtype of a call.
-template <class Body>
-inline void with_rows_and_dtype(int mr, bool b_bf16, Body&& body) {
-  if (mr <= 0) return;  // no rows of c: nothing to write
-  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
-    if (b_bf16)
-      body.template operator()<MR, true>();
-    else
-      body.template operator()<MR, false>();
-  });
-}
-
 void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16, int64_t ldb,
             int64_t cols, float* c, int64_t ldc) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
