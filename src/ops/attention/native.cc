@@ -158,7 +158,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int threads = std::min(c.num_threads, ThreadPool::global().size());
     const int64_t rows = c.t * c.group(), ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
     const int64_t pairs = c.b * c.nk;
-    const int64_t sub = cfg.block_kv, chunks = decode_chunks(c, threads, ks);
+    const int64_t sub = decode_block(c, cfg, ks), chunks = decode_chunks(c, threads, ks);
     // Chunks of whole panels, as even as that allows: sub-blocks need no alignment across them.
     const int64_t chunk_len = k::round_up((c.s + chunks - 1) / chunks, ks.nr);
     const int64_t part = rows * (ldo + 2);  // O, m, l of one chunk
@@ -358,9 +358,16 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
     return c.b * c.nk * decode_chunks(c, threads, ks) * c.t * c.group() * (ldo + 2);
   }
-  // Decode's scratch: every kv head's rows of q (f32) and the S block of block_kv positions.
+  // Decode's sub-block: block_kv positions, no more than the call has (a config read from a
+  // cache file may name any multiple of nr up to block_q x block_kv = 2^24; the S block holds
+  // the sub-block for every kv head's rows, so it is held to S's own size).
+  static int64_t decode_block(const AttentionCall& c, const AttentionNativeConfig& cfg,
+                              const k::KernelSet& ks) {
+    return std::min<int64_t>(cfg.block_kv, k::round_up(std::max<int64_t>(c.s, 1), ks.nr));
+  }
+  // Decode's scratch: every kv head's rows of q (f32) and the S block of one sub-block.
   static int64_t decode_floats(const AttentionCall& c, const AttentionNativeConfig& cfg) {
-    return c.t * c.group() * c.nk * (c.h + cfg.block_kv);
+    return c.t * c.group() * c.nk * (c.h + decode_block(c, cfg, k::best_kernels()));
   }
 
   // Row r's kv positions [r0[r], r1[r]) within [s_begin, s_end) (row r: query position
