@@ -1,7 +1,8 @@
 // The f32 GEMM loop's pieces against the FMA ceiling timed in the same rounds (a plain program:
 // interleaved rounds, medians and ranges of per-round ratios, so a busy neighbour slows the
 // ceiling and the row alike):
-//   1. the microkernel with its data in L1, per tile height (12 and the set's tallest), as a
+//   1. the microkernel with its data in L1, per tile height (12, or the set's tallest if lower, and
+//   the tallest), as a
 //      fraction of the one-core FMA peak;
 //   2. the lhs packing (pack_a_f32, scalar and the set's vector one), ns per value;
 //   3. the whole pre-packed grouped GEMM (M=4096, K=2048, N=11264: the GLU's gate and up
@@ -33,13 +34,16 @@ double seconds(const std::function<void()>& f) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One-core FMA rate of this round (GFLOP/s).
-double fma_peak() {
+// One-core FMA rate of this round (GFLOP/s), on the vector width of the kernel set timed.
+double fma_peak(bool avx512) {
   constexpr int64_t kIters = 50'000'000;
   volatile float sink = 0;
-  const double s = seconds([&] { sink = tokamax::roofline::fma_f32_avx512(kIters); });
+  const double s = seconds([&] {
+    sink = avx512 ? tokamax::roofline::fma_f32_avx512(kIters)
+                  : tokamax::roofline::fma_f32_avx2(kIters);
+  });
   (void)sink;
-  return kIters * 12.0 * 16 * 2 / s / 1e9;
+  return kIters * 12.0 * (avx512 ? 16 : 8) * 2 / s / 1e9;
 }
 
 struct Series {
@@ -78,25 +82,33 @@ int main(int argc, char** argv) {
     }
   }
   const k::KernelSet& ks = k::best_kernels();
-  if (ks.isa != k::Isa::kAvx512) {
-    std::fprintf(stderr, "this bench times the AVX-512 kernels; this CPU runs %s\n", ks.name);
+  const bool avx512 = ks.isa == k::Isa::kAvx512;
+  if (!avx512 && ks.isa != k::Isa::kAvx2) {
+    std::fprintf(stderr, "this bench times the AVX-512 or AVX2 kernels; this CPU runs %s\n",
+                 ks.name);
     return 77;
   }
+  const int low_mr = std::min(12, ks.max_mr);
   if (blockings.empty()) {
-    blockings = {{12, 192, 512, 1024}, {ks.max_mr, ks.max_mr * k::item_tiles(ks), 512, 1024}};
+    blockings = {{low_mr, low_mr * 16, 512, 1024}};
+    if (ks.max_mr != low_mr)
+      blockings.push_back({ks.max_mr, ks.max_mr * k::item_tiles(ks), 512, 1024});
   }
   set_num_threads(threads);
 
   // 1. Microkernel in L1: kc = 256, 16 A tiles against one panel, accumulating.
   const int64_t kc = 256;
-  std::vector<int> heights = {12, ks.max_mr};
+  std::vector<int> heights = {low_mr};
+  if (ks.max_mr != low_mr) heights.push_back(ks.max_mr);
   Tensor a({16 * 16 * kc}, DType::kF32), b({kc * ks.nr}, DType::kF32),
       c({16 * 16 * 64}, DType::kF32);
   std::fill(a.data_as<float>(), a.data_as<float>() + a.size(), 0.001f);
   std::fill(b.data_as<float>(), b.data_as<float>() + b.size(), 0.002f);
   std::fill(c.data_as<float>(), c.data_as<float>() + c.size(), 0.0f);
   std::vector<Series> tiles;
-  for (int mr : heights) tiles.push_back({"f32 tile " + std::to_string(mr) + " x 32, in L1", {}});
+  for (int mr : heights)
+    tiles.push_back(
+        {"f32 tile " + std::to_string(mr) + " x " + std::to_string(ks.nr) + ", in L1", {}});
 
   // 2. Packing: 192 rows, kc = 512 of a [192, 2048] lhs.
   Tensor lhs = Tensor::randn({192, 2048}, DType::kF32, 1), packed({192 * 512}, DType::kF32);
@@ -132,7 +144,7 @@ int main(int argc, char** argv) {
   }
 
   for (int r = 0; r < rounds; ++r) {
-    const double peak = fma_peak();
+    const double peak = fma_peak(avx512);
     for (size_t h = 0; h < heights.size(); ++h) {
       const int mr = heights[h];
       constexpr int64_t kCalls = 20000;
@@ -150,15 +162,16 @@ int main(int argc, char** argv) {
     pack_scalar.values.push_back(seconds([&] {
                                    for (int i = 0; i < kPacks; ++i)
                                      k::pack_a_f32(lhs.data_as<float>(), 2048, 192, (i % 4) * 512,
-                                                   512, 12, packed.data_as<float>());
+                                                   512, low_mr, packed.data_as<float>());
                                  }) /
                                  values * 1e9);
-    pack_vector.values.push_back(seconds([&] {
-                                   for (int i = 0; i < kPacks; ++i)
-                                     ks.pack_a_f32(lhs.data_as<float>(), 2048, 192, (i % 4) * 512,
-                                                   512, 12, packed.data_as<float>());
-                                 }) /
-                                 values * 1e9);
+    if (ks.pack_a_f32 != nullptr)  // a set without a vector packer packs with the scalar one
+      pack_vector.values.push_back(seconds([&] {
+                                     for (int i = 0; i < kPacks; ++i)
+                                       ks.pack_a_f32(lhs.data_as<float>(), 2048, 192, (i % 4) * 512,
+                                                     512, low_mr, packed.data_as<float>());
+                                   }) /
+                                   values * 1e9);
     for (size_t i = 0; i < blockings.size(); ++i) {
       const double s = seconds([&] { k::grouped_gemm(g, blockings[i], ks); });
       gemms[i].values.push_back(2.0 * M * N * K / s / 1e9 / (peak * threads));
@@ -170,7 +183,7 @@ int main(int argc, char** argv) {
   for (const Series& t : tiles) t.report("");
   std::printf("ns per packed value:\n");
   pack_scalar.report("ns");
-  pack_vector.report("ns");
+  if (!pack_vector.values.empty()) pack_vector.report("ns");
   std::printf("fraction of threads x the one-core FMA peak (pre-packed, M=4096 K=2048 N=11264):\n");
   for (const Series& s : gemms) s.report("");
   return 0;
