@@ -231,7 +231,8 @@ struct Args {
 int cmd_autotune(Args& a) {
   tk::AutotuneOptions o;
   if (a.have_budget) o.budget_s = a.budget_s;
-  if (a.measure_budget_s > 0) o.measure_budget_s = a.measure_budget_s;
+  // A budget given is the budget (not raised for slow keys).
+  if (a.measure_budget_s > 0) o.measure_budget_s = o.measure_budget_max_s = a.measure_budget_s;
   if (a.max_candidates > 0) o.max_candidates = a.max_candidates;
   o.all_implementations = a.all_impls;
   const bool sharded = !a.fleet.store.empty();
@@ -504,7 +505,8 @@ int main(int argc, char** argv) {
       autotune->add_option("--budget-s", a.budget_s, "whole-run time budget in seconds (> 0)");
   autotune->add_flag("--json", a.json, "print the result as JSON");
   autotune->add_option("--measure-budget-s", a.measure_budget_s,
-                       "seconds of interleaved measuring rounds per key (default 20)");
+                       "seconds of interleaved measuring rounds per key (default: 20, or "
+                       "for a slow key the time of 4 rounds of its candidates, at most 120)");
   autotune->add_option("--max-candidates", a.max_candidates,
                        "at most this many candidates per key (the heuristics config is kept)");
   autotune->add_option("--store", a.fleet.store,

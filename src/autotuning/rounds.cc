@@ -284,6 +284,23 @@ class Rounds {
 
 }  // namespace
 
+double round_seconds(const std::vector<double>& est_ms, int control, double segment_s) {
+  const double c = control >= 0 && control < static_cast<int>(est_ms.size()) ? est_ms[control] : 0;
+  double ms = 3 * c, seg = 0;
+  bool open = false;
+  for (double e : est_ms) {
+    if (open && seg + e > segment_s * 1e3) open = false;
+    if (!open) {
+      ms += 2 * c;
+      seg = 0;
+      open = true;
+    }
+    seg += e;
+    ms += e;
+  }
+  return ms / 1e3;
+}
+
 double median_of(std::vector<double> v) {
   if (v.empty()) return kNaN;
   const size_t k = (v.size() - 1) / 2;

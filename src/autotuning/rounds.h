@@ -77,6 +77,11 @@ RoundsResult run_rounds(int n, int control, const std::function<double(int)>& sa
                         const std::function<double()>& clock, const std::vector<double>& est_ms,
                         const RoundOptions& options);
 
+// Seconds one round of every candidate takes by the estimates (est_ms[i]: a sample's wall time),
+// as run_rounds spends it: the candidates packed into segments of about segment_s, each segment
+// bracketed by two control samples; plus the three control samples that open the rounds.
+double round_seconds(const std::vector<double>& est_ms, int control, double segment_s);
+
 // Ratio of (low) medians a/b with a bootstrap interval (independent resampling of each), at the
 // given two-sided confidence; deterministic for a seed. Empty inputs give NaN.
 struct RatioInterval {

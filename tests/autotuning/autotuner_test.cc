@@ -112,7 +112,7 @@ TEST(Autotuner, CandidateWithoutAcceptedRoundsRoundTrips) {
 // (tile 3, a fifth of its time here: single runs are no evidence on a shared machine).
 TEST(Autotuner, CandidatesTheBudgetNeverReachedKeepTheirCheckedRun) {
   AutotuneOptions o = quick();
-  o.measure_budget_s = 1e-4;
+  o.measure_budget_s = o.measure_budget_max_s = 1e-4;
   const AutotuningData d = Autotuner(o).tune(bound("one_field"));
   ASSERT_EQ(d.entries().size(), 4u);
   for (const auto& [k, e] : d.entries()) {
@@ -132,6 +132,23 @@ TEST(Autotuner, CandidatesTheBudgetNeverReachedKeepTheirCheckedRun) {
   const AutotuningData back =
       AutotuningData::from_json(d.to_json(), *fake().implementation("one_field"));
   EXPECT_EQ(back.fastest().config.get<TileConfig>().tile, 1);
+}
+
+// A key whose rounds outlast measure_budget_s gets budget_rounds rounds' time (up to
+// measure_budget_max_s): the same 0.1 ms budget that measured nothing above now gives every
+// candidate accepted rounds.
+TEST(Autotuner, SlowKeysGetTheirRoundsTime) {
+  AutotuneOptions o = quick();
+  o.measure_budget_s = 1e-4;
+  o.measure_budget_max_s = 30;
+  o.budget_rounds = 8;
+  o.rounds.stray = o.rounds.bracket = 10;  // accept every segment: a loaded machine is fine here
+  const AutotuningData d = Autotuner(o).tune(bound("one_field"));
+  ASSERT_EQ(d.entries().size(), 4u);
+  for (const auto& [k, e] : d.entries()) {
+    ASSERT_TRUE(e.benchmark) << k;
+    EXPECT_GE(e.benchmark->rounds, 1) << k << "\n" << d.to_json().dump(1);
+  }
 }
 
 TEST(Autotuner, CandidatesDeterministicHeuristicsFirst) {

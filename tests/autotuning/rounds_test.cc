@@ -181,6 +181,28 @@ TEST(Rounds, BudgetStopsTheRoundsAndIsReported) {
   EXPECT_GT(m.now_s, 0.3);
 }
 
+// The estimate that sizes a slow key's budget (AutotuneOptions::budget_rounds): one round of
+// run_rounds on a quiet machine takes what round_seconds says.
+TEST(Rounds, RoundSecondsPredictsARound) {
+  // Calls longer than a segment: each between two control samples, after the three openers.
+  EXPECT_DOUBLE_EQ(round_seconds(std::vector<double>(8, 1000.0), 0, 0.6), 3 + 8 * 3);
+  EXPECT_DOUBLE_EQ(round_seconds({}, 0, 0.6), 0);
+  for (const double scale : {1.0, 10.0, 40.0}) {
+    std::vector<double> t = twelve();
+    for (double& x : t) x *= scale;
+    FakeMachine m{t};
+    m.noise = 0;
+    RoundOptions o;
+    o.first_rounds = o.max_rounds = o.min_confident_rounds = 1;
+    o.finalists = 12;
+    o.budget_s = 1e6;
+    const RoundsResult r = m.run(0, o);
+    EXPECT_EQ(r.rounds, 1) << scale;
+    const double predicted = round_seconds(t, 0, o.segment_s);
+    EXPECT_NEAR(m.now_s, predicted, 0.2 * predicted) << scale;
+  }
+}
+
 // A slow key whose budget allows only a few rounds: even a clearly faster best (the true one,
 // 30% faster) is not confident on fewer than min_confident_rounds accepted rounds, so the
 // heuristics config is stored; with the rounds it needs it is.

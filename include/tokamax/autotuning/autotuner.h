@@ -59,7 +59,14 @@ struct RoundOptions {
 
 struct AutotuneOptions {
   RoundOptions rounds;
-  double measure_budget_s = 20;  // the rounds of one key stop here
+  // Seconds of interleaved rounds per key: measure_budget_s, or for a key whose rounds are slow
+  // (calls of a second or more, many candidates) what `budget_rounds` rounds of all its
+  // candidates take by their checked runs' times, up to measure_budget_max_s. A fixed 20 s gave
+  // calls of 0.25-2 s one or two accepted rounds, never enough to store anything but the
+  // heuristics config.
+  double measure_budget_s = 20;
+  double measure_budget_max_s = 120;
+  int budget_rounds = 4;
   // A sample times back-to-back calls (warm) or repeated flush-and-call (cold) lasting at least
   // this long, so that short calls are not timer noise.
   double sample_min_ms = 1;
