@@ -38,6 +38,16 @@ struct AttentionCall : CallBase {
   // [B,N,T] f32 log-sum-exp, or null without return_residuals.
   const TensorView* lse() const { return return_residuals ? &outputs.at(1) : nullptr; }
   int64_t group() const { return n / nk; }  // query heads per kv head
+  // The i-th of the B * Nk * tb work items (batch, kv head, block of query positions) in run
+  // order, as (batch * Nk + kv head) * tb + block: head by head, so the threads share one
+  // head's K and V in the caches; causal: a head's later blocks (more kv positions) first, so a
+  // call ends on its smallest items (dynamic scheduling balances the tail). Every head's last
+  // block first had cycled all heads' K and V (32 MiB at T = S = 2048, 16 heads) through the L3
+  // item by item.
+  int64_t item_at(int64_t i, int64_t tb) const {
+    const int64_t qb = i % tb;
+    return i - qb + (is_causal ? tb - 1 - qb : qb);
+  }
 
   // The s range [*s0, *s1) that causality, the window and the lengths leave for row (bb, tt);
   // empty when the row is padding.

@@ -279,17 +279,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       }
     });
     const int64_t tb = (c.t + cfg.block_q - 1) / cfg.block_q;
-    // Items whose rows see more kv positions first (causal: the later query blocks).
-    std::vector<int64_t> order(static_cast<size_t>(c.b * c.nk * tb));
-    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-    if (c.is_causal) {
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int64_t a, int64_t b) { return a % tb > b % tb; });
-    }
     const k::RowKernels rk = k::row_kernels(ks.isa);
     const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), nr);
-    parallel_for(static_cast<int64_t>(order.size()), threads, [&](int64_t idx, int) {
-      const int64_t item = order[idx];
+    parallel_for(c.b * c.nk * tb, threads, [&](int64_t idx, int) {
+      const int64_t item = c.item_at(idx, tb);
       const int64_t bh = item / tb, bb = bh / c.nk, kh = bh % c.nk;
       const int64_t t0 = (item % tb) * cfg.block_q;
       KvSource src;

@@ -111,7 +111,8 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     std::fill(accs.data_as<float>(), accs.data_as<float>() + accs.size(), 0.0f);
     const int64_t tb = (c.t + cfg.block_q - 1) / cfg.block_q;
     const k::RowKernels rk = k::row_kernels(ks.isa);
-    parallel_for(pairs * tb, threads, [&](int64_t item, int thread) {
+    parallel_for(pairs * tb, threads, [&](int64_t idx, int thread) {
+      const int64_t item = c.item_at(idx, tb);
       const int64_t bh = item / tb, t0 = (item % tb) * cfg.block_q;
       float* acc = accs.data_as<float>() + thread * (acc_floats + dbias_floats);
       run_item(c, cfg, ks, rk, bh, t0, base + bh * per_pair, acc + bh * c.s * hp,
