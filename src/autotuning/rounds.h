@@ -78,8 +78,9 @@ RoundsResult run_rounds(int n, int control, const std::function<double(int)>& sa
                         const RoundOptions& options);
 
 // Seconds one round of every candidate takes by the estimates (est_ms[i]: a sample's wall time),
-// as run_rounds spends it: the candidates packed into segments of about segment_s, each segment
-// bracketed by two control samples; plus the three control samples that open the rounds.
+// as run_rounds spends it on a quiet machine: the candidates packed into segments of about
+// segment_s, each between two control samples (shared by consecutive segments); plus the
+// three control samples that open the rounds.
 double round_seconds(const std::vector<double>& est_ms, int control, double segment_s);
 
 // Ratio of (low) medians a/b with a bootstrap interval (independent resampling of each), at the

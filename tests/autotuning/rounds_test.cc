@@ -184,8 +184,9 @@ TEST(Rounds, BudgetStopsTheRoundsAndIsReported) {
 // The estimate that sizes a slow key's budget (AutotuneOptions::budget_rounds): one round of
 // run_rounds on a quiet machine takes what round_seconds says.
 TEST(Rounds, RoundSecondsPredictsARound) {
-  // Calls longer than a segment: each between two control samples, after the three openers.
-  EXPECT_DOUBLE_EQ(round_seconds(std::vector<double>(8, 1000.0), 0, 0.6), 3 + 8 * 3);
+  // Calls longer than a segment: each between two control samples (9 for 8 segments), after
+  // the three openers.
+  EXPECT_DOUBLE_EQ(round_seconds(std::vector<double>(8, 1000.0), 0, 0.6), 3 + 9 + 8);
   EXPECT_DOUBLE_EQ(round_seconds({}, 0, 0.6), 0);
   for (const double scale : {1.0, 10.0, 40.0}) {
     std::vector<double> t = twelve();
