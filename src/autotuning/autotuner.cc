@@ -97,18 +97,17 @@ void AutotuneOptions::validate() const {
         r.first_rounds, r.finalists, r.max_rounds, r.min_confident_rounds));
   }
   if (!(measure_budget_s > 0) || !(measure_budget_max_s > 0) || budget_rounds < 0 ||
-      !(r.confidence > 0 && r.confidence < 1) ||
-      !(r.tie >= 0 && r.tie < 1) || !(sample_min_ms >= 0) || !(r.stray > 0) || !(r.bracket > 0) ||
-      r.max_repeats < 0 || r.bootstrap < 1 || !(r.segment_s > 0) ||
-      !(model_fraction > 0 && model_fraction <= 1)) {
+      !(r.confidence > 0 && r.confidence < 1) || !(r.tie >= 0 && r.tie < 1) ||
+      !(sample_min_ms >= 0) || !(r.stray > 0) || !(r.bracket > 0) || r.max_repeats < 0 ||
+      r.bootstrap < 1 || !(r.segment_s > 0) || !(model_fraction > 0 && model_fraction <= 1)) {
     throw InvalidArgument(fmt::format(
         "autotuning options: need measure_budget_s > 0 (got {:g}), measure_budget_max_s > 0 "
         "({:g}), budget_rounds >= 0 ({}), 0 < confidence < 1 ({:g}), "
         "0 <= tie < 1 ({:g}), sample_min_ms >= 0 ({:g}), stray > 0 ({:g}), bracket > 0 ({:g}), "
         "max_repeats >= 0 ({}), bootstrap >= 1 ({}), segment_s > 0 ({:g}), "
         "0 < model_fraction <= 1 ({:g})",
-        measure_budget_s, measure_budget_max_s, budget_rounds, r.confidence, r.tie, sample_min_ms, r.stray, r.bracket, r.max_repeats,
-        r.bootstrap, r.segment_s, model_fraction));
+        measure_budget_s, measure_budget_max_s, budget_rounds, r.confidence, r.tie, sample_min_ms,
+        r.stray, r.bracket, r.max_repeats, r.bootstrap, r.segment_s, model_fraction));
   }
 }
 
@@ -447,11 +446,10 @@ struct TuningRun {
       const double flush_ms = (now_seconds() - t0) * 1e3;
       for (double& w : wall) w += flush_ms;
     }
-    const double slow_key_s = std::min(
-        o.measure_budget_max_s,
-        o.budget_rounds * tuning::round_seconds(wall, control, o.rounds.segment_s));
-    ro.budget_s =
-        std::max(1e-3, std::min(std::max(o.measure_budget_s, slow_key_s), budget_left_s));
+    const double slow_key_s =
+        std::min(o.measure_budget_max_s,
+                 o.budget_rounds * tuning::round_seconds(wall, control, o.rounds.segment_s));
+    ro.budget_s = std::max(1e-3, std::min(std::max(o.measure_budget_s, slow_key_s), budget_left_s));
     const tuning::RoundsResult r = tuning::run_rounds(
         n, control,
         [&](int j) {
