@@ -1,9 +1,9 @@
 // The f32 GEMM loop's pieces against the FMA ceiling timed in the same rounds (a plain program:
 // interleaved rounds, medians and ranges of per-round ratios, so a busy neighbour slows the
 // ceiling and the row alike):
-//   1. the microkernel with its data in L1, per tile height (12, or the set's tallest if lower, and
-//   the tallest), as a
-//      fraction of the one-core FMA peak;
+//   1. the microkernel with its data in L1, per tile height (12, or the set's tallest if
+//      lower, and the tallest), as a fraction of the one-core FMA peak on the set's vector
+//      width (8 lanes for the AVX2 set, also where a CPU with AVX-512 runs it);
 //   2. the lhs packing (pack_a_f32, scalar and the set's vector one), ns per value;
 //   3. the whole pre-packed grouped GEMM (M=4096, K=2048, N=11264: the GLU's gate and up
 //      columns together) at the blockings given, as a fraction of threads x the one-core peak.
@@ -179,12 +179,13 @@ int main(int argc, char** argv) {
   }
   std::printf("%s, %d thread(s), %d interleaved rounds (median [min, max])\n", ks.name, threads,
               rounds);
-  std::printf("fraction of the one-core FMA peak timed in the same round:\n");
+  std::printf("fraction of the one-core %d-lane FMA peak timed in the same round:\n",
+              avx512 ? 16 : 8);
   for (const Series& t : tiles) t.report("");
   std::printf("ns per packed value:\n");
   pack_scalar.report("ns");
   if (!pack_vector.values.empty()) pack_vector.report("ns");
-  std::printf("fraction of threads x the one-core FMA peak (pre-packed, M=4096 K=2048 N=11264):\n");
+  std::printf("fraction of threads x that peak (pre-packed, M=4096 K=2048 N=11264):\n");
   for (const Series& s : gemms) s.report("");
   return 0;
 }
