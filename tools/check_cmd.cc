@@ -126,7 +126,7 @@ SpecCheck check_one(const BoundArguments& b, const std::string& spec, const Chec
   oo.rounds.finalists = 1 << 20;
   oo.model_fraction = 1;
   oo.rounds.max_repeats = 1 << 20;  // every candidate gets all its rounds (the budget bounds it)
-  oo.measure_budget_s = oo.measure_budget_max_s = co.oracle_budget_s;
+  oo.fix_measure_budget(co.oracle_budget_s);
   oo.seed = 1000;
   const double t0 = now_seconds();
   const AutotuningData od = Autotuner(oo).tune(b);

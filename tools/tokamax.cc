@@ -231,8 +231,7 @@ struct Args {
 int cmd_autotune(Args& a) {
   tk::AutotuneOptions o;
   if (a.have_budget) o.budget_s = a.budget_s;
-  // A budget given is the budget (not raised for slow keys).
-  if (a.measure_budget_s > 0) o.measure_budget_s = o.measure_budget_max_s = a.measure_budget_s;
+  if (a.measure_budget_s > 0) o.fix_measure_budget(a.measure_budget_s);
   if (a.max_candidates > 0) o.max_candidates = a.max_candidates;
   o.all_implementations = a.all_impls;
   const bool sharded = !a.fleet.store.empty();

@@ -485,7 +485,7 @@ AutotuneOptions autotune_options(bool ignore_cache, bool all_implementations,
   o.ignore_cache = ignore_cache;
   o.all_implementations = all_implementations;
   if (budget_s) o.budget_s = *budget_s;
-  if (measure_budget_s) o.measure_budget_s = o.measure_budget_max_s = *measure_budget_s;
+  if (measure_budget_s) o.fix_measure_budget(*measure_budget_s);
   if (max_candidates) o.max_candidates = *max_candidates;
   o.seed = seed;
   o.validate();

@@ -112,7 +112,7 @@ TEST(Autotuner, CandidateWithoutAcceptedRoundsRoundTrips) {
 // (tile 3, a fifth of its time here: single runs are no evidence on a shared machine).
 TEST(Autotuner, CandidatesTheBudgetNeverReachedKeepTheirCheckedRun) {
   AutotuneOptions o = quick();
-  o.measure_budget_s = o.measure_budget_max_s = 1e-4;
+  o.fix_measure_budget(1e-4);
   const AutotuningData d = Autotuner(o).tune(bound("one_field"));
   ASSERT_EQ(d.entries().size(), 4u);
   for (const auto& [k, e] : d.entries()) {

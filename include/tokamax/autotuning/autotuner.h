@@ -67,6 +67,8 @@ struct AutotuneOptions {
   double measure_budget_s = 20;
   double measure_budget_max_s = 120;
   int budget_rounds = 4;
+  // A budget the caller names is the budget: not raised for slow keys.
+  void fix_measure_budget(double s) { measure_budget_s = measure_budget_max_s = s; }
   // A sample times back-to-back calls (warm) or repeated flush-and-call (cold) lasting at least
   // this long, so that short calls are not timer noise.
   double sample_min_ms = 1;
