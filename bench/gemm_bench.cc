@@ -6,7 +6,8 @@
 //      width (8 lanes for the AVX2 set, also where a CPU with AVX-512 runs it);
 //   2. the lhs packing (pack_a_f32, scalar and the set's vector one), ns per value;
 //   3. the whole pre-packed grouped GEMM (M=4096, K=2048, N=11264: the GLU's gate and up
-//      columns together) at the blockings given, as a fraction of threads x the one-core peak.
+//      columns together) at the blockings given, as a fraction of threads x the one-core peak, and
+//      each blocking against the first, paired per round.
 // Usage: tokamax_gemm_bench [--rounds N] [--threads T] [--blocking mr,mc,kc,nc]...
 #include <algorithm>
 #include <chrono>
@@ -187,5 +188,15 @@ int main(int argc, char** argv) {
   if (!pack_vector.values.empty()) pack_vector.report("ns");
   std::printf("fraction of threads x that peak (pre-packed, M=4096 K=2048 N=11264):\n");
   for (const Series& s : gemms) s.report("");
+  if (gemms.size() > 1) {
+    // Paired within each round: a neighbour that slows a whole round cancels out.
+    std::printf("time of the first blocking / time of each, per round:\n");
+    for (size_t i = 1; i < gemms.size(); ++i) {
+      Series ratio{gemms[i].name, {}};
+      for (int r = 0; r < rounds; ++r)
+        ratio.values.push_back(gemms[i].values[r] / gemms[0].values[r]);
+      ratio.report("x");
+    }
+  }
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
@@ -85,6 +86,7 @@ void print_device(bool json, bool roofline) {
   Json j = d.to_json();
   const tk::BlasInfo blas = tk::blas_info();
   j["blas"] = blas.to_json();
+  j["kernels"] = tk::kernel_set();
   if (roofline) j["roofline"] = tk::measure_roofline().to_json();
   if (json) {
     std::cout << j.dump(2) << "\n";
@@ -103,6 +105,8 @@ void print_device(bool json, bool roofline) {
              d.l2_bytes >> 10, d.l3_bytes >> 20);
   fmt::print("cores:         {} physical, {} threads available, tokamax uses {}\n",
              d.physical_cores, d.threads_available, tk::num_threads());
+  fmt::print("kernels:       {}{}\n", tk::kernel_set(),
+             std::getenv("TOKAMAX_ISA") ? " (capped by TOKAMAX_ISA)" : "");
   fmt::print("baselines:     {}\n", blas.str());
   if (roofline) {
     const Json& r = j["roofline"];

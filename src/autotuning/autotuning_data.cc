@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 
 #include "autotuning/scope_stack.h"
@@ -23,6 +24,18 @@ T get_field(const Json& j, const char* name, const char* what) {
   if (!j.is_object() || !j.contains(name)) {
     throw InvalidArgument(std::string(what) + ": missing field '" + name + "' in " +
                           canonical_dump(j).substr(0, 200));
+  }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // nlohmann converts a float to an integer with a plain cast, undefined past the type's
+    // range (1e42, found by fuzz_result_file): only integers in range are taken.
+    const Json& v = j.at(name);
+    constexpr int64_t kLo = std::numeric_limits<T>::min();
+    constexpr int64_t kHi = std::numeric_limits<T>::max();
+    if (!json_integer_in(v, kLo, kHi)) {
+      throw InvalidArgument(std::string(what) + ": field '" + name + "' is " +
+                            canonical_dump(v).substr(0, 40) + ", expected an integer in [" +
+                            std::to_string(kLo) + ", " + std::to_string(kHi) + "]");
+    }
   }
   try {
     return j.at(name).get<T>();

@@ -22,6 +22,11 @@ namespace tokamax {
 
 std::string library_version() { return TOKAMAX_VERSION; }
 
+bool json_integer_in(const Json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) return hi >= 0 && v.get<uint64_t>() <= static_cast<uint64_t>(hi);
+  return v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+}
+
 std::string canonical_dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }

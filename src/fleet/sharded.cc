@@ -93,7 +93,8 @@ Plan read_plan(const std::string& text, const std::string& run, const std::strin
   Plan p;
   try {
     const Json j = parse_json(text, "the plan of run " + run);
-    if (j.at("format").get<int>() != kPlanFormat) throw std::runtime_error("unknown format");
+    if (!json_integer_in(j.at("format"), kPlanFormat, kPlanFormat))
+      throw std::runtime_error("unknown format");
     p.digest = j.at("digest").get<std::string>();
     p.by = j.value("by", "?");
     p.order = j.at("order").get<std::vector<std::string>>();

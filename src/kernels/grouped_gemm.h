@@ -33,6 +33,15 @@ struct Blocking {
 // 256 63.5 ms against 68.9 for the 6 x 4 and 512 the ragged_dot heuristics had).
 inline int item_tiles(const KernelSet& ks) { return ks.max_mr >= 14 ? 14 : 16; }
 
+// K block for prefill heuristics: a packed weight panel of kc x nr stays in L1 while a row
+// block's tiles pass over it. 512 on the AVX-512 sets (32-column panels from L2 measured
+// faster than 256 on Sapphire and Emerald Rapids, see tile_ldc); 256 on the narrower ones:
+// the AVX2 set's 512 x 16 panel is the whole of Zen 3's 32 KiB L1 (2 threads, M=4096,
+// K=2048, N=11264 pre-packed, tokamax_gemm_bench: 0.82-0.89 of the FMA peak with K blocks of
+// 512, 0.87-0.90 with 256, 1.014x [1.003, 1.133] paired over 9 rounds; on Emerald Rapids
+// capped at AVX2 63.5 against 68.9 ms, see above).
+inline int block_depth(const KernelSet& ks) { return ks.max_mr >= 14 ? 512 : 256; }
+
 // Columns per work item, for the heuristics: `widest` halved (not below `narrowest`) while the
 // items, row_blocks times the column blocks of `cols`, number fewer than `want`; and, given
 // `even_over` threads (0: not asked), while items alike in size (one tile of rows each: the

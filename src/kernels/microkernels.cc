@@ -248,3 +248,7 @@ void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t
 }
 
 }  // namespace tokamax::kernels
+
+namespace tokamax {
+std::string kernel_set() { return kernels::best_kernels().name; }
+}  // namespace tokamax

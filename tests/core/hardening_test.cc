@@ -45,6 +45,24 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 // ---------------------------------------------------------------------------------------------
 // JSON and files.
 
+TEST(Hardening, ResultFileIntegerFieldsTakeIntegersInRangeOnly) {
+  // Found by fuzz_result_file: scratch_bytes 1e42 was cast to int64_t (undefined; UBSan's
+  // float-cast-overflow).
+  auto result = [](const std::string& scratch) {
+    return "{\"device_kind\": \"x\", \"tokamax_version\": \"0.1.0\", \"data\": [[{\"op\": "
+           "{\"family\": \"ragged_dot\", \"implementation\": \"native\"}, \"arguments\": "
+           "{\"lhs\": \"f32[8,64]\", \"rhs\": \"f32[2,64,64]\", \"group_sizes\": [5, 3], "
+           "\"num_threads\": 2}}, {\"{\\\"kc\\\":64,\\\"mc\\\":6,\\\"mr\\\":6,\\\"nc\\\":64}\": "
+           "{\"median_ms\": 0.01, \"scratch_bytes\": " +
+           scratch + ", \"cold_cache\": false, \"finalist\": true, \"heuristics\": true}}]]}";
+  };
+  EXPECT_NO_THROW(AutotuningResult::loads(result("1024")));
+  expect_invalid_argument([&] { AutotuningResult::loads(result("1.025e42")); },
+                          "field 'scratch_bytes' is 1.025e+42, expected an integer in [");
+  expect_invalid_argument([&] { AutotuningResult::loads(result("-1e30")); },
+                          "field 'scratch_bytes' is -1e+30");
+}
+
 TEST(Hardening, DeepJsonIsRefusedBeforeParsing) {
   // 100,000 levels crashed `cache verify`, `trace extract`, --bound-args (SIGSEGV).
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');

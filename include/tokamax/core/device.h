@@ -48,6 +48,9 @@ std::string device_kind();
 // threads_available. Part of every cache key, because it changes which config wins.
 int num_threads();
 void set_num_threads(int n);  // n <= 0 restores the default
+// The kernel set the native implementations run ("avx512_amx", "avx512", "avx2", "portable"):
+// the widest this CPU has, capped by TOKAMAX_ISA (portable, avx2, avx512 or amx; read once).
+std::string kernel_set();
 
 }  // namespace tokamax
 TOKAMAX_PUBLIC_END

@@ -18,6 +18,9 @@ using Json = nlohmann::json;
 // Sorted keys (nlohmann's object is an ordered std::map), no whitespace: equal values give
 // equal strings, so the result can be a cache key.
 std::string canonical_dump(const Json& j);
+// Whether v is a JSON integer (signed or unsigned) in [lo, hi]. A float is not one: nlohmann's
+// get<int64_t>() casts it, which is undefined past int64's range (1e42).
+bool json_integer_in(const Json& v, int64_t lo, int64_t hi);
 // Parses `text`; InvalidArgument naming `source` and the byte position on malformed input or
 // nesting deeper than kMaxJsonDepth (tokamax/core/limits.h).
 Json parse_json(std::string_view text, std::string_view source);

@@ -99,10 +99,10 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
   // Measured (tokamax autotune --tag primary, M=4096, K=2048, N=5632): the tallest tiles
   // and items of k::item_tiles() of them (12 x 16 won by 1.58x over 8-row tiles in items of 32
   // rows; 14 x 14 since the 14-row kernel): each packed weight panel is reused by ~200 rows.
-  // K blocks of 512; items as wide as 1024 gate + up columns while there are enough for the
-  // threads. Few rows (decode) take the streaming path (run_call), where only the K block and
-  // item width matter: there the items are alike, and narrower ones split evenly over the
-  // threads (k::item_columns).
+  // K blocks of k::block_depth(); items as wide as 1024 gate + up columns while there are enough
+  // for the threads. Few rows (decode) take the streaming path (run_call), where only the K
+  // block (512) and item width matter: there the items are alike, and narrower ones split
+  // evenly over the threads (k::item_columns).
   GluNativeConfig heuristics(const GluCall& c) const override {
     const auto& ks = k::best_kernels();
     GluNativeConfig cfg;
@@ -110,7 +110,8 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     cfg.mr = static_cast<int>(std::min<int64_t>(ks.max_mr, rows));
     cfg.mc = cfg.mr * static_cast<int>(
                           std::clamp<int64_t>((rows + cfg.mr - 1) / cfg.mr, 1, k::item_tiles(ks)));
-    cfg.kc = static_cast<int>(std::min<int64_t>(512, k::round_up(std::max<int64_t>(c.k, 2), 2)));
+    const int64_t depth = rows <= k::kStreamMaxMr ? 512 : k::block_depth(ks);
+    cfg.kc = static_cast<int>(std::min<int64_t>(depth, k::round_up(std::max<int64_t>(c.k, 2), 2)));
     const int64_t cols = 2 * k::round_up(std::max<int64_t>(c.n, 1), ks.nr);
     const int64_t row_blocks = (rows + cfg.mc - 1) / cfg.mc;
     const int64_t want = std::clamp<int64_t>(static_cast<int64_t>(call_flops(c) / 1e6), 1,

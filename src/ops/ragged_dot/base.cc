@@ -246,11 +246,7 @@ Field group_sizes_field() {
           for (size_t i = 0; i < j.size(); ++i) {
             const Json& x = j[i];
             // Checked as the 64-bit value it is: get<int32_t> wrapped 2^32 + 1 to 1, another key.
-            const bool fits = x.is_number_unsigned()
-                                  ? x.get<uint64_t>() <= uint64_t{INT32_MAX}
-                                  : x.is_number_integer() && x.get<int64_t>() >= INT32_MIN &&
-                                        x.get<int64_t>() <= INT32_MAX;
-            if (!fits) {
+            if (!json_integer_in(x, INT32_MIN, INT32_MAX)) {
               throw InvalidArgument(fmt::format(
                   "group size #{} = {}; expected an integer in [0, {}]", i, x.dump(), INT32_MAX));
             }
