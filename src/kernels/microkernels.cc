@@ -78,6 +78,10 @@ RowKernels row_kernels(Isa isa) {
           act_grad_portable};
 }
 
+bool vector_bf16_dot_pays() {
+  return bf16_dot_pays() && !best_kernels().amx && best_kernels().dot_stream_t != nullptr;
+}
+
 const KernelSet& best_kernels() {
   static const KernelSet* best = [] {
     const IsaFeatures& f = device_info().isa;

@@ -80,6 +80,15 @@ using PackAF32 = void (*)(const float* a, int64_t lda, int64_t rows, int64_t k0,
 using PackABf16 = void (*)(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0,
                            int64_t kc, int64_t a_stride, uint32_t* dst);
 
+// Attention decode with bf16 K and V on the bf16 dot (vdpbf16ps: pairs of adjacent k per lane,
+// sums in f32). a is f32, rounded to bf16 inside (to nearest even: exact for a q that was bf16;
+// P's probabilities keep 8 bits). For i < mr (<= kStreamMaxMr), j < cols:
+//   dot_stream_t:   c[i*ldc + j] = sum_{k<K} a[i*lda + k] * b[j*ldb + k] (q k^T; c overwritten);
+//   dot_stream_acc: c[i*ldc + j] += sum_{k<K} a[i*lda + k] * b[k*ldb + j] (P v; c accumulated).
+// lda and ldb in elements; any K and cols (tails masked).
+using DotStreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const uint16_t* b,
+                                 int64_t ldb, int64_t cols, float* c, int64_t ldc);
+
 struct KernelSet {
   Isa isa;
   const char* name;
@@ -102,6 +111,8 @@ struct KernelSet {
   // As stream but c += a b, blocked for a short K (attention decode's P v over a few kv
   // positions): c stays in registers across K. Set whenever stream is.
   StreamKernel stream_acc = nullptr;
+  DotStreamKernel dot_stream_t = nullptr;  // set where the bf16 dot is (see DotStreamKernel)
+  DotStreamKernel dot_stream_acc = nullptr;
 };
 inline constexpr int kAmxRows = 16;
 
@@ -157,6 +168,10 @@ const KernelSet& best_kernels();
 // Whether bf16 weights should go through the bf16 dot (pairs) rather than be widened to f32 for
 // the f32 FMA: only where the dot does more flops per cycle. TOKAMAX_BF16_DOT=0|1 overrides.
 bool bf16_dot_pays();
+// Whether the vector bf16 dot (vdpbf16ps, the dot_stream kernels) outruns widening bf16 to f32
+// FMAs: bf16_dot_pays() without AMX tiles (where it is the tiles that pay, while the vector dot
+// issues at half the FMA's flops, as on every Intel core measured).
+bool vector_bf16_dot_pays();
 
 // Packs rows [0,K) x columns [0,N) of one group's weights into panels of nr columns; panels
 // [panel_begin, panel_end) go to dst one after the other (dst holds panel_begin's).

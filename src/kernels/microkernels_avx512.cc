@@ -549,6 +549,179 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
   for (; j < cols; ++j) stream_t_cols<MR, 1, BF16>(K, a, lda, b, ldb, j, c, ldc);
 }
 
+// --- Attention decode on the bf16 dot (DotStreamKernel) ---
+
+// The first n bf16 values at p (all 32 when n >= 32), zeros after: whole pairs for the dot.
+inline __m512bh load_pairs(const uint16_t* p, int64_t n) {
+  const __mmask32 m = n >= 32 ? ~__mmask32{0} : n <= 0 ? 0 : (__mmask32{1} << n) - 1;
+  return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, p));
+}
+
+// a's rows [0, MR) x [k0, k0 + n) rounded to bf16 into dst (row stride ld), zero-padded to
+// ld: the lhs of the dot kernels, rounded once per call rather than per use.
+template <int MR>
+inline void round_rows(const float* a, int64_t lda, int64_t k0, int64_t n, uint16_t* dst,
+                       int64_t ld) {
+  for (int i = 0; i < MR; ++i) {
+    for (int64_t k = 0; k < ld; k += 16) {
+      const int64_t left = n - k;
+      const __mmask16 m = left >= 16  ? __mmask16{0xFFFF}
+                          : left <= 0 ? __mmask16{0}
+                                      : static_cast<__mmask16>((1u << left) - 1);
+      const __m512 x = _mm512_maskz_loadu_ps(m, a + i * lda + k0 + k);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * ld + k),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+    }
+  }
+}
+
+// q k^T: JB rows of b (positions) against the MR bf16 rows of a (stride lda), 32 k (16 pairs)
+// a step; the MR x JB sums reduced four at a time as stream_t_cols does, added to c (ACC) or
+// written.
+template <int MR, int JB, bool ACC>
+void dot_t_cols(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                int64_t j0, float* c, int64_t ldc) {
+  __m512 acc[MR][JB];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_setzero_ps();
+  }
+  auto step = [&](int64_t k, int64_t n) {
+    __m512bh w[JB];
+#pragma GCC unroll 4
+    for (int jj = 0; jj < JB; ++jj) w[jj] = load_pairs(b + (j0 + jj) * ldb + k, n);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      // a's rows are zero-padded to whole steps: the full load.
+      const __m512bh x = reinterpret_cast<__m512bh>(_mm512_loadu_si512(a + i * lda + k));
+#pragma GCC unroll 4
+      for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_dpbf16_ps(acc[i][jj], x, w[jj]);
+    }
+  };
+  int64_t k = 0;
+#pragma GCC unroll 4
+  for (; k + 32 <= K; k += 32) step(k, 32);
+  if (k < K) step(k, K - k);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* ci = c + i * ldc + j0;
+    if constexpr (JB == 4) {
+      __m128 s = sum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      if (ACC) s = _mm_add_ps(s, _mm_loadu_ps(ci));
+      _mm_storeu_ps(ci, s);
+    } else {
+#pragma GCC unroll 4
+      for (int jj = 0; jj < JB; ++jj) ci[jj] = (ACC ? ci[jj] : 0.0f) + hsum(acc[i][jj]);
+    }
+  }
+}
+
+// K in chunks of this many (a's rounded rows on the stack: 8 rows of 1 KB).
+constexpr int64_t kDotChunk = 512;
+
+void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                  int64_t cols, float* c, int64_t ldc) {
+  if (mr <= 0) return;
+  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
+    constexpr int JB = MR <= 4 ? 4 : 2;  // MR x JB accumulators, JB weights, one lhs
+    alignas(64) uint16_t ab[MR * kDotChunk];
+    for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kDotChunk) {
+      const int64_t n = std::min(kDotChunk, K - k0), ld = (n + 31) / 32 * 32;
+      round_rows<MR>(a, lda, k0, n, ab, ld);
+      auto cols_of = [&]<bool ACC>() {
+        int64_t j = 0;
+        for (; j + JB <= cols; j += JB) dot_t_cols<MR, JB, ACC>(n, ab, ld, b + k0, ldb, j, c, ldc);
+        for (; j < cols; ++j) dot_t_cols<MR, 1, ACC>(n, ab, ld, b + k0, ldb, j, c, ldc);
+      };
+      if (k0 == 0)
+        cols_of.template operator()<false>();
+      else
+        cols_of.template operator()<true>();
+    }
+  });
+}
+
+// P v: c's columns [j, j + 32 V) (the first n of them) of the MR rows, accumulated over b's K
+// rows two at a time: rows k and k + 1 interleaved into pairs (vpermt2w keeps c's columns in
+// order), a's (k, k + 1) broadcast as one 32-bit pair (a's rows are zero-padded to even K).
+// An odd K's last row pairs with zeros.
+template <int MR, int V>
+inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                          int64_t j, int64_t n, float* c, int64_t ldc) {
+  // Lane 2i of the result: element i of the first source; lane 2i + 1: element i of the second
+  // (lo: elements 0-15, hi: 16-31).
+  alignas(64) static constexpr uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                   37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                   11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512(kLo);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  __mmask16 m[2 * V];
+#pragma GCC unroll 8
+  for (int v = 0; v < 2 * V; ++v) {
+    const int64_t left = n - 16 * v;
+    m[v] = left >= 16  ? __mmask16{0xFFFF}
+           : left <= 0 ? __mmask16{0}
+                       : static_cast<__mmask16>((1u << left) - 1);
+  }
+  __m512 acc[MR][2 * V];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * V; ++v)
+      acc[i][v] = _mm512_maskz_loadu_ps(m[v], c + i * ldc + j + 16 * v);
+  }
+  auto pair = [&](int64_t k, bool odd) {
+    __m512bh w[2 * V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      const int64_t left = n - 32 * v;
+      const __m512i r0 = reinterpret_cast<__m512i>(load_pairs(b + k * ldb + j + 32 * v, left));
+      const __m512i r1 =
+          odd ? _mm512_setzero_si512()
+              : reinterpret_cast<__m512i>(load_pairs(b + (k + 1) * ldb + j + 32 * v, left));
+      w[2 * v] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(r0, lo, r1));
+      w[2 * v + 1] = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(r0, hi, r1));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      uint32_t word;
+      __builtin_memcpy(&word, a + i * lda + k, 4);
+      const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(word)));
+#pragma GCC unroll 8
+      for (int v = 0; v < 2 * V; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], x, w[v]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + 2 <= K; k += 2) pair(k, false);
+  if (k < K) pair(k, true);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < 2 * V; ++v)
+      _mm512_mask_storeu_ps(c + i * ldc + j + 16 * v, m[v], acc[i][v]);
+  }
+}
+
+void dot_stream_acc(int mr, int64_t K, const float* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                    int64_t cols, float* c, int64_t ldc) {
+  if (mr <= 0) return;
+  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
+    // MR x 2V accumulators, 2V pair vectors, the permute indices and a broadcast.
+    constexpr int V = MR <= 4 ? 2 : 1;
+    alignas(64) uint16_t ab[MR * kDotChunk];
+    for (int64_t k0 = 0; k0 < K; k0 += kDotChunk) {
+      const int64_t n = std::min(kDotChunk, K - k0), ld = (n + 31) / 32 * 32;
+      round_rows<MR>(a, lda, k0, n, ab, ld);
+      const uint16_t* bk = b + k0 * ldb;
+      int64_t j = 0;
+      for (; j + 32 * V <= cols; j += 32 * V)
+        dot_acc_block<MR, V>(n, ab, ld, bk, ldb, j, 32 * V, c, ldc);
+      for (; j < cols; j += 32) dot_acc_block<MR, 1>(n, ab, ld, bk, ldb, j, cols - j, c, ldc);
+    }
+  });
+}
+
 void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16, int64_t ldb,
             int64_t cols, float* c, int64_t ldc) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
@@ -609,7 +782,9 @@ const KernelSet kSet{Isa::kAvx512,
                      pack_b_bf16,
                      false,
                      pack_a_f32_avx512,
-                     stream_acc};
+                     stream_acc,
+                     dot_stream_t,
+                     dot_stream_acc};
 
 }  // namespace
 

@@ -241,6 +241,59 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
   }
 }
 
+// dot_stream_t (c = a b^T) and dot_stream_acc (c += a b) on the bf16 dot, where a set has them,
+// against double sums of a rounded to bf16 (the kernels round it) times the bf16 b: every row
+// count, depths around the 32-value step and past the kernels' 512 chunk (0 and odd included),
+// column counts around the 4-position and 32- and 64-column blocks, strides wider than the
+// rows; nothing written past the last row or column.
+TEST(Microkernels, DecodeBf16DotKernels) {
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
+    for (bool trans : {true, false}) {
+      const k::DotStreamKernel dot = trans ? ks->dot_stream_t : ks->dot_stream_acc;
+      if (!dot) continue;
+      for (int mr = 0; mr <= k::kStreamMaxMr; ++mr) {
+        for (int64_t K : {0, 1, 2, 3, 31, 32, 33, 64, 65, 600}) {
+          for (int64_t cols : {1, 3, 4, 5, 16, 17, 31, 32, 33, 64, 65, 133}) {
+            const int64_t lda = K + 2, ldb = (trans ? K : cols) + 3, ldc = cols + 4;
+            const std::vector<float> a = random_floats(static_cast<size_t>(mr * lda), false);
+            const std::vector<float> bf =
+                random_floats(static_cast<size_t>((trans ? cols : K) * ldb), true);
+            std::vector<uint16_t> bh(bf.size());
+            for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
+            std::vector<float> c(static_cast<size_t>((mr + 1) * ldc), kSentinel);
+            const std::vector<float> c0 = random_floats(static_cast<size_t>(mr * ldc), false);
+            for (int i = 0; !trans && i < mr; ++i) {
+              for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = c0[i * ldc + j];
+            }
+            dot(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc);
+            const std::string what = std::string(ks->name) +
+                                     (trans ? " dot_stream_t" : " dot_stream_acc") +
+                                     " mr=" + std::to_string(mr) + " K=" + std::to_string(K) +
+                                     " cols=" + std::to_string(cols);
+            for (int i = 0; i <= mr; ++i) {
+              for (int64_t j = 0; j < ldc; ++j) {
+                const float got = c[i * ldc + j];
+                if (i == mr || j >= cols) {
+                  ASSERT_EQ(got, kSentinel) << what << " wrote outside at " << i << "," << j;
+                  continue;
+                }
+                double want = trans ? 0.0 : c0[i * ldc + j], mag = std::abs(want);
+                for (int64_t kk = 0; kk < K; ++kk) {
+                  const double t = static_cast<double>(bf16_to_f32(f32_to_bf16(a[i * lda + kk]))) *
+                                   bf[trans ? j * ldb + kk : kk * ldb + j];
+                  want += t;
+                  mag += std::abs(t);
+                }
+                ASSERT_NEAR(got, want, 1e-5 * mag + 1e-6) << what << " at " << i << "," << j;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // pack_a_f32 (scalar) and each ISA's vector one against the layout written out index by index:
 // dst[t][k][mr] = a[(t*mr + i) * lda + k0 + k], zero past the last row; every tile height,
 // depths around the 16-value step, a k0 offset and a row stride wider than the block; nothing
