@@ -642,6 +642,45 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
   });
 }
 
+// q k^T for every kv head, position by position (DotHeadsKernel): b's rows in memory order, so
+// a KV cache's sub-block is one forward stream. One (position, head) at a time: MR
+// accumulators, each step one load of b and MR of a (from L1), the MR sums reduced together.
+void dot_heads_t(int mr, int heads, int64_t K, const float* a, const uint16_t* b, int64_t ldb,
+                 int64_t cols, float* c, int64_t ldc) {
+  if (mr <= 0) return;
+  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
+    const int64_t ld = (K + 31) / 32 * 32;
+    alignas(64) uint16_t ab[kDotHeadsMaxValues];
+    for (int h = 0; h < heads; ++h) round_rows<MR>(a + h * MR * K, K, 0, K, ab + h * MR * ld, ld);
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int h = 0; h < heads; ++h) {
+        const uint16_t* bh = b + j * ldb + h * K;
+        const uint16_t* ah = ab + h * MR * ld;
+        __m512 acc[MR];
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k += 32) {
+          const __m512bh w = load_pairs(bh + k, K - k);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i)
+            acc[i] = _mm512_dpbf16_ps(
+                acc[i], reinterpret_cast<__m512bh>(_mm512_loadu_si512(ah + i * ld + k)), w);
+        }
+        float* ch = c + h * MR * ldc + j;
+        int i = 0;
+        if constexpr (MR >= 4) {
+          for (; i + 4 <= MR; i += 4) {
+            alignas(16) float t[4];
+            _mm_store_ps(t, sum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+            for (int e = 0; e < 4; ++e) ch[(i + e) * ldc] = t[e];
+          }
+        }
+        for (; i < MR; ++i) ch[i * ldc] = hsum(acc[i]);
+      }
+    }
+  });
+}
+
 // P v: c's columns [j, j + 32 V) (the first n of them) of the MR rows, accumulated over b's K
 // rows two at a time: rows k and k + 1 interleaved into pairs (vpermt2w keeps c's columns in
 // order), a's (k, k + 1) broadcast as one 32-bit pair (a's rows are zero-padded to even K).
@@ -784,7 +823,8 @@ const KernelSet kSet{Isa::kAvx512,
                      pack_a_f32_avx512,
                      stream_acc,
                      dot_stream_t,
-                     dot_stream_acc};
+                     dot_stream_acc,
+                     dot_heads_t};
 
 }  // namespace
 
