@@ -93,12 +93,17 @@ using DotStreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda,
 // head of a position before the next: a KV cache sub-block [cols][heads][K] read as one forward
 // stream, which on Zen 4 the hardware prefetchers follow at the sequential rate, against about
 // half of it head by head). For h < heads, i < mr, j < cols:
-//   c[(h*mr + i)*ldc + j] = sum_{k<K} a[(h*mr + i)*K + k] * b[j*ldb + h*K + k],
-// a f32 rounded to bf16 inside, b bf16. Requires heads * mr * round_up(K, 32) <=
-// kDotHeadsMaxValues (the rounded rows live on the stack).
+//   c[(h*mr + i)*ldc + j] = sum_{k<K} a[(h*mr + i)*K + k] * b[j*ldb + h*K + k].
+// stream_heads_t: b f32 or bf16 (b_bf16, widened exactly), f32 FMAs. dot_heads_t: b bf16, a
+// rounded to bf16 inside, the bf16 dot; requires heads * mr * round_up(K, 32) <=
+// kDotHeadsMaxValues (the rounded rows live on the stack). When `prefetch` is not null, the
+// prefetch_bytes bytes at prefetch + j * prefetch_ld are prefetched into L2 as position j is
+// read (decode: the sub-block's V rows, in order, before P v reads them head by head).
 inline constexpr int64_t kDotHeadsMaxValues = 8192;
-using DotHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const uint16_t* b,
-                                int64_t ldb, int64_t cols, float* c, int64_t ldc);
+using StreamHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const void* b,
+                                   bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,
+                                   const void* prefetch, int64_t prefetch_ld,
+                                   int64_t prefetch_bytes);
 
 struct KernelSet {
   Isa isa;
@@ -124,7 +129,8 @@ struct KernelSet {
   StreamKernel stream_acc = nullptr;
   DotStreamKernel dot_stream_t = nullptr;  // set where the bf16 dot is (see DotStreamKernel)
   DotStreamKernel dot_stream_acc = nullptr;
-  DotHeadsKernel dot_heads_t = nullptr;
+  StreamHeadsKernel dot_heads_t = nullptr;     // set where the bf16 dot is
+  StreamHeadsKernel stream_heads_t = nullptr;  // set where stream_t is (AVX-512 so far)
 };
 inline constexpr int kAmxRows = 16;
 

@@ -642,42 +642,95 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
   });
 }
 
-// q k^T for every kv head, position by position (DotHeadsKernel): b's rows in memory order, so
-// a KV cache's sub-block is one forward stream. One (position, head) at a time: MR
-// accumulators, each step one load of b and MR of a (from L1), the MR sums reduced together.
-void dot_heads_t(int mr, int heads, int64_t K, const float* a, const uint16_t* b, int64_t ldb,
-                 int64_t cols, float* c, int64_t ldc) {
-  if (mr <= 0) return;
-  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
-    const int64_t ld = (K + 31) / 32 * 32;
-    alignas(64) uint16_t ab[kDotHeadsMaxValues];
+// q k^T for every kv head, position by position (StreamHeadsKernel): b's rows in memory order,
+// so a KV cache's sub-block is one forward stream. One (position, head) at a time: 2 x MR
+// accumulators (alternate steps, so even 4 rows keep 8 FMAs or dots in flight), each step one
+// load of b and MR of a (from L1), the MR sums reduced together. KIND: 0 f32 b, 1 bf16 b
+// widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 on the stack first).
+template <int MR, int KIND>
+void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
+                float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
+  constexpr bool kDot = KIND == 2;
+  constexpr int64_t kStep = kDot ? 32 : 16;
+  const int64_t ld = kDot ? (K + 31) / 32 * 32 : K;
+  alignas(64) uint16_t ab[kDot ? kDotHeadsMaxValues : 1];
+  if constexpr (kDot) {
     for (int h = 0; h < heads; ++h) round_rows<MR>(a + h * MR * K, K, 0, K, ab + h * MR * ld, ld);
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int h = 0; h < heads; ++h) {
-        const uint16_t* bh = b + j * ldb + h * K;
-        const uint16_t* ah = ab + h * MR * ld;
-        __m512 acc[MR];
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    if (pf) {
+      for (int64_t off = 0; off < pf_bytes; off += 64)
+        _mm_prefetch(pf + j * pf_ld + off, _MM_HINT_T1);
+    }
+    for (int h = 0; h < heads; ++h) {
+      __m512 acc[2][MR];
 #pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-        for (int64_t k = 0; k < K; k += 32) {
-          const __m512bh w = load_pairs(bh + k, K - k);
+      for (int i = 0; i < MR; ++i) acc[0][i] = acc[1][i] = _mm512_setzero_ps();
+      auto step = [&](int set, int64_t k, int64_t n) {
+        if constexpr (kDot) {
+          const uint16_t* bh = static_cast<const uint16_t*>(b) + j * ldb + h * K;
+          const __m512bh w = load_pairs(bh + k, n);
 #pragma GCC unroll 8
-          for (int i = 0; i < MR; ++i)
-            acc[i] = _mm512_dpbf16_ps(
-                acc[i], reinterpret_cast<__m512bh>(_mm512_loadu_si512(ah + i * ld + k)), w);
-        }
-        float* ch = c + h * MR * ldc + j;
-        int i = 0;
-        if constexpr (MR >= 4) {
-          for (; i + 4 <= MR; i += 4) {
-            alignas(16) float t[4];
-            _mm_store_ps(t, sum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
-            for (int e = 0; e < 4; ++e) ch[(i + e) * ldc] = t[e];
+          for (int i = 0; i < MR; ++i) {
+            const __m512bh x =
+                reinterpret_cast<__m512bh>(_mm512_loadu_si512(ab + (h * MR + i) * ld + k));
+            acc[set][i] = _mm512_dpbf16_ps(acc[set][i], x, w);
+          }
+        } else {
+          const __mmask16 m = n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
+          const int64_t idx = j * ldb + h * K + k;
+          const __m512 w =
+              n >= 16 ? load_w<KIND == 1, false>(b, idx, m) : load_w<KIND == 1, true>(b, idx, m);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const float* ai = a + (h * MR + i) * K + k;
+            const __m512 x = n >= 16 ? _mm512_loadu_ps(ai) : _mm512_maskz_loadu_ps(m, ai);
+            acc[set][i] = _mm512_fmadd_ps(x, w, acc[set][i]);
           }
         }
-        for (; i < MR; ++i) ch[i * ldc] = hsum(acc[i]);
+      };
+      int64_t k = 0;
+      for (; k + 2 * kStep <= K; k += 2 * kStep) {
+        step(0, k, kStep);
+        step(1, k + kStep, kStep);
       }
+      for (; k < K; k += kStep) step(0, k, K - k);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) acc[0][i] = _mm512_add_ps(acc[0][i], acc[1][i]);
+      float* ch = c + h * MR * ldc + j;
+      int i = 0;
+      if constexpr (MR >= 4) {
+        for (; i + 4 <= MR; i += 4) {
+          alignas(16) float t[4];
+          _mm_store_ps(t, sum4(acc[0][i], acc[0][i + 1], acc[0][i + 2], acc[0][i + 3]));
+          for (int e = 0; e < 4; ++e) ch[(i + e) * ldc] = t[e];
+        }
+      }
+      for (; i < MR; ++i) ch[i * ldc] = hsum(acc[0][i]);
     }
+  }
+}
+
+void stream_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool b_bf16,
+                    int64_t ldb, int64_t cols, float* c, int64_t ldc, const void* prefetch,
+                    int64_t prefetch_ld, int64_t prefetch_bytes) {
+  if (mr <= 0) return;
+  const char* pf = static_cast<const char*>(prefetch);
+  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
+    if (b_bf16)
+      heads_impl<MR, 1>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes);
+    else
+      heads_impl<MR, 0>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes);
+  });
+}
+
+void dot_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool /*b_bf16*/,
+                 int64_t ldb, int64_t cols, float* c, int64_t ldc, const void* prefetch,
+                 int64_t prefetch_ld, int64_t prefetch_bytes) {
+  if (mr <= 0) return;
+  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
+    heads_impl<MR, 2>(heads, K, a, b, ldb, cols, c, ldc, static_cast<const char*>(prefetch),
+                      prefetch_ld, prefetch_bytes);
   });
 }
 
@@ -824,7 +877,8 @@ const KernelSet kSet{Isa::kAvx512,
                      stream_acc,
                      dot_stream_t,
                      dot_stream_acc,
-                     dot_heads_t};
+                     dot_heads_t,
+                     stream_heads_t};
 
 }  // namespace
 

@@ -294,43 +294,54 @@ TEST(Microkernels, DecodeBf16DotKernels) {
   }
 }
 
-// dot_heads_t (q k^T for several heads, position by position) against double sums of a rounded
-// to bf16 times the bf16 b: row counts, head counts, depths around the 32-value step, position
-// strides wider than the heads; nothing written past the last row or column.
-TEST(Microkernels, DecodeBf16DotHeadsKernel) {
+// stream_heads_t (f32 FMAs, b f32 or bf16) and dot_heads_t (the bf16 dot, a rounded to bf16):
+// q k^T for several heads, position by position, against double sums: row counts, head counts,
+// depths around the 16- and 32-value steps, position strides wider than the heads, with and
+// without the prefetch; nothing written past the last row or column.
+TEST(Microkernels, DecodeHeadsKernels) {
   for (const k::KernelSet* ks : testing::runnable_sets()) {
-    if (!ks->dot_heads_t) continue;
-    for (int mr = 1; mr <= k::kStreamMaxMr; ++mr) {
-      for (int heads : {1, 3, 8}) {
-        for (int64_t K : {1, 31, 32, 33, 128}) {
-          if (heads * mr * ((K + 31) / 32 * 32) > k::kDotHeadsMaxValues) continue;
-          for (int64_t cols : {1, 5, 33}) {
-            const int64_t ldb = heads * K + 3, ldc = cols + 4, rows = int64_t{heads} * mr;
-            const std::vector<float> a = random_floats(static_cast<size_t>(rows * K), false);
-            const std::vector<float> bf = random_floats(static_cast<size_t>(cols * ldb), true);
-            std::vector<uint16_t> bh(bf.size());
-            for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
-            std::vector<float> c(static_cast<size_t>((rows + 1) * ldc), kSentinel);
-            ks->dot_heads_t(mr, heads, K, a.data(), bh.data(), ldb, cols, c.data(), ldc);
-            const std::string what = std::string(ks->name) +
-                                     " dot_heads_t mr=" + std::to_string(mr) +
-                                     " heads=" + std::to_string(heads) + " K=" + std::to_string(K) +
-                                     " cols=" + std::to_string(cols);
-            for (int64_t r = 0; r <= rows; ++r) {
-              for (int64_t j = 0; j < ldc; ++j) {
-                const float got = c[r * ldc + j];
-                if (r == rows || j >= cols) {
-                  ASSERT_EQ(got, kSentinel) << what << " wrote outside at " << r << "," << j;
-                  continue;
+    for (bool dot : {false, true}) {
+      const k::StreamHeadsKernel kernel = dot ? ks->dot_heads_t : ks->stream_heads_t;
+      if (!kernel) continue;
+      for (int mr = 1; mr <= k::kStreamMaxMr; ++mr) {
+        for (int heads : {1, 3, 8}) {
+          for (int64_t K : {1, 15, 17, 31, 32, 33, 128}) {
+            if (dot && heads * mr * ((K + 31) / 32 * 32) > k::kDotHeadsMaxValues) continue;
+            for (int64_t cols : {1, 5, 33}) {
+              for (bool bf16 : {false, true}) {
+                if (dot && !bf16) continue;
+                const int64_t ldb = heads * K + 3, ldc = cols + 4, rows = int64_t{heads} * mr;
+                const std::vector<float> a = random_floats(static_cast<size_t>(rows * K), false);
+                const std::vector<float> bf = random_floats(static_cast<size_t>(cols * ldb), bf16);
+                std::vector<uint16_t> bh(bf.size());
+                for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
+                std::vector<float> c(static_cast<size_t>((rows + 1) * ldc), kSentinel);
+                const void* b = bf16 ? static_cast<const void*>(bh.data()) : bf.data();
+                // The prefetch reads nothing: any address, here b's own rows.
+                kernel(mr, heads, K, a.data(), b, bf16, ldb, cols, c.data(), ldc,
+                       cols % 2 ? b : nullptr, ldb * (bf16 ? 2 : 4), 64);
+                const std::string what =
+                    std::string(ks->name) + (dot ? " dot_heads_t" : " stream_heads_t") +
+                    " mr=" + std::to_string(mr) + " heads=" + std::to_string(heads) +
+                    " K=" + std::to_string(K) + " cols=" + std::to_string(cols) +
+                    (bf16 ? " bf16" : "");
+                for (int64_t r = 0; r <= rows; ++r) {
+                  for (int64_t j = 0; j < ldc; ++j) {
+                    const float got = c[r * ldc + j];
+                    if (r == rows || j >= cols) {
+                      ASSERT_EQ(got, kSentinel) << what << " wrote outside at " << r << "," << j;
+                      continue;
+                    }
+                    double want = 0, mag = 0;
+                    for (int64_t kk = 0; kk < K; ++kk) {
+                      const float x = dot ? bf16_to_f32(f32_to_bf16(a[r * K + kk])) : a[r * K + kk];
+                      const double t = static_cast<double>(x) * bf[j * ldb + (r / mr) * K + kk];
+                      want += t;
+                      mag += std::abs(t);
+                    }
+                    ASSERT_NEAR(got, want, 1e-5 * mag + 1e-6) << what << " at " << r << "," << j;
+                  }
                 }
-                double want = 0, mag = 0;
-                for (int64_t kk = 0; kk < K; ++kk) {
-                  const double t = static_cast<double>(bf16_to_f32(f32_to_bf16(a[r * K + kk]))) *
-                                   bf[j * ldb + (r / mr) * K + kk];
-                  want += t;
-                  mag += std::abs(t);
-                }
-                ASSERT_NEAR(got, want, 1e-5 * mag + 1e-6) << what << " at " << r << "," << j;
               }
             }
           }

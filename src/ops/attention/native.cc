@@ -173,11 +173,18 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // 1.57x faster per position and kv head with the data in L1, the op 1.17-1.20x on
     // decode_bf16 (tokamax bench, interleaved). P is rounded to bf16 for P v.
     const bool dot = bf16 && ks.dot_stream_t && k::vector_bf16_dot_pays();
-    // q k^T over all kv heads position by position where the rounded q fits the kernel: K read
-    // as one stream (Zen 4, decode_bf16, 7 interleaved rounds: 0.69-0.99x the time of head by
-    // head, median 0.83x; reading alone, no compute: 0.98x against 0.49x of a sequential read).
-    const bool heads_t = dot && ks.dot_heads_t && c.nk <= std::numeric_limits<int>::max() &&
-                         c.nk * rows * k::round_up(c.h, 32) <= k::kDotHeadsMaxValues;
+    // q k^T over all kv heads position by position, K read as one stream, while V's rows of
+    // the same positions are prefetched into L2 in the same order for P v (which reads them
+    // head by head). Zen 4, 2 threads, reading alone (no compute, 64 MiB): head by head over a
+    // sub-block 0.49x a sequential read, position by position 0.98x. The op (tokamax bench,
+    // 4 interleaved rounds, GFLOP/s): f32 decode 23-28 head by head, 29-30 position by
+    // position, 34-42 with V prefetched; bf16 (on the dot) 38-42, 50-54, 56-80. The dot's
+    // kernel needs q rounded on the stack.
+    const k::StreamHeadsKernel heads_t =
+        c.nk > std::numeric_limits<int>::max() ? nullptr
+        : dot ? (c.nk * rows * k::round_up(c.h, 32) <= k::kDotHeadsMaxValues ? ks.dot_heads_t
+                                                                             : nullptr)
+              : ks.stream_heads_t;
     const int64_t es = dtype_size(c.q.dtype());
     parallel_for(c.b * chunks, threads, [&](int64_t item, int) {
       const int64_t bb = item / chunks, ch = item % chunks;
@@ -200,10 +207,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         const int64_t width = std::min(sub, hi - sb);
         // S = q k^T for every kv head (the K rows only), the online softmax, then O += P v for
         // every kv head (the V rows only): half as many pages in flight at a time.
-        if (heads_t) {  // every kv head, position by position: K in memory order
-          ks.dot_heads_t(static_cast<int>(rows), static_cast<int>(c.nk), c.h, Q,
-                         reinterpret_cast<const uint16_t*>(kb) + sb * c.nk * c.h, c.nk * c.h, width,
-                         S, sub);
+        if (heads_t) {  // position by position: K in memory order, V prefetched alike
+          const int64_t vrow = c.nk * c.hv * es;
+          heads_t(static_cast<int>(rows), static_cast<int>(c.nk), c.h, Q, kb + sb * c.nk * c.h * es,
+                  bf16, c.nk * c.h, width, S, sub, vb + sb * vrow, vrow, vrow);
         } else {
           for (int64_t kh = 0; kh < c.nk; ++kh) {
             const char* kr = kb + (sb * c.nk + kh) * c.h * es;

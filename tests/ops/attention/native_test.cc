@@ -26,4 +26,21 @@ TEST(AttentionNative, EveryDecodeSubBlock) {
   }
 }
 
+// Decode's q k^T takes every kv head position by position where the kernels allow (the bf16
+// dot's when its rounded q fits kDotHeadsMaxValues) and head by head otherwise: both sides of
+// that bound, f32 and bf16, head dims off the vector width, a sub-block shorter than S.
+TEST(AttentionNative, DecodeHeadsAtOnceAndOneByOne) {
+  const int nr = kernels::best_kernels().nr;
+  const Config cfg = Config::make(AttentionNativeConfig{1, 2 * nr});
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    // 8 kv heads x 8 rows x 160 (rounded up to 32s): 10240 values, past the bound; 8 x 2 x 72
+    // (96): within it.
+    for (const auto& [n, h] : {std::pair<int64_t, int64_t>{64, 150}, {16, 72}}) {
+      Case d{1, 1, 3 * nr + 5, n, 8, h, h - 1};
+      d.dtype = dtype;
+      check_case("native", d, cfg);
+    }
+  }
+}
+
 }  // namespace tokamax::attention_test
