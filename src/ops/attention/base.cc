@@ -246,9 +246,9 @@ bool Family::memory_bound_of(const AttentionCall& c) const {
   return bytes > 0 && call_flops(c) / bytes < 8.0;
 }
 
-bool native_uses_bf16_tiles(const AttentionCall& c) {
-  return kernels::best_kernels().amx && c.q.dtype() == DType::kBF16 &&
-         c.k.dtype() == DType::kBF16 && c.v.dtype() == DType::kBF16;
+bool native_uses_bf16_pairs(const AttentionCall& c) {
+  return (kernels::best_kernels().amx || kernels::vector_bf16_dot_pays()) &&
+         c.q.dtype() == DType::kBF16 && c.k.dtype() == DType::kBF16 && c.v.dtype() == DType::kBF16;
 }
 
 void kv_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,
@@ -262,7 +262,7 @@ void kv_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int
 }
 
 CallCost Family::cost_of(const AttentionCall& c) const {
-  return {call_flops(c), memory_bound_of(c) ? call_bytes(c) : 0.0, native_uses_bf16_tiles(c)};
+  return {call_flops(c), memory_bound_of(c) ? call_bytes(c) : 0.0, native_uses_bf16_pairs(c)};
 }
 
 // --- reference: each row's logits materialized, max-subtracted softmax in f32, then p.v ---

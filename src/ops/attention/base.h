@@ -200,9 +200,10 @@ const VjpFamily& vjp_family();
 double call_flops(const AttentionCall& c);
 // The bytes a call must read at least: q, k, v and the output.
 double call_bytes(const AttentionCall& c);
-// Whether the native q k^T and P v run on the bf16 tile kernel (AMX) as bf16 pairs: bf16 q, k
-// and v where the CPU's kernel set has it.
-bool native_uses_bf16_tiles(const AttentionCall& c);
+// Whether the native q k^T and P v run on a bf16 kernel as bf16 pairs: bf16 q, k and v where
+// the CPU's kernel set has the AMX tiles, or a vector bf16 dot that outruns the widened f32
+// FMAs (kernels::vector_bf16_dot_pays: Zen 4).
+bool native_uses_bf16_pairs(const AttentionCall& c);
 
 // f32 panels of ks.nr columns (kernels::pack_panels) from one (batch b, kv head) slice of x
 // [B,S,Nk,D] (k or v), widened from bf16 where x is bf16; the native forward and backward pack

@@ -77,7 +77,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int64_t g = std::max<int64_t>(c.group(), 1);
     // On the AMX tiles (bf16): three 32-row tile pairs and kv blocks of 512 (tuned on Sapphire
     // Rapids, prefill T=S=2048: 1.12x the f32 kernel's then 72 rows and 256).
-    const bool tiles = native_uses_bf16_tiles(c);
+    const bool tiles = ks.amx && native_uses_bf16_pairs(c);
     const int64_t target_rows = tiles ? 96 : 6 * ks.max_mr;
     int64_t bq = std::clamp<int64_t>(target_rows / g, 1, std::max<int64_t>(c.t, 1));
     const int64_t want = 4 * std::max(1, c.num_threads);
@@ -276,9 +276,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     Tensor packed({std::max<int64_t>(1, packed_floats(c, ks))}, DType::kF32);
     float* kpack = packed.data_as<float>();
     float* vpack = kpack + c.b * c.nk * k_elems;
-    // bf16 inputs on the AMX tiles: q k^T's products are exact (as the f32 FMA's on the widened
-    // values); P is rounded to bf16 for P v, as bf16 flash attention kernels do.
-    const bool pairs = native_uses_bf16_tiles(c);
+    // bf16 inputs on the AMX tiles or the vector bf16 dot: q k^T's products are exact (as the
+    // f32 FMA's on the widened values); P is rounded to bf16 for P v, as bf16 flash attention
+    // kernels do.
+    const bool pairs = native_uses_bf16_pairs(c);
     const int64_t hp = (c.h + 1) / 2, s2 = (c.s + 1) / 2;
     if (pairs) {  // bf16 pair panels, half the floats: K [S/nr][H/2][nr], V [Hv/nr][S/2][nr]
       k_elems = kp * hp * nr;
@@ -349,22 +350,30 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     float* o;
     float* m;
     float* l;
+    uint32_t* qv;  // Q as vector-dot pairs [H/2][rows] (the vector bf16 dot only)
   };
   static int64_t item_floats(const AttentionCall& c, int64_t rows, int64_t block_kv,
                              const k::KernelSet& ks, ItemScratch* at = nullptr,
                              float* base = nullptr) {
     const int64_t rp = k::round_up(std::max<int64_t>(rows, 1), k::kAmxRows);
     const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
-    const int64_t sizes[6] = {rp * c.h, rp * block_kv, rp * (block_kv / 2 + 1),
-                              rp * ldo, rows,          rows};
-    int64_t off = 0, offs[6];
-    for (int i = 0; i < 6; ++i) {
+    // Q as vector-dot pairs ([H/2][rows]) only where the vector dot runs.
+    const int64_t qv = ks.amx || !k::vector_bf16_dot_pays() ? 0 : rows * ((c.h + 1) / 2);
+    const int64_t sizes[7] = {
+        rp * c.h, rp * block_kv, rp * (block_kv / 2 + 1), rp * ldo, rows, rows, qv};
+    int64_t off = 0, offs[7];
+    for (int i = 0; i < 7; ++i) {
       offs[i] = off;
       off += sizes[i];
     }
     if (at) {
-      *at = {base + offs[0], base + offs[1], reinterpret_cast<uint32_t*>(base + offs[2]),
-             base + offs[3], base + offs[4], base + offs[5]};
+      *at = {base + offs[0],
+             base + offs[1],
+             reinterpret_cast<uint32_t*>(base + offs[2]),
+             base + offs[3],
+             base + offs[4],
+             base + offs[5],
+             reinterpret_cast<uint32_t*>(base + offs[6])};
     }
     return off;
   }
@@ -517,12 +526,16 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       r0 = rs0v.data();
       r1 = rs1v.data();
     }
-    if (!src.pairs) load_q_rows(c, bb, kh, t0, rows, Q);
+    // The vector bf16 dot (pairs without the AMX tiles): q widened, then packed as the kernel's
+    // lhs pairs [H/2][rows] (exact: it was bf16), tiles of up to mr rows at a time.
+    const bool vdot = src.pairs && !ks.amx;
+    if (!src.pairs || vdot) load_q_rows(c, bb, kh, t0, rows, Q);
+    if (vdot) ks.pack_a_bf16(Q, false, c.h, rows, 0, c.h, rows, sc.qv);
     row_ranges(c, bb, t0, rows, 0, c.s, r0, r1, &lo, &hi);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
       const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.h;
-      if (src.pairs) {
+      if (src.pairs && !vdot) {
         uint32_t* dst = Qp + r * hp;
         dst[hp - 1] = 0;  // the odd H's last pair: high half zero
         std::memcpy(dst, c.q.data_as<const uint16_t>() + base, c.h * sizeof(uint16_t));
@@ -530,7 +543,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       m[r] = kNegInf;
       l[r] = 0;
     }
-    if (src.pairs) std::fill(Qp + rows * hp, Qp + rows_p * hp, 0u);
+    if (src.pairs && !vdot) std::fill(Qp + rows * hp, Qp + rows_p * hp, 0u);
     std::fill(O, O + (src.pairs ? rows_p : rows) * ldo, 0.0f);
     // Blocks span [lo, hi), the positions some row of the item sees, from a panel boundary:
     // what causality or a window masks for every row is never computed.
@@ -538,7 +551,16 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       const int64_t se = std::min<int64_t>(sb + cfg.block_kv, hi);
       const int64_t width = se - sb, panels = (width + nr - 1) / nr;
       // S = q k^T for the block.
-      if (src.pairs) {
+      if (vdot) {
+        const uint32_t* kpanels = reinterpret_cast<const uint32_t*>(src.kpanels);
+        for (int64_t i = 0; i < rows; i += mr) {
+          const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+          for (int64_t p = 0; p < panels; ++p) {
+            ks.bf16(tile, hp, sc.qv + i, rows, kpanels + (sb / nr + p) * hp * nr,
+                    S + i * lds + p * nr, lds, false);
+          }
+        }
+      } else if (src.pairs) {
         // The whole item on the tile kernel, one K panel at a time (H = 0: no pairs, S = 0).
         const uint32_t* kpanels = reinterpret_cast<const uint32_t*>(src.kpanels);
         for (int64_t p = 0; p < panels; ++p) {
@@ -561,7 +583,19 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       }
       softmax_block(c, rk, bb, kh, t0, rows, sb, width, r0, r1, S, lds, m, l, O, ldo);
       // O += P v.
-      if (src.pairs) {
+      if (vdot) {
+        // P rounded to bf16 pairs [width/2][rows], then every V panel, mr rows at a time.
+        const int64_t wp = (width + 1) / 2, s2 = (c.s + 1) / 2;
+        ks.pack_a_bf16(S, false, lds, rows, 0, width, rows, sc.p);
+        const uint32_t* vpanels = reinterpret_cast<const uint32_t*>(src.vpanels);
+        for (int64_t i = 0; i < rows; i += mr) {
+          const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
+          for (int64_t q = 0; q < ldo / nr; ++q) {
+            ks.bf16(tile, wp, sc.p + i, rows, vpanels + q * s2 * nr + sb / 2 * nr,
+                    O + i * ldo + q * nr, ldo, true);
+          }
+        }
+      } else if (src.pairs) {
         // P rounded to bf16 pairs (rows padded with zeros), then every V panel on the tiles.
         const int64_t wp = (width + 1) / 2, s2 = (c.s + 1) / 2;
         ks.pack_a_bf16(S, false, lds, rows, 0, width, rows_p, sc.p);
