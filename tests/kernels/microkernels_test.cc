@@ -33,6 +33,33 @@ std::vector<float> random_floats(size_t n, bool bf16_exact) {
 
 constexpr float kSentinel = -777.0f;
 
+std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+// A streaming kernel's operands: a (mr rows of lda), b ([K][ldb], or [cols][ldb] transposed) as
+// floats and as bf16 bits, c0 random, and c: sentinels, with c0's tile where the kernel
+// accumulates into c.
+struct StreamOperands {
+  std::vector<float> a, bf, c, c0;
+  std::vector<uint16_t> bh;
+};
+StreamOperands stream_operands(int mr, int64_t K, int64_t cols, int64_t lda, int64_t ldb,
+                               int64_t ldc, bool trans, bool acc, bool a_bf16, bool b_bf16) {
+  StreamOperands o;
+  o.a = random_floats(static_cast<size_t>(mr * lda), a_bf16);
+  o.bf = random_floats(static_cast<size_t>((trans ? cols : K) * ldb), b_bf16);
+  o.bh = bf16_bits(o.bf);
+  o.c.assign(static_cast<size_t>((mr + 1) * ldc), kSentinel);
+  o.c0 = random_floats(static_cast<size_t>(mr * ldc), false);
+  for (int i = 0; acc && i < mr; ++i) {
+    for (int64_t j = 0; j < cols; ++j) o.c[i * ldc + j] = o.c0[i * ldc + j];
+  }
+  return o;
+}
+
 // Packed B panels are 64-byte aligned (the kernels load them with aligned loads): panel strides
 // round up to 16 elements, storage comes from a Tensor (64-byte aligned).
 int64_t aligned_stride(int64_t elems) { return (elems + 15) / 16 * 16; }
@@ -207,16 +234,11 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
           for (int64_t cols : {1, 15, 16, 17, 33, 2 * ks->nr + 5, 64, 69, 133}) {
             for (bool bf16 : {false, true}) {
               const int64_t lda = K + 2, ldb = (trans ? K : cols) + 3, ldc = cols + 4;
-              const std::vector<float> a = random_floats(static_cast<size_t>(mr * lda), bf16);
-              const std::vector<float> bf =
-                  random_floats(static_cast<size_t>((trans ? cols : K) * ldb), bf16);
-              std::vector<uint16_t> bh(bf.size());
-              for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
-              std::vector<float> c(static_cast<size_t>((mr + 1) * ldc), kSentinel);
-              const std::vector<float> c0 = random_floats(static_cast<size_t>(mr * ldc), false);
-              for (int i = 0; acc && i < mr; ++i) {
-                for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = c0[i * ldc + j];
-              }
+              StreamOperands o =
+                  stream_operands(mr, K, cols, lda, ldb, ldc, trans, acc, bf16, bf16);
+              const std::vector<float>&a = o.a, &bf = o.bf, &c0 = o.c0;
+              const std::vector<uint16_t>& bh = o.bh;
+              std::vector<float>& c = o.c;
               std::vector<double> want(static_cast<size_t>(mr * cols));
               for (int i = 0; i < mr; ++i) {
                 for (int64_t j = 0; j < cols; ++j) {
@@ -255,16 +277,11 @@ TEST(Microkernels, DecodeBf16DotKernels) {
         for (int64_t K : {0, 1, 2, 3, 31, 32, 33, 64, 65, 600}) {
           for (int64_t cols : {1, 3, 4, 5, 16, 17, 31, 32, 33, 64, 65, 133}) {
             const int64_t lda = K + 2, ldb = (trans ? K : cols) + 3, ldc = cols + 4;
-            const std::vector<float> a = random_floats(static_cast<size_t>(mr * lda), false);
-            const std::vector<float> bf =
-                random_floats(static_cast<size_t>((trans ? cols : K) * ldb), true);
-            std::vector<uint16_t> bh(bf.size());
-            for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
-            std::vector<float> c(static_cast<size_t>((mr + 1) * ldc), kSentinel);
-            const std::vector<float> c0 = random_floats(static_cast<size_t>(mr * ldc), false);
-            for (int i = 0; !trans && i < mr; ++i) {
-              for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = c0[i * ldc + j];
-            }
+            StreamOperands o =
+                stream_operands(mr, K, cols, lda, ldb, ldc, trans, !trans, false, true);
+            const std::vector<float>&a = o.a, &bf = o.bf, &c0 = o.c0;
+            std::vector<float>& c = o.c;
+            const std::vector<uint16_t>& bh = o.bh;
             dot(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc);
             const std::string what = std::string(ks->name) +
                                      (trans ? " dot_stream_t" : " dot_stream_acc") +
@@ -313,8 +330,7 @@ TEST(Microkernels, DecodeHeadsKernels) {
                 const int64_t ldb = heads * K + 3, ldc = cols + 4, rows = int64_t{heads} * mr;
                 const std::vector<float> a = random_floats(static_cast<size_t>(rows * K), false);
                 const std::vector<float> bf = random_floats(static_cast<size_t>(cols * ldb), bf16);
-                std::vector<uint16_t> bh(bf.size());
-                for (size_t i = 0; i < bf.size(); ++i) bh[i] = f32_to_bf16(bf[i]);
+                const std::vector<uint16_t> bh = bf16_bits(bf);
                 std::vector<float> c(static_cast<size_t>((rows + 1) * ldc), kSentinel);
                 const void* b = bf16 ? static_cast<const void*>(bh.data()) : bf.data();
                 // The prefetch reads nothing: any address, here b's own rows.
