@@ -321,6 +321,68 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
   for (; j < cols; ++j) stream_t_cols<MR, 1, BF16>(K, a, lda, b, ldb, j, c, ldc);
 }
 
+// q k^T for every kv head, position by position (StreamHeadsKernel; see the AVX-512 kernel):
+// one (position, head) at a time, each step one load of b and MR of a (from L1); two sets of
+// accumulators on alternate steps where the 16 registers hold them (MR <= 4), so 8 FMAs are in
+// flight; the MR sums reduced four at a time.
+template <int MR, bool BF16>
+void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
+                float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
+  constexpr int kSets = MR <= 4 ? 2 : 1;
+  for (int64_t j = 0; j < cols; ++j) {
+    if (pf) {
+      for (int64_t off = 0; off < pf_bytes; off += 64)
+        _mm_prefetch(pf + j * pf_ld + off, _MM_HINT_T1);
+    }
+    for (int h = 0; h < heads; ++h) {
+      __m256 acc[kSets][MR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 2
+        for (int t = 0; t < kSets; ++t) acc[t][i] = _mm256_setzero_ps();
+      }
+      const int64_t base = j * ldb + h * K;
+      auto step = [&]<bool MASKED>(int set, int64_t k, int64_t n) {
+        const __m256 w = load_w<BF16, MASKED>(b, base + k, n);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          const float* ai = a + (h * MR + i) * K + k;
+          const __m256 x = MASKED ? _mm256_maskload_ps(ai, tail_mask8(n)) : _mm256_loadu_ps(ai);
+          acc[set][i] = _mm256_fmadd_ps(x, w, acc[set][i]);
+        }
+      };
+      int64_t k = 0;
+      for (; k + 8 * kSets <= K; k += 8 * kSets) {
+#pragma GCC unroll 2
+        for (int t = 0; t < kSets; ++t) step.template operator()<false>(t, k + 8 * t, 8);
+      }
+      for (; k + 8 <= K; k += 8) step.template operator()<false>(0, k, 8);
+      if (k < K) step.template operator()<true>(0, k, K - k);
+      if constexpr (kSets == 2) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[0][i] = _mm256_add_ps(acc[0][i], acc[1][i]);
+      }
+      float* ch = c + h * MR * ldc + j;
+      int i = 0;
+      for (; i + 4 <= MR; i += 4) {
+        alignas(16) float t[4];
+        _mm_store_ps(t, sum4(acc[0][i], acc[0][i + 1], acc[0][i + 2], acc[0][i + 3]));
+        for (int e = 0; e < 4; ++e) ch[(i + e) * ldc] = t[e];
+      }
+      for (; i < MR; ++i) ch[i * ldc] = hsum(acc[0][i]);
+    }
+  }
+}
+
+void stream_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool b_bf16,
+                    int64_t ldb, int64_t cols, float* c, int64_t ldc, const void* prefetch,
+                    int64_t prefetch_ld, int64_t prefetch_bytes) {
+  const char* pf = static_cast<const char*>(prefetch);
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    heads_tile<MR, BF16>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes);
+  });
+}
+
 void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16, int64_t ldb,
             int64_t cols, float* c, int64_t ldc) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
@@ -349,7 +411,9 @@ const KernelSet kSet{Isa::kAvx2, "avx2",
                      nullptr,    {kMultiNp[0], kMultiNp[1], kMultiNp[2], kMultiNp[3], kMultiNp[4]},
                      stream,     stream_t,
                      nullptr,    false,
-                     nullptr,    stream_acc};
+                     nullptr,    stream_acc,
+                     nullptr,    nullptr,
+                     nullptr,    stream_heads_t};
 
 }  // namespace
 
