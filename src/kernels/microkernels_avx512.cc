@@ -714,13 +714,10 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
 void stream_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool b_bf16,
                     int64_t ldb, int64_t cols, float* c, int64_t ldc, const void* prefetch,
                     int64_t prefetch_ld, int64_t prefetch_bytes) {
-  if (mr <= 0) return;
   const char* pf = static_cast<const char*>(prefetch);
-  with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
-    if (b_bf16)
-      heads_impl<MR, 1>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes);
-    else
-      heads_impl<MR, 0>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes);
+  with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
+    heads_impl<MR, BF16 ? 1 : 0>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld,
+                                 prefetch_bytes);
   });
 }
 
