@@ -169,9 +169,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     };
     const k::RowKernels rk = k::row_kernels(ks.isa);
     const bool bf16 = c.q.dtype() == DType::kBF16;
-    // bf16 K and V on the bf16 dot where it outruns the widened FMAs: Zen 4, the two kernels
-    // 1.57x faster per position and kv head with the data in L1, the op 1.17-1.20x on
-    // decode_bf16 (tokamax bench, interleaved). P is rounded to bf16 for P v.
+    // bf16 K and V on the bf16 dot where it outruns the widened FMAs: Zen 4, decode_bf16
+    // 1.07-1.30x against TOKAMAX_BF16_DOT=0 (tokamax bench, 3 interleaved rounds, both reading
+    // K position by position). P is rounded to bf16 for P v.
     const bool dot = bf16 && ks.dot_stream_t && k::vector_bf16_dot_pays();
     // q k^T over all kv heads position by position, K read as one stream, while V's rows of
     // the same positions are prefetched into L2 in the same order for P v (which reads them
