@@ -55,6 +55,14 @@ using Bf16MultiKernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t 
 inline constexpr int kStreamMaxMr = 8;
 using StreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const void* b,
                               bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc);
+// Attention decode's P v: c[i*ldc + j] += sum_{k<K} a[i*lda + k] * b[k*ldb + j] (b f32 or bf16 as
+// above), c's blocks in registers across K. As it reads rows 0.. of b it prefetches rows K,
+// K + 1, .. K + prefetch_rows - 1 (prefetch_rows <= K; columns [0, cols)) into L2, one for each
+// row read: the caller's next block, so the memory stream goes on while it computes
+// (kernels/stream_prefetch.h).
+using StreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const void* b,
+                                 bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,
+                                 int64_t prefetch_rows);
 // The streaming kernels' dispatch: body.template operator()<MR, BF16>() for the tile height (up to
 // kStreamMaxMr) and weight dtype of a call; nothing for mr <= 0 (no rows of c to write). As
 // with_tile_rows, each ISA file instantiates it with its own lambdas.
@@ -88,6 +96,10 @@ using PackABf16 = void (*)(const void* a, bool is_bf16, int64_t lda, int64_t row
 // lda and ldb in elements; any K and cols (tails masked).
 using DotStreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const uint16_t* b,
                                  int64_t ldb, int64_t cols, float* c, int64_t ldc);
+// dot_stream_acc, with StreamAccKernel's prefetch of the next block's rows.
+using DotStreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda,
+                                    const uint16_t* b, int64_t ldb, int64_t cols, float* c,
+                                    int64_t ldc, int64_t prefetch_rows);
 
 // Decode's q k^T for `heads` kv heads at once, in memory order (position by position, every
 // head of a position before the next: a KV cache sub-block [cols][heads][K] read as one forward
@@ -96,9 +108,10 @@ using DotStreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda,
 //   c[(h*mr + i)*ldc + j] = sum_{k<K} a[(h*mr + i)*K + k] * b[j*ldb + h*K + k].
 // stream_heads_t: b f32 or bf16 (b_bf16, widened exactly), f32 FMAs. dot_heads_t: b bf16, a
 // rounded to bf16 inside, the bf16 dot; requires heads * mr * round_up(K, 32) <=
-// kDotHeadsMaxValues (the rounded rows live on the stack). When `prefetch` is not null, the
-// prefetch_bytes bytes at prefetch + j * prefetch_ld are prefetched into L2 as position j is
-// read (decode: the sub-block's V rows, in order, before P v reads them head by head).
+// kDotHeadsMaxValues (the rounded rows live on the stack). As they read they prefetch the next
+// positions' K rows, head by head (kernels/stream_prefetch.h); when `prefetch` is not null, also
+// the prefetch_bytes bytes at prefetch + j * prefetch_ld as position j is read (decode: the first
+// sub-block's V rows, before P v reads them head by head; P v prefetches the later ones).
 inline constexpr int64_t kDotHeadsMaxValues = 8192;
 using StreamHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const void* b,
                                    bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,
@@ -124,11 +137,10 @@ struct KernelSet {
   // pack_a_bf16 with its rows padded to kAmxRows (zero), and C rows written up to that padding.
   bool amx = false;
   PackAF32 pack_a_f32 = nullptr;  // a vector pack_a_f32 (same layout), where the ISA has one
-  // As stream but c += a b, blocked for a short K (attention decode's P v over a few kv
-  // positions): c stays in registers across K. Set whenever stream is.
-  StreamKernel stream_acc = nullptr;
+  // Attention decode's P v (see StreamAccKernel). Set whenever stream is.
+  StreamAccKernel stream_acc = nullptr;
   DotStreamKernel dot_stream_t = nullptr;  // set where the bf16 dot is (see DotStreamKernel)
-  DotStreamKernel dot_stream_acc = nullptr;
+  DotStreamAccKernel dot_stream_acc = nullptr;
   StreamHeadsKernel dot_heads_t = nullptr;     // set where the bf16 dot is
   StreamHeadsKernel stream_heads_t = nullptr;  // set where stream_t is (AVX-512 so far)
 };

@@ -8,6 +8,7 @@
 
 #include "kernels/exp_sum.h"
 #include "kernels/microkernels.h"
+#include "kernels/stream_prefetch.h"
 
 namespace tokamax::kernels {
 namespace {
@@ -223,11 +224,15 @@ void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t 
 // in registers over all K rows of b, c loaded and stored once per block.
 template <int MR, int V, bool BF16, bool MASKED>
 inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
-                      int64_t n, float* c, int64_t ldc) {
+                      int64_t n, float* c, int64_t ldc, int64_t pf_rows) {
   static_assert(V == 1 || !MASKED);
+  constexpr int64_t es = BF16 ? 2 : 4;
   __m256 acc[MR][V];
   load_acc<MR, V, MASKED>(acc, c, ldc, j, n);
   for (int64_t k = 0; k < K; ++k) {
+    if (k < pf_rows) {  // this block's columns of the next block's row k (StreamAccKernel)
+      prefetch_l2(static_cast<const char*>(b) + ((K + k) * ldb + j) * es, 0, 8 * V * es);
+    }
     __m256 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 8 * v, n);
@@ -243,11 +248,11 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
 
 template <int MR, bool BF16>
 void stream_acc_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
-                     int64_t cols, float* c, int64_t ldc) {
+                     int64_t cols, float* c, int64_t ldc, int64_t pf_rows) {
   // MR x V accumulators, V weights and a broadcast within the 16 registers.
   constexpr int V = MR <= 2 ? 4 : MR <= 6 ? 2 : 1;
   column_blocks<V>(cols, [&]<int VV, bool MASKED>(int64_t j, int64_t n) {
-    acc_block<MR, VV, BF16, MASKED>(K, a, lda, b, ldb, j, n, c, ldc);
+    acc_block<MR, VV, BF16, MASKED>(K, a, lda, b, ldb, j, n, c, ldc, pf_rows);
   });
 }
 
@@ -324,17 +329,18 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
 // q k^T for every kv head, position by position (StreamHeadsKernel; see the AVX-512 kernel):
 // one (position, head) at a time, each step one load of b and MR of a (from L1); two sets of
 // accumulators on alternate steps where the 16 registers hold them (MR <= 4), so 8 FMAs are in
-// flight; the MR sums reduced four at a time.
+// flight; the MR sums reduced four at a time. Prefetches as the AVX-512 kernel's, one position
+// ahead.
 template <int MR, bool BF16>
 void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
                 float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
   constexpr int kSets = MR <= 4 ? 2 : 1;
+  constexpr int64_t es = BF16 ? 2 : 4;
+  const HeadsPrefetch prefetch{
+      static_cast<const char*>(b), ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes};
   for (int64_t j = 0; j < cols; ++j) {
-    if (pf) {
-      for (int64_t off = 0; off < pf_bytes; off += 64)
-        _mm_prefetch(pf + j * pf_ld + off, _MM_HINT_T1);
-    }
     for (int h = 0; h < heads; ++h) {
+      prefetch(j, 1, h);
       __m256 acc[kSets][MR];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
@@ -391,9 +397,9 @@ void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool 
 }
 
 void stream_acc(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
-                int64_t ldb, int64_t cols, float* c, int64_t ldc) {
+                int64_t ldb, int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
-    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
+    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc, prefetch_rows);
   });
 }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/exp_sum.h"
 #include "kernels/microkernels.h"
+#include "kernels/stream_prefetch.h"
 
 namespace tokamax::kernels {
 namespace {
@@ -423,11 +424,15 @@ void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t 
 // per block. No prefetches: the caller reads b in memory order, which the hardware follows.
 template <int MR, int V, bool BF16, bool MASKED>
 inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
-                      __mmask16 m, float* c, int64_t ldc) {
+                      __mmask16 m, float* c, int64_t ldc, int64_t pf_rows) {
   static_assert(V == 1 || !MASKED);
+  constexpr int64_t es = BF16 ? 2 : 4;
   __m512 acc[MR][V];
   load_acc<MR, V, MASKED>(acc, c, ldc, j, m);
   for (int64_t k = 0; k < K; ++k) {
+    if (k < pf_rows) {  // this block's columns of the next block's row k
+      prefetch_l2(static_cast<const char*>(b) + ((K + k) * ldb + j) * es, 0, 16 * V * es);
+    }
     __m512 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 16 * v, m);
@@ -443,10 +448,10 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
 
 template <int MR, bool BF16>
 void stream_acc_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
-                     int64_t cols, float* c, int64_t ldc) {
+                     int64_t cols, float* c, int64_t ldc, int64_t pf_rows) {
   // MR x V <= 16 accumulators.
   column_blocks<MR <= 4 ? 4 : 2>(cols, [&]<int V, bool MASKED>(int64_t j, __mmask16 m) {
-    acc_block<MR, V, BF16, MASKED>(K, a, lda, b, ldb, j, m, c, ldc);
+    acc_block<MR, V, BF16, MASKED>(K, a, lda, b, ldb, j, m, c, ldc, pf_rows);
   });
 }
 
@@ -643,72 +648,41 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
 }
 
 // q k^T for every kv head, position by position (StreamHeadsKernel): b's rows in memory order,
-// so a KV cache's sub-block is one forward stream. One (position, head) at a time: 2 x MR
-// accumulators (alternate steps, so even 4 rows keep 8 FMAs or dots in flight), each step one
-// load of b and MR of a (from L1), the MR sums reduced together. KIND: 0 f32 b, 1 bf16 b
-// widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 on the stack first).
+// so a KV cache's sub-block is one forward stream. JB positions at a time, every head in turn:
+// the JB rows of a head against its MR rows of a, as stream_t_cols / dot_t_cols do for one
+// matrix, so each load of a serves JB positions and the MR x JB sums reduce four at a time into
+// JB adjacent logits (one position at a time, a reloaded for each and the MR sums of one
+// position reduced together, took 1.09-1.20x as long in L3: decode S=1024, 2 threads, 6
+// interleaved pairs). The prefetches (HeadsPrefetch) are what make it fast from memory. KIND: 0
+// f32 b, 1 bf16 b widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
 template <int MR, int KIND>
 void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
                 float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
   constexpr bool kDot = KIND == 2;
-  constexpr int64_t kStep = kDot ? 32 : 16;
+  constexpr int JB = MR <= 4 ? 4 : 2;  // MR x JB accumulators, as stream_t_tile
   const int64_t ld = kDot ? (K + 31) / 32 * 32 : K;
   alignas(64) uint16_t ab[kDot ? kDotHeadsMaxValues : 1];
   if constexpr (kDot) {
     for (int h = 0; h < heads; ++h) round_rows<MR>(a + h * MR * K, K, 0, K, ab + h * MR * ld, ld);
   }
-  for (int64_t j = 0; j < cols; ++j) {
-    if (pf) {
-      for (int64_t off = 0; off < pf_bytes; off += 64)
-        _mm_prefetch(pf + j * pf_ld + off, _MM_HINT_T1);
-    }
+  constexpr int64_t es = KIND == 0 ? 4 : 2;
+  const HeadsPrefetch prefetch{
+      static_cast<const char*>(b), ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes};
+  auto positions = [&]<int N>(int64_t j) {
     for (int h = 0; h < heads; ++h) {
-      __m512 acc[2][MR];
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) acc[0][i] = acc[1][i] = _mm512_setzero_ps();
-      auto step = [&](int set, int64_t k, int64_t n) {
-        if constexpr (kDot) {
-          const uint16_t* bh = static_cast<const uint16_t*>(b) + j * ldb + h * K;
-          const __m512bh w = load_pairs(bh + k, n);
-#pragma GCC unroll 8
-          for (int i = 0; i < MR; ++i) {
-            const __m512bh x =
-                reinterpret_cast<__m512bh>(_mm512_loadu_si512(ab + (h * MR + i) * ld + k));
-            acc[set][i] = _mm512_dpbf16_ps(acc[set][i], x, w);
-          }
-        } else {
-          const __mmask16 m = n >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << n) - 1);
-          const int64_t idx = j * ldb + h * K + k;
-          const __m512 w =
-              n >= 16 ? load_w<KIND == 1, false>(b, idx, m) : load_w<KIND == 1, true>(b, idx, m);
-#pragma GCC unroll 8
-          for (int i = 0; i < MR; ++i) {
-            const float* ai = a + (h * MR + i) * K + k;
-            const __m512 x = n >= 16 ? _mm512_loadu_ps(ai) : _mm512_maskz_loadu_ps(m, ai);
-            acc[set][i] = _mm512_fmadd_ps(x, w, acc[set][i]);
-          }
-        }
-      };
-      int64_t k = 0;
-      for (; k + 2 * kStep <= K; k += 2 * kStep) {
-        step(0, k, kStep);
-        step(1, k + kStep, kStep);
+      prefetch(j, N, h);
+      const char* bh = static_cast<const char*>(b) + h * K * es;
+      if constexpr (kDot) {
+        dot_t_cols<MR, N, false>(K, ab + h * MR * ld, ld, reinterpret_cast<const uint16_t*>(bh),
+                                 ldb, j, c + h * MR * ldc, ldc);
+      } else {
+        stream_t_cols<MR, N, KIND == 1>(K, a + h * MR * K, K, bh, ldb, j, c + h * MR * ldc, ldc);
       }
-      for (; k < K; k += kStep) step(0, k, K - k);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) acc[0][i] = _mm512_add_ps(acc[0][i], acc[1][i]);
-      float* ch = c + h * MR * ldc + j;
-      int i = 0;
-      if constexpr (MR >= 4) {
-        for (; i + 4 <= MR; i += 4) {
-          alignas(16) float t[4];
-          _mm_store_ps(t, sum4(acc[0][i], acc[0][i + 1], acc[0][i + 2], acc[0][i + 3]));
-          for (int e = 0; e < 4; ++e) ch[(i + e) * ldc] = t[e];
-        }
-      }
-      for (; i < MR; ++i) ch[i * ldc] = hsum(acc[0][i]);
     }
-  }
+  };
+  int64_t j = 0;
+  for (; j + JB <= cols; j += JB) positions.template operator()<JB>(j);
+  for (; j < cols; ++j) positions.template operator()<1>(j);
 }
 
 void stream_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool b_bf16,
@@ -736,8 +710,10 @@ void dot_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bo
 // order), a's (k, k + 1) broadcast as one 32-bit pair (a's rows are zero-padded to even K).
 // An odd K's last row pairs with zeros.
 template <int MR, int V>
+// Rows k < pf_rows are followed by a prefetch of row k + pf_ahead (StreamAccKernel's).
 inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                          int64_t j, int64_t n, float* c, int64_t ldc) {
+                          int64_t j, int64_t n, float* c, int64_t ldc, int64_t pf_ahead,
+                          int64_t pf_rows) {
   // Lane 2i of the result: element i of the first source; lane 2i + 1: element i of the second
   // (lo: elements 0-15, hi: 16-31).
   alignas(64) static constexpr uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
@@ -760,7 +736,11 @@ inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint1
     for (int v = 0; v < 2 * V; ++v)
       acc[i][v] = _mm512_maskz_loadu_ps(m[v], c + i * ldc + j + 16 * v);
   }
+  const int64_t line_bytes = 2 * (n < 32 * V ? n : 32 * V);
   auto pair = [&](int64_t k, bool odd) {
+    for (int64_t r = k; r < k + (odd ? 1 : 2) && r < pf_rows; ++r) {
+      prefetch_l2(reinterpret_cast<const char*>(b + (r + pf_ahead) * ldb + j), 0, line_bytes);
+    }
     __m512bh w[2 * V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
@@ -793,7 +773,7 @@ inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint1
 }
 
 void dot_stream_acc(int mr, int64_t K, const float* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                    int64_t cols, float* c, int64_t ldc) {
+                    int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows) {
   if (mr <= 0) return;
   with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
     // MR x 2V accumulators, 2V pair vectors, the permute indices and a broadcast.
@@ -804,9 +784,12 @@ void dot_stream_acc(int mr, int64_t K, const float* a, int64_t lda, const uint16
       round_rows<MR>(a, lda, k0, n, ab, ld);
       const uint16_t* bk = b + k0 * ldb;
       int64_t j = 0;
+      // bk's row kk is row k0 + kk of b: the next block's row is K rows on.
+      const int64_t pf = prefetch_rows - k0;
       for (; j + 32 * V <= cols; j += 32 * V)
-        dot_acc_block<MR, V>(n, ab, ld, bk, ldb, j, 32 * V, c, ldc);
-      for (; j < cols; j += 32) dot_acc_block<MR, 1>(n, ab, ld, bk, ldb, j, cols - j, c, ldc);
+        dot_acc_block<MR, V>(n, ab, ld, bk, ldb, j, 32 * V, c, ldc, K, pf);
+      for (; j < cols; j += 32)
+        dot_acc_block<MR, 1>(n, ab, ld, bk, ldb, j, cols - j, c, ldc, K, pf);
     }
   });
 }
@@ -819,9 +802,9 @@ void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool 
 }
 
 void stream_acc(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
-                int64_t ldb, int64_t cols, float* c, int64_t ldc) {
+                int64_t ldb, int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
-    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc);
+    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc, prefetch_rows);
   });
 }
 

@@ -225,10 +225,10 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
     for (Kind kind : {kForward, kTransposed, kAccumulate}) {
       const k::StreamKernel stream = kind == kForward      ? ks->stream
                                      : kind == kTransposed ? ks->stream_t
-                                                           : ks->stream_acc;
+                                                           : nullptr;
       const bool trans = kind == kTransposed, acc = kind == kAccumulate;
       const char* name = kind == kForward ? " stream" : trans ? " stream_t" : " stream_acc";
-      if (!stream) continue;
+      if (acc ? !ks->stream_acc : !stream) continue;
       for (int mr = 0; mr <= k::kStreamMaxMr; ++mr) {
         for (int64_t K : {0, 1, 7, 8, 9, 16, 17, 40}) {
           for (int64_t cols : {1, 15, 16, 17, 33, 2 * ks->nr + 5, 64, 69, 133}) {
@@ -250,7 +250,11 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
                 }
               }
               const void* b = bf16 ? static_cast<const void*>(bh.data()) : bf.data();
-              stream(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc);
+              if (acc) {  // prefetching the K rows after b's (a prefetch reads nothing)
+                ks->stream_acc(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc, K);
+              } else {
+                stream(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc);
+              }
               expect_tile(c, want, mr, cols, ldc, mr + 1,
                           std::string(ks->name) + name + " mr=" + std::to_string(mr) +
                               " K=" + std::to_string(K) + " cols=" + std::to_string(cols) +
@@ -271,8 +275,7 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
 TEST(Microkernels, DecodeBf16DotKernels) {
   for (const k::KernelSet* ks : testing::runnable_sets()) {
     for (bool trans : {true, false}) {
-      const k::DotStreamKernel dot = trans ? ks->dot_stream_t : ks->dot_stream_acc;
-      if (!dot) continue;
+      if (trans ? !ks->dot_stream_t : !ks->dot_stream_acc) continue;
       for (int mr = 0; mr <= k::kStreamMaxMr; ++mr) {
         for (int64_t K : {0, 1, 2, 3, 31, 32, 33, 64, 65, 600}) {
           for (int64_t cols : {1, 3, 4, 5, 16, 17, 31, 32, 33, 64, 65, 133}) {
@@ -282,7 +285,11 @@ TEST(Microkernels, DecodeBf16DotKernels) {
             const std::vector<float>&a = o.a, &bf = o.bf, &c0 = o.c0;
             std::vector<float>& c = o.c;
             const std::vector<uint16_t>& bh = o.bh;
-            dot(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc);
+            if (trans) {
+              ks->dot_stream_t(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc);
+            } else {  // prefetching the K rows after b's, as the stream_acc test
+              ks->dot_stream_acc(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc, K);
+            }
             const std::string what = std::string(ks->name) +
                                      (trans ? " dot_stream_t" : " dot_stream_acc") +
                                      " mr=" + std::to_string(mr) + " K=" + std::to_string(K) +
@@ -324,7 +331,7 @@ TEST(Microkernels, DecodeHeadsKernels) {
         for (int heads : {1, 3, 8}) {
           for (int64_t K : {1, 15, 17, 31, 32, 33, 128}) {
             if (dot && heads * mr * ((K + 31) / 32 * 32) > k::kDotHeadsMaxValues) continue;
-            for (int64_t cols : {1, 5, 33}) {
+            for (int64_t cols : {1, 4, 5, 33}) {
               for (bool bf16 : {false, true}) {
                 if (dot && !bf16) continue;
                 const int64_t ldb = heads * K + 3, ldc = cols + 4, rows = int64_t{heads} * mr;

@@ -173,13 +173,14 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // 1.07-1.30x against TOKAMAX_BF16_DOT=0 (tokamax bench, 3 interleaved rounds, both reading
     // K position by position). P is rounded to bf16 for P v.
     const bool dot = bf16 && ks.dot_stream_t && k::vector_bf16_dot_pays();
-    // q k^T over all kv heads position by position, K read as one stream, while V's rows of
-    // the same positions are prefetched into L2 in the same order for P v (which reads them
-    // head by head). Zen 4, 2 threads, reading alone (no compute, 64 MiB): head by head over a
-    // sub-block 0.49x a sequential read, position by position 0.98x. The op (tokamax bench,
-    // 4 interleaved rounds, GFLOP/s): f32 decode 23-28 head by head, 29-30 position by
-    // position, 34-42 with V prefetched; bf16 (on the dot) 38-42, 50-54, 56-80. The dot's
-    // kernel needs q rounded on the stack.
+    // q k^T over all kv heads position by position, K read as one stream. Zen 4, 2 threads,
+    // reading alone (no compute, 64 MiB): head by head over a sub-block 0.49x a sequential
+    // read, position by position 0.98x. The memory stream must not stop while the kernels
+    // compute (kernels/stream_prefetch.h): q k^T prefetches K a few positions ahead, P v the
+    // next sub-block's V rows as it reads this one's (the first sub-block's V rows come with
+    // q k^T). Against the kernels before (q k^T one position at a time, prefetching only the
+    // same positions' V rows): 0.81x the time f32 (S=8192), 0.83x bf16 (S=16384; 20
+    // interleaved pairs each, medians). The dot's kernel needs q rounded on the stack.
     const k::StreamHeadsKernel heads_t =
         c.nk > std::numeric_limits<int>::max() ? nullptr
         : dot ? (c.nk * rows * k::round_up(c.h, 32) <= k::kDotHeadsMaxValues ? ks.dot_heads_t
@@ -207,10 +208,12 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         const int64_t width = std::min(sub, hi - sb);
         // S = q k^T for every kv head (the K rows only), the online softmax, then O += P v for
         // every kv head (the V rows only): half as many pages in flight at a time.
-        if (heads_t) {  // position by position: K in memory order, V prefetched alike
+        // The next sub-block's positions: P v prefetches its V rows as it reads this one's.
+        const int64_t next = std::min(width, hi - sb - width);
+        if (heads_t) {  // position by position: K in memory order, the first V rows prefetched
           const int64_t vrow = c.nk * c.hv * es;
           heads_t(static_cast<int>(rows), static_cast<int>(c.nk), c.h, Q, kb + sb * c.nk * c.h * es,
-                  bf16, c.nk * c.h, width, S, sub, vb + sb * vrow, vrow, vrow);
+                  bf16, c.nk * c.h, width, S, sub, sb == lo ? vb + sb * vrow : nullptr, vrow, vrow);
         } else {
           for (int64_t kh = 0; kh < c.nk; ++kh) {
             const char* kr = kb + (sb * c.nk + kh) * c.h * es;
@@ -234,10 +237,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
           if (dot) {
             ks.dot_stream_acc(static_cast<int>(rows), width, S + kh * rows * sub, sub,
                               reinterpret_cast<const uint16_t*>(vr), c.nk * c.hv, c.hv,
-                              state(bb * c.nk + kh, ch), ldo);
+                              state(bb * c.nk + kh, ch), ldo, next);
           } else {
             ks.stream_acc(static_cast<int>(rows), width, S + kh * rows * sub, sub, vr, bf16,
-                          c.nk * c.hv, c.hv, state(bb * c.nk + kh, ch), ldo);
+                          c.nk * c.hv, c.hv, state(bb * c.nk + kh, ch), ldo, next);
           }
         }
       }
