@@ -101,8 +101,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int nr = ks.nr;
     const int64_t s_max = k::round_up(std::max<int64_t>(c.s, 1), nr);
     std::vector<AttentionNativeConfig> out;
-    for (int bq : {6, 12, 24, 48, 72, 96}) {
-      if (bq > std::max<int64_t>(c.t, 1) * 2 && bq != 8) continue;
+    // Row blocks up to twice T, the smallest always (decode's T = 1 has only it: every block_q
+    // >= T streams alike).
+    static constexpr int kRowBlocks[] = {6, 12, 24, 48, 72, 96};
+    for (int bq : kRowBlocks) {
+      if (bq > std::max<int64_t>(c.t, 1) * 2 && bq != kRowBlocks[0]) continue;
       const int q = static_cast<int>(std::min<int64_t>(bq, std::max<int64_t>(c.t, 1)));
       // Streamed (decode) items: block_kv is the sub-block, of 1 to 8 panels of positions.
       const bool streamed = streams(c, {q, nr}, ks);
@@ -360,8 +363,8 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
                              float* base = nullptr) {
     const int64_t rp = k::round_up(std::max<int64_t>(rows, 1), k::kAmxRows);
     const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
-    // Q as vector-dot pairs ([H/2][rows]) only where the vector dot runs.
-    const int64_t qv = ks.amx || !k::vector_bf16_dot_pays() ? 0 : rows * ((c.h + 1) / 2);
+    // Q as vector-dot pairs ([H/2][rows]) only where the vector dot runs: bf16 calls on it.
+    const int64_t qv = !ks.amx && native_uses_bf16_pairs(c) ? rows * ((c.h + 1) / 2) : 0;
     const int64_t sizes[7] = {
         rp * c.h, rp * block_kv, rp * (block_kv / 2 + 1), rp * ldo, rows, rows, qv};
     int64_t off = 0, offs[7];

@@ -43,4 +43,21 @@ TEST(AttentionNative, DecodeHeadsAtOnceAndOneByOne) {
   }
 }
 
+// The decode specs' search space: every sub-block the kernels stream (1, 2, 4 and 8 panels of
+// positions) at block_q 1 (T = 1 once left the tuner nothing but the heuristics config).
+TEST(AttentionNative, DecodeSearchSpaceHasEverySubBlock) {
+  const int nr = kernels::best_kernels().nr;
+  const OpFamily& fam = find_family("dot_product_attention");
+  for (const char* spec : {"decode", "decode_bf16"}) {
+    const auto call =
+        fam.make_call(fam.bind_json(find_arg_specs(fam.name(), spec).at(0).arguments, "native"), 2);
+    std::vector<int> blocks;
+    for (const Config& c : fam.implementation("native")->autotuning_configs(*call)) {
+      EXPECT_EQ(c.get<AttentionNativeConfig>().block_q, 1) << spec;
+      blocks.push_back(c.get<AttentionNativeConfig>().block_kv);
+    }
+    EXPECT_EQ(blocks, (std::vector<int>{nr, 2 * nr, 4 * nr, 8 * nr})) << spec;
+  }
+}
+
 }  // namespace tokamax::attention_test
