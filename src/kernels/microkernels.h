@@ -142,7 +142,7 @@ struct KernelSet {
   DotStreamKernel dot_stream_t = nullptr;  // set where the bf16 dot is (see DotStreamKernel)
   DotStreamAccKernel dot_stream_acc = nullptr;
   StreamHeadsKernel dot_heads_t = nullptr;     // set where the bf16 dot is
-  StreamHeadsKernel stream_heads_t = nullptr;  // set where stream_t is (AVX-512 so far)
+  StreamHeadsKernel stream_heads_t = nullptr;  // set where stream_t is
 };
 inline constexpr int kAmxRows = 16;
 

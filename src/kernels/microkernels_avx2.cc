@@ -226,13 +226,10 @@ template <int MR, int V, bool BF16, bool MASKED>
 inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
                       int64_t n, float* c, int64_t ldc, int64_t pf_rows) {
   static_assert(V == 1 || !MASKED);
-  constexpr int64_t es = BF16 ? 2 : 4;
   __m256 acc[MR][V];
   load_acc<MR, V, MASKED>(acc, c, ldc, j, n);
   for (int64_t k = 0; k < K; ++k) {
-    if (k < pf_rows) {  // this block's columns of the next block's row k (StreamAccKernel)
-      prefetch_l2(static_cast<const char*>(b) + ((K + k) * ldb + j) * es, 0, 8 * V * es);
-    }
+    if (k < pf_rows) prefetch_row(b, BF16 ? 2 : 4, K + k, ldb, j, 8 * V);  // the next block's row k
     __m256 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 8 * v, n);
@@ -336,8 +333,7 @@ void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb
                 float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
   constexpr int kSets = MR <= 4 ? 2 : 1;
   constexpr int64_t es = BF16 ? 2 : 4;
-  const HeadsPrefetch prefetch{
-      static_cast<const char*>(b), ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes};
+  const HeadsPrefetch prefetch(b, ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes);
   for (int64_t j = 0; j < cols; ++j) {
     for (int h = 0; h < heads; ++h) {
       prefetch(j, 1, h);

@@ -421,18 +421,17 @@ void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t 
 
 // c += a b for a short K (attention's P v over a block of kv positions): column blocks of 16 V
 // whose MR x V accumulators stay in registers over all K rows of b, c loaded and stored once
-// per block. No prefetches: the caller reads b in memory order, which the hardware follows.
+// per block. Rows k < pf_rows also prefetch this block's columns of the next block's row k
+// (StreamAccKernel).
 template <int MR, int V, bool BF16, bool MASKED>
 inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
                       __mmask16 m, float* c, int64_t ldc, int64_t pf_rows) {
   static_assert(V == 1 || !MASKED);
-  constexpr int64_t es = BF16 ? 2 : 4;
   __m512 acc[MR][V];
   load_acc<MR, V, MASKED>(acc, c, ldc, j, m);
   for (int64_t k = 0; k < K; ++k) {
-    if (k < pf_rows) {  // this block's columns of the next block's row k
-      prefetch_l2(static_cast<const char*>(b) + ((K + k) * ldb + j) * es, 0, 16 * V * es);
-    }
+    if (k < pf_rows)
+      prefetch_row(b, BF16 ? 2 : 4, K + k, ldb, j, 16 * V);  // the next block's row k
     __m512 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 16 * v, m);
@@ -666,8 +665,7 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
     for (int h = 0; h < heads; ++h) round_rows<MR>(a + h * MR * K, K, 0, K, ab + h * MR * ld, ld);
   }
   constexpr int64_t es = KIND == 0 ? 4 : 2;
-  const HeadsPrefetch prefetch{
-      static_cast<const char*>(b), ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes};
+  const HeadsPrefetch prefetch(b, ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes);
   auto positions = [&]<int N>(int64_t j) {
     for (int h = 0; h < heads; ++h) {
       prefetch(j, N, h);
@@ -709,8 +707,8 @@ void dot_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bo
 // rows two at a time: rows k and k + 1 interleaved into pairs (vpermt2w keeps c's columns in
 // order), a's (k, k + 1) broadcast as one 32-bit pair (a's rows are zero-padded to even K).
 // An odd K's last row pairs with zeros.
+// Rows k < pf_rows also prefetch this block's columns of row k + pf_ahead (StreamAccKernel's).
 template <int MR, int V>
-// Rows k < pf_rows are followed by a prefetch of row k + pf_ahead (StreamAccKernel's).
 inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                           int64_t j, int64_t n, float* c, int64_t ldc, int64_t pf_ahead,
                           int64_t pf_rows) {
@@ -736,11 +734,9 @@ inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint1
     for (int v = 0; v < 2 * V; ++v)
       acc[i][v] = _mm512_maskz_loadu_ps(m[v], c + i * ldc + j + 16 * v);
   }
-  const int64_t line_bytes = 2 * (n < 32 * V ? n : 32 * V);
   auto pair = [&](int64_t k, bool odd) {
-    for (int64_t r = k; r < k + (odd ? 1 : 2) && r < pf_rows; ++r) {
-      prefetch_l2(reinterpret_cast<const char*>(b + (r + pf_ahead) * ldb + j), 0, line_bytes);
-    }
+    for (int64_t r = k; r < k + (odd ? 1 : 2) && r < pf_rows; ++r)
+      prefetch_row(b, 2, r + pf_ahead, ldb, j, n < 32 * V ? n : 32 * V);
     __m512bh w[2 * V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {

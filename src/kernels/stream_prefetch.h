@@ -20,27 +20,45 @@ inline void prefetch_l2(const char* p, int64_t begin, int64_t end) {
   for (int64_t off = begin; off < end; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
 }
 
+// Columns [j, j + n) of row `row` of a row-major matrix b (rows ld elements of es bytes apart)
+// into L2: the P v kernels' next block, one row per row they read.
+inline void prefetch_row(const void* b, int64_t es, int64_t row, int64_t ld, int64_t j, int64_t n) {
+  prefetch_l2(static_cast<const char*>(b) + (row * ld + j) * es, 0, n * es);
+}
+
 // A heads kernel's prefetches, issued head by head so they spread over its work: when it
 // computes positions [j, j + n) of head h, the same head's K rows of the next n positions
-// (within the block's cols; K rows row_bytes long, ld_bytes apart, head_bytes apart per head)
-// and head h's share of the caller's `extra` rows j..j + n - 1 (extra_bytes per row, extra_ld
-// apart: decode passes the first sub-block's V rows, which P v reads next).
-struct HeadsPrefetch {
-  const char* b;
-  int64_t ld_bytes, head_bytes, cols;
-  int heads;
-  const char* extra;
-  int64_t extra_ld, extra_bytes;
+// (within the block's cols; rows ld_bytes apart, head_bytes long and apart) and head h's share
+// of the caller's `extra` rows j..j + n - 1 (extra_bytes per row, extra_ld apart: decode passes
+// the first sub-block's V rows, which P v reads next; P v prefetches the later ones itself).
+class HeadsPrefetch {
+ public:
+  HeadsPrefetch(const void* b, int64_t ld_bytes, int64_t head_bytes, int64_t cols, int heads,
+                const char* extra, int64_t extra_ld, int64_t extra_bytes)
+      : b_(static_cast<const char*>(b)),
+        ld_bytes_(ld_bytes),
+        head_bytes_(head_bytes),
+        cols_(cols),
+        extra_(extra),
+        extra_ld_(extra_ld),
+        extra_bytes_(extra_bytes),
+        share_(heads > 0 ? (extra_bytes / heads + 63) / 64 * 64 : 0) {}
 
   void operator()(int64_t j, int64_t n, int h) const {
-    const char* bh = b + h * head_bytes;
-    const int64_t end = j + 2 * n < cols ? j + 2 * n : cols;
-    for (int64_t jj = j + n; jj < end; ++jj) prefetch_l2(bh + jj * ld_bytes, 0, head_bytes);
-    if (!extra) return;
-    const int64_t share = (extra_bytes / heads + 63) / 64 * 64;
-    const int64_t lo = h * share, hi = lo + share < extra_bytes ? lo + share : extra_bytes;
-    for (int64_t jj = j; jj < j + n; ++jj) prefetch_l2(extra + jj * extra_ld, lo, hi);
+    const char* bh = b_ + h * head_bytes_;
+    const int64_t end = j + 2 * n < cols_ ? j + 2 * n : cols_;
+    for (int64_t jj = j + n; jj < end; ++jj) prefetch_l2(bh + jj * ld_bytes_, 0, head_bytes_);
+    if (!extra_) return;
+    const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
+    for (int64_t jj = j; jj < j + n; ++jj) prefetch_l2(extra_ + jj * extra_ld_, lo, hi);
   }
+
+ private:
+  const char* b_;
+  int64_t ld_bytes_, head_bytes_, cols_;
+  const char* extra_;
+  int64_t extra_ld_, extra_bytes_;
+  int64_t share_;  // bytes of an extra row per head, whole lines
 };
 
 }  // namespace tokamax::kernels
