@@ -182,8 +182,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // compute (kernels/stream_prefetch.h): q k^T prefetches K a few positions ahead, P v the
     // next sub-block's V rows as it reads this one's (the first sub-block's V rows come with
     // q k^T). Against the kernels before (q k^T one position at a time, prefetching only the
-    // same positions' V rows): 0.81x the time f32 (S=8192), 0.83x bf16 (S=16384; 20
-    // interleaved pairs each, medians). The dot's kernel needs q rounded on the stack.
+    // same positions' V rows), warm: 0.81x the time f32 (S=8192), 0.83x bf16 (S=16384; 20
+    // interleaved pairs each, medians); tokamax bench (cold): f32 0.91x, bf16 0.98-1.08x. The
+    // dot's kernel needs q rounded on the stack.
     const k::StreamHeadsKernel heads_t =
         c.nk > std::numeric_limits<int>::max() ? nullptr
         : dot ? (c.nk * rows * k::round_up(c.h, 32) <= k::kDotHeadsMaxValues ? ks.dot_heads_t
