@@ -169,7 +169,13 @@ struct RowVariant {
 }  // namespace
 
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
-                                const std::vector<std::string>& impls_in, double min_time_s) {
+                                const std::vector<std::string>& impls_in,
+                                const BenchOptions& opts) {
+  if (opts.rounds < 1 || opts.samples < 1 || opts.warmup < 0 || !(opts.min_time_s >= 0))
+    throw InvalidArgument(fmt::format(
+        "bench: --rounds {} and --samples {} must be at least 1, --warmup {} at least 0 and "
+        "--min-time {} at least 0",
+        opts.rounds, opts.samples, opts.warmup, opts.min_time_s));
   if (!op.empty()) find_family(op);
   // Unknown implementation names are bad usage, said before any measuring (they were error
   // rows of a run that exited 0).
@@ -257,16 +263,15 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
     if (mem && !probe) probe = std::make_unique<ReadProbe>(roof.threads);
     const bool probing = mem && probe->available();
     std::vector<double> probe_samples;
-    constexpr int kRounds = 5;
     auto round_timing = [&](int round) {
       TimingOptions t;
-      t.warmup = round == 0 ? 2 : 1;
-      t.min_time_s = min_time_s / kRounds;
-      t.min_samples = 3;
-      t.max_time_s = std::max(2.0, min_time_s);
+      t.warmup = round == 0 ? opts.warmup : std::min(opts.warmup, 1);
+      t.min_time_s = opts.min_time_s / opts.rounds;
+      t.min_samples = opts.samples;
+      t.max_time_s = std::max(2.0, opts.min_time_s);
       return t;
     };
-    for (int round = 0; round < kRounds; ++round) {
+    for (int round = 0; round < opts.rounds; ++round) {
       if (probing) {
         TimingOptions t = round_timing(round);
         t.warmup = round == 0 ? 1 : 0;  // its buffer defeats the caches on its own
@@ -300,6 +305,7 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
       const SampleStats st = SampleStats::of(runners[i].samples);
       r.median_ms = st.median_ms;
       r.iqr_ms = st.iqr_ms();
+      r.samples = static_cast<int>(runners[i].samples.size());
       r.flops = cost.flops;
       r.bytes = cost.bytes > 0 ? cost.bytes : tensor_bytes(*runners[i].call);
       r.bytes_source = cost.bytes > 0 ? "cost" : "tensors";
@@ -343,6 +349,7 @@ Json bench_document(const std::vector<BenchRow>& rows) {
                    {"config_source", r.rung},
                    {"median_ms", r.median_ms},
                    {"iqr_ms", r.iqr_ms},
+                   {"samples", r.samples},
                    {"flops", r.flops},
                    {"bytes", r.bytes},
                    {"bytes_source", r.bytes_source},

@@ -46,6 +46,7 @@ std::string utc_now();
 
 struct BenchRow {
   std::string spec, implementation, config, rung;
+  int samples = 0;  // timed samples behind median_ms, over every round
   double median_ms = 0, iqr_ms = 0, gflops = 0, gbps = 0, pct_of_peak = 0, speedup_vs_baseline = 0;
   // The spec's useful arithmetic and the bytes it must move: their ratio places the row on a
   // roofline chart. bytes_source "cost": the family's count (CallCost); "tensors": it counts
@@ -60,8 +61,17 @@ struct BenchRow {
   // first run here: its per-call buffers, and per-thread scratch it had to grow).
   int64_t allocated_bytes = 0;
 };
+// How long and how often `tokamax bench` measures each row. The defaults give every row at
+// least 5 rounds of 3 samples after 2 warm-up calls; a shape whose call takes seconds (the loss
+// at B=4096, V=151,936: 10 s forward, 30 s backward) needs fewer to finish in minutes.
+struct BenchOptions {
+  double min_time_s = 0.3;  // seconds of measurement per row, over all its rounds
+  int rounds = 5;           // interleaved rounds (every row once per round)
+  int samples = 3;          // at least this many samples per row and round
+  int warmup = 2;           // untimed calls before a row's first round (1 before later rounds)
+};
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
-                                const std::vector<std::string>& impls, double min_time_s);
+                                const std::vector<std::string>& impls, const BenchOptions& opts);
 // `tokamax bench --json`'s document: the rows, with what a reader needs to judge them alone
 // (library version, device, the roofline the rows' percentages are against, command, time).
 Json bench_document(const std::vector<BenchRow>& rows);

@@ -222,7 +222,7 @@ struct Args {
   double budget_s = 1e30;
   bool into_cache = false, have_budget = false, all_impls = false;
   std::vector<std::string> files;
-  double min_time = 0.3;
+  tk::cli::BenchOptions bench;  // bench's --min-time, --rounds, --samples, --warmup
   std::string trace_file;
   std::vector<std::string> trace_files;
   std::vector<std::string> bench_files;  // report's --bench
@@ -418,7 +418,7 @@ int cmd_bench(Args& a) {
       tk::cli::run_bench(a.op,
                          a.bound_args.empty() ? tk::find_arg_specs(a.op, a.spec, a.tag)
                                               : tk::cli::bound_args_specs(a.op, a.bound_args),
-                         split_csv(a.impl_csv), a.min_time);
+                         split_csv(a.impl_csv), a.bench);
   const Json doc = (a.json || !a.out_path.empty()) ? tk::cli::bench_document(rows) : Json();
   if (!a.out_path.empty()) tk::write_file_atomic(a.out_path, doc.dump(2) + "\n");
   if (a.json) {
@@ -612,7 +612,15 @@ int main(int argc, char** argv) {
       "--impl", a.impl_csv,
       "rows (default native,native:packed,blas, and reference on memory-bound specs); "
       "IMPL:packed measures pre-packed weights, IMPL:heuristics pins the heuristics config");
-  bench->add_option("--min-time", a.min_time, "seconds of measurement per row");
+  bench->add_option("--min-time", a.bench.min_time_s,
+                    "seconds of measurement per row (default 0.3)");
+  bench->add_option("--rounds", a.bench.rounds,
+                    "interleaved rounds, every row once a round (default 5)");
+  bench->add_option("--samples", a.bench.samples,
+                    "at least this many samples per row and round (default 3)");
+  bench->add_option("--warmup", a.bench.warmup,
+                    "untimed calls before a row's first round, at most 1 before later rounds "
+                    "(default 2; every row also runs once untimed, counting its allocations)");
   bench->add_flag("--json", a.json, "JSON output");
   bench->add_option("-o,--output", a.out_path,
                     "also write the JSON document here (for tokamax report)");

@@ -145,7 +145,17 @@ TEST_F(Cli, AutotuneCacheAndBench) {
               flops / (rows[0]["median_ms"].get<double>() * 1e-3) / 1e9,
               1e-9 * rows[0]["gflops"].get<double>());
   EXPECT_EQ(rows[0]["peak_value"], doc["roofline"]["f32_fma_gflops_all"]);
-  EXPECT_EQ(rows[0]["bytes_source"], "cost");  // ragged_dot counts the weights it reads
+  EXPECT_EQ(rows[0]["bytes_source"], "cost");    // ragged_dot counts the weights it reads
+  EXPECT_GE(rows[0]["samples"].get<int>(), 15);  // 5 rounds of at least 3 by default
+  // Fewer rounds and samples, for shapes whose call takes seconds: exactly what was asked.
+  r =
+      run("bench --spec smoke_f32 --impl native --rounds 2 --samples 1 --warmup 0 --min-time 0 "
+          "--json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(Json::parse(r.out)["rows"][0]["samples"], 2) << r.out;
+  r = run("bench --spec smoke_f32 --impl native --rounds 0");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--rounds 0"), std::string::npos) << r.err;
   // A family that counts no traffic for a compute-bound call: its tensors' bytes, each once.
   r = run("bench --op dot_product_attention --spec smoke --impl native --min-time 0.01 --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
