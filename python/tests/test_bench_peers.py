@@ -77,7 +77,7 @@ def run_main(tmp_path, capsys, op, extra_peers=None):
     specs.write_text(json.dumps(TINY))
     out = tmp_path / f"{op}.json"
     rc = bp.main(["--op", op, "--tag", "smoke", "--specs-json", str(specs), "--rounds", "2",
-                  "--min-sample-ms", "2", "--no-pin", "--json", str(out)],
+                  "--min-sample-ms", "2", "--gap-ms", "1", "--no-pin", "--json", str(out)],
                  extra_peers=extra_peers)
     assert rc == 0
     return capsys.readouterr().out, json.loads(out.read_text())
@@ -95,6 +95,7 @@ def test_main_ragged_dot(tmp_path, capsys):
 
     meta = doc["meta"]
     assert meta["op"] == "ragged_dot" and meta["threads"] >= 1 and meta["rounds"] == 2
+    assert meta["gap_ms"] == 1
     assert "xla_cpu_multi_thread_eigen=true" in meta["xla_flags"]
     assert [s["name"] for s in doc["specs"]] == ["tiny", "tiny_decode_bf16_weights"]
     tiny, dec = doc["specs"]
@@ -122,6 +123,13 @@ def test_main_ragged_dot(tmp_path, capsys):
         assert res["fastest_peer"] != "wrong (rotated groups)"
         assert res["speedup_vs_fastest"] == rows[res["fastest_peer"]]["ratio_median"]
         assert isinstance(res["meets_target"], bool)
+
+
+def test_bad_options_are_usage_errors():
+    for bad in (["--rounds", "0"], ["--gap-ms", "-1"], ["--min-sample-ms", "0"]):
+        with pytest.raises(SystemExit) as e:
+            bp.parse_args(["--op", "ragged_dot", *bad])
+        assert e.value.code == 2, bad
 
 
 def test_main_attention(tmp_path, capsys):
