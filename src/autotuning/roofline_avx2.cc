@@ -46,14 +46,21 @@ float read_f32_avx2(const float* p, int64_t n) {
   return r;
 }
 
+// Non-temporal stores: the fastest way to write memory that will not be read back soon (an
+// ordinary store first reads each line for ownership, a third more traffic). Kernels that
+// write large outputs this way (the norms) are measured against this ceiling, not against an
+// ordinary-store copy they can beat (Zen 4, 2 threads: 0.70x the time of that copy's rate).
 void copy_f32_avx2(const float* src, float* dst, int64_t n) {
   int64_t i = 0;
+  // The streamed part starts at a 32-byte boundary of dst.
+  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 32 != 0; ++i) dst[i] = src[i];
   for (; i + 32 <= n; i += 32) {
-    _mm256_store_ps(dst + i, _mm256_load_ps(src + i));
-    _mm256_store_ps(dst + i + 8, _mm256_load_ps(src + i + 8));
-    _mm256_store_ps(dst + i + 16, _mm256_load_ps(src + i + 16));
-    _mm256_store_ps(dst + i + 24, _mm256_load_ps(src + i + 24));
+    _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+    _mm256_stream_ps(dst + i + 8, _mm256_loadu_ps(src + i + 8));
+    _mm256_stream_ps(dst + i + 16, _mm256_loadu_ps(src + i + 16));
+    _mm256_stream_ps(dst + i + 24, _mm256_loadu_ps(src + i + 24));
   }
+  _mm_sfence();
   for (; i < n; ++i) dst[i] = src[i];
 }
 

@@ -14,7 +14,7 @@ float fma_f32_avx2(int64_t iters);    // 8 lanes
 float dot_bf16_avx512(int64_t iters);
 // iters iterations of 4 independent TDPBF16PS (16x32 by 32x16 bf16); flops = iters * 4 * 16384.
 float dot_bf16_amx(int64_t iters);
-// Streaming read (sum) and copy over n floats.
+// Streaming read (sum) and copy over n floats (the copy with non-temporal stores).
 float read_f32_avx2(const float* p, int64_t n);
 void copy_f32_avx2(const float* src, float* dst, int64_t n);
 

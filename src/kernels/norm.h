@@ -24,16 +24,20 @@ struct NormKernels {
                 float* rstd);
   // y = (x - mean) * rstd * scale + offset (scale, offset f32 or null); y in x's dtype.
   // `next` (or null): the next row's data, prefetched as this one is written, so that memory
-  // keeps streaming x while this row is normalized from cache.
+  // keeps streaming x while this row is normalized from cache. `stream`: y is written with
+  // non-temporal stores (where the ISA has them and y is aligned to the vector), which skip the
+  // read for ownership an ordinary store makes of every line: for outputs too large to stay
+  // in the last-level cache anyway.
   void (*apply)(const void* x, bool bf16, int64_t n, float mean, float rstd, const float* scale,
-                const float* offset, void* y, const void* next);
+                const float* offset, void* y, const void* next, bool stream);
   // The backward of one row: with xhat = (x - mean) rstd and g = dy * scale,
   //   dx = rstd (g - mean(g) - xhat mean(g xhat))   (without subtract_mean: no mean(g) term);
   // dscale_acc += dy xhat and doffset_acc += dy (f32, either may be null). dx in x's dtype.
-  // x_next, dy_next (or null): the next row's, prefetched as dx is written.
+  // x_next, dy_next (or null): the next row's, prefetched as dx is written. `stream`: dx
+  // written non-temporally, as apply's y.
   void (*backward)(const void* x, const void* dy, bool bf16, int64_t n, float mean, float rstd,
                    const float* scale, bool subtract_mean, void* dx, float* dscale_acc,
-                   float* doffset_acc, const void* x_next, const void* dy_next);
+                   float* doffset_acc, const void* x_next, const void* dy_next, bool stream);
 };
 
 NormKernels norm_kernels(Isa isa);

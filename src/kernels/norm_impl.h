@@ -18,6 +18,9 @@ namespace {
 #ifndef TOKAMAX_NORM_WIDTH
 #error "define TOKAMAX_NORM_WIDTH (floats per vector) before including norm_impl.h"
 #endif
+// Optional, per ISA: TOKAMAX_NORM_STREAM_F32(float* p, vf v) and TOKAMAX_NORM_STREAM_BF16(
+// uint16_t* p, vh h), non-temporal stores of one vector to an address aligned to its size, and
+// TOKAMAX_NORM_SFENCE(). Without them `stream` rows are written with ordinary stores.
 
 struct NormRows {
   static constexpr int W = TOKAMAX_NORM_WIDTH;
@@ -76,6 +79,50 @@ struct NormRows {
     const vh h = __builtin_convertvector(r, vh);
     std::memcpy(static_cast<uint16_t*>(y) + i, &h, sizeof h);
   }
+  // Non-temporal stores where the ISA file defines them: the line goes to memory without
+  // being read first (an ordinary store reads it for ownership: a third of a copy's traffic).
+  static bool can_stream(const void* y, bool bf16) {
+#if defined(TOKAMAX_NORM_STREAM_F32) && defined(TOKAMAX_NORM_STREAM_BF16)
+    const uintptr_t align = bf16 ? sizeof(vh) : sizeof(vf);
+    return reinterpret_cast<uintptr_t>(y) % align == 0;
+#else
+    (void)y;
+    (void)bf16;
+    return false;
+#endif
+  }
+  static void store_nt(void* y, bool bf16, int64_t i, vf v) {
+#if defined(TOKAMAX_NORM_STREAM_F32) && defined(TOKAMAX_NORM_STREAM_BF16)
+    if (!bf16) {
+      TOKAMAX_NORM_STREAM_F32(static_cast<float*>(y) + i, v);
+      return;
+    }
+    vu u;
+    std::memcpy(&u, &v, sizeof u);
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu r = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
+    TOKAMAX_NORM_STREAM_BF16(static_cast<uint16_t*>(y) + i, __builtin_convertvector(r, vh));
+#else
+    store(y, bf16, i, v);
+#endif
+  }
+  static void fence() {
+#ifdef TOKAMAX_NORM_SFENCE
+    TOKAMAX_NORM_SFENCE();
+#endif
+  }
+  // Writes the vectors of a row, non-temporally when `stream` (and y allows it).
+  template <class F>
+  static int64_t write_row(void* y, bool bf16, int64_t n, bool stream, F&& value_at) {
+    int64_t i = 0;
+    if (stream && can_stream(y, bf16)) {
+      for (; i + W <= n; i += W) store_nt(y, bf16, i, value_at(i));
+      fence();
+    } else {
+      for (; i + W <= n; i += W) store(y, bf16, i, value_at(i));
+    }
+    return i;
+  }
   template <class T>
   static double hsum(const T& v) {
     double s = 0;
@@ -128,16 +175,15 @@ struct NormRows {
   }
 
   static void apply(const void* x, bool bf16, int64_t n, float mean, float rstd, const float* scale,
-                    const float* offset, void* y, const void* next) {
-    int64_t i = 0;
+                    const float* offset, void* y, const void* next, bool stream) {
     const int64_t es = bf16 ? 2 : 4;
-    for (; i + W <= n; i += W) {
-      if (next) __builtin_prefetch(static_cast<const char*>(next) + i * es);
-      vf v = (load(x, bf16, i) - mean) * rstd;
-      if (scale) v *= load_f32(scale + i);
-      if (offset) v += load_f32(offset + i);
-      store(y, bf16, i, v);
-    }
+    int64_t i = write_row(y, bf16, n, stream, [&](int64_t j) {
+      if (next) __builtin_prefetch(static_cast<const char*>(next) + j * es);
+      vf v = (load(x, bf16, j) - mean) * rstd;
+      if (scale) v *= load_f32(scale + j);
+      if (offset) v += load_f32(offset + j);
+      return v;
+    });
     for (; i < n; ++i) {
       float v = (lane_f32(x, bf16, i) - mean) * rstd;
       if (scale) v *= scale[i];
@@ -148,7 +194,7 @@ struct NormRows {
 
   static void backward(const void* x, const void* dy, bool bf16, int64_t n, float mean, float rstd,
                        const float* scale, bool subtract_mean, void* dx, float* dscale_acc,
-                       float* doffset_acc, const void* x_next, const void* dy_next) {
+                       float* doffset_acc, const void* x_next, const void* dy_next, bool stream) {
     vf sg = {}, sgx = {};
     int64_t i = 0;
     for (; i + W <= n; i += W) {
@@ -170,17 +216,16 @@ struct NormRows {
     }
     const float inv_n = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
     const float a = subtract_mean ? tg * inv_n : 0.0f, b = tgx * inv_n;
-    i = 0;
     const int64_t es = bf16 ? 2 : 4;
-    for (; i + W <= n; i += W) {
+    i = write_row(dx, bf16, n, stream, [&](int64_t j) {
       if (x_next) {
-        __builtin_prefetch(static_cast<const char*>(x_next) + i * es);
-        __builtin_prefetch(static_cast<const char*>(dy_next) + i * es);
+        __builtin_prefetch(static_cast<const char*>(x_next) + j * es);
+        __builtin_prefetch(static_cast<const char*>(dy_next) + j * es);
       }
-      const vf xh = (load(x, bf16, i) - mean) * rstd, d = load(dy, bf16, i);
-      const vf g = scale ? d * load_f32(scale + i) : d;
-      store(dx, bf16, i, (g - a - xh * b) * rstd);
-    }
+      const vf xh = (load(x, bf16, j) - mean) * rstd, d = load(dy, bf16, j);
+      const vf g = scale ? d * load_f32(scale + j) : d;
+      return (g - a - xh * b) * rstd;
+    });
     for (; i < n; ++i) {
       const float xh = (lane_f32(x, bf16, i) - mean) * rstd, d = lane_f32(dy, bf16, i);
       const float g = scale ? d * scale[i] : d;

@@ -22,7 +22,7 @@ struct Roofline {
   std::string bf16_dot_unit;
   double read_gbps_1core = 0;  // large streaming read
   double read_gbps_all = 0;
-  double copy_gbps_all = 0;  // large copy, bytes read + written
+  double copy_gbps_all = 0;  // large copy (non-temporal stores), bytes read + written
   Json to_json() const;
 };
 

@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "kernels/norm.h"
 #include "ops/norm/base.h"
+#include "tokamax/core/device.h"
 
 namespace tokamax {
 
@@ -32,6 +33,14 @@ namespace {
 const kernels::NormKernels& row_kernels() {
   static const kernels::NormKernels k = kernels::norm_kernels(kernels::best_kernels().isa);
   return k;
+}
+
+// Outputs of at least the last-level cache's size are written non-temporally (NormKernels:
+// `stream`): they would not stay in the cache, and ordinary stores read every line first.
+bool streams_output(int64_t bytes) {
+  const DeviceInfo& d = device_info();
+  const int64_t llc = d.l3_bytes > 0 ? d.l3_bytes : d.l2_bytes;
+  return llc > 0 && bytes >= llc;
 }
 
 // The config parts both directions share.
@@ -88,6 +97,7 @@ class Native : public NativeBase<NormCall> {
     char* y = static_cast<char*>(c.y().data());
     float* means = c.mean() ? c.mean()->data_as<float>() : nullptr;
     float* rstds = c.rstd() ? c.rstd()->data_as<float>() : nullptr;
+    const bool stream = streams_output(c.y().size() * es);
     parallel_for(items, c.num_threads, [&](int64_t item, int) {
       const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
       for (int64_t r = item * rpi; r < r1; ++r) {
@@ -95,7 +105,7 @@ class Native : public NativeBase<NormCall> {
         k.stats(x + r * c.d * es, c.bf16, c.d, c.subtract_mean, static_cast<float>(c.epsilon),
                 &mean, &rstd);
         k.apply(x + r * c.d * es, c.bf16, c.d, mean, rstd, scale, offset, y + r * c.d * es,
-                r + 1 < c.rows() ? x + (r + 1) * c.d * es : nullptr);
+                r + 1 < c.rows() ? x + (r + 1) * c.d * es : nullptr, stream);
         if (means) {
           means[r] = mean;
           rstds[r] = rstd;
@@ -129,6 +139,7 @@ class VjpNative : public NativeBase<NormVjpCall> {
     char* dx = static_cast<char*>(c.dx().data());
     const float* means = c.mean_in.data_as<const float>();
     const float* rstds = c.rstd_in.data_as<const float>();
+    const bool stream = streams_output(c.dx().size() * es);
     parallel_for(nslots, c.num_threads, [&](int64_t slot, int) {
       float* ds = sums ? item_sums.data_as<float>() + 2 * slot * D : nullptr;
       double* tot = sums ? totals.data_as<double>() + 2 * slot * D : nullptr;
@@ -139,7 +150,7 @@ class VjpNative : public NativeBase<NormVjpCall> {
           const int64_t next = r + 1 < r1 ? at + D * es : at;  // the item's next row
           k.backward(x + at, dy + at, c.bf16, D, means[r], rstds[r], scale, c.subtract_mean,
                      dx + at, c.scale ? ds : nullptr, c.offset ? ds + D : nullptr, x + next,
-                     dy + next);
+                     dy + next, stream);
         }
         if (!sums) continue;
         for (int64_t j = 0; j < 2 * D; ++j) {
