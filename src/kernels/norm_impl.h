@@ -20,7 +20,8 @@ namespace {
 #endif
 // Optional, per ISA: TOKAMAX_NORM_STREAM_F32(float* p, vf v) and TOKAMAX_NORM_STREAM_BF16(
 // uint16_t* p, vh h), non-temporal stores of one vector to an address aligned to its size, and
-// TOKAMAX_NORM_SFENCE(). Without them `stream` rows are written with ordinary stores.
+// TOKAMAX_NORM_SFENCE() (NormKernels::fence). Without them `stream` rows are written with
+// ordinary stores.
 
 struct NormRows {
   static constexpr int W = TOKAMAX_NORM_WIDTH;
@@ -117,7 +118,6 @@ struct NormRows {
     int64_t i = 0;
     if (stream && can_stream(y, bf16)) {
       for (; i + W <= n; i += W) store_nt(y, bf16, i, value_at(i));
-      fence();
     } else {
       for (; i + W <= n; i += W) store(y, bf16, i, value_at(i));
     }
@@ -233,7 +233,7 @@ struct NormRows {
     }
   }
 
-  static NormKernels kernels() { return {stats, apply, backward}; }
+  static NormKernels kernels() { return {stats, apply, backward, fence}; }
 };
 
 }  // namespace

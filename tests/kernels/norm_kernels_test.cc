@@ -55,6 +55,7 @@ TEST(NormKernels, NonTemporalStoresWriteTheSameBytes) {
                    plain.p, nullptr, false);
           nk.apply(x.data(), bf16, n, mean, rstd, scale.data_as<float>(), offset.data_as<float>(),
                    streamed.p, x.data(), true);
+          nk.fence();
           EXPECT_EQ(std::memcmp(plain.base, streamed.base, n * es + off + 64), 0);
           // The written row differs from the sentinel (the kernels wrote it).
           EXPECT_NE(std::memcmp(plain.p, Buffer(n * es, off).p, n * es), 0);
@@ -66,6 +67,7 @@ TEST(NormKernels, NonTemporalStoresWriteTheSameBytes) {
           nk.backward(x.data(), dy.data(), bf16, n, mean, rstd, scale.data_as<float>(), true,
                       dx_streamed.p, ds_streamed.data(), ds_streamed.data() + n, x.data(),
                       dy.data(), true);
+          nk.fence();
           EXPECT_EQ(std::memcmp(dx_plain.base, dx_streamed.base, n * es + off + 64), 0);
           EXPECT_EQ(ds_plain, ds_streamed);
         }

@@ -111,6 +111,7 @@ class Native : public NativeBase<NormCall> {
           rstds[r] = rstd;
         }
       }
+      if (stream) k.fence();
     });
   }
 };
@@ -152,6 +153,7 @@ class VjpNative : public NativeBase<NormVjpCall> {
                      dx + at, c.scale ? ds : nullptr, c.offset ? ds + D : nullptr, x + next,
                      dy + next, stream);
         }
+        if (stream) k.fence();
         if (!sums) continue;
         for (int64_t j = 0; j < 2 * D; ++j) {
           tot[j] += ds[j];
