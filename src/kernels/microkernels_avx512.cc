@@ -652,8 +652,9 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
 // matrix, so each load of a serves JB positions and the MR x JB sums reduce four at a time into
 // JB adjacent logits. One position at a time (a reloaded for each, the MR sums of one position
 // reduced together), decode S=8192 from a flushed cache, 2 threads, interleaved pairs: f32
-// 1.13x the time (median of 8, range 0.96-1.34), bf16 on the dot 0.98x (10 pairs, 0.71-1.21). The prefetches (HeadsPrefetch) are what make it fast from memory. KIND: 0
-// f32 b, 1 bf16 b widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
+// 1.13x the time (median of 8, range 0.96-1.34), bf16 on the dot 0.98x (10 pairs, 0.71-1.21).
+// The prefetches (HeadsPrefetch) are what make it fast from memory. KIND: 0 f32 b, 1 bf16 b
+// widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
 template <int MR, int KIND>
 void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
                 float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {

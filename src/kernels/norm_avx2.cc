@@ -3,7 +3,6 @@
 #include <immintrin.h>
 #define TOKAMAX_NORM_STREAM_F32(p, v) _mm256_stream_ps(p, (__m256)(v))
 #define TOKAMAX_NORM_STREAM_BF16(p, h) _mm_stream_si128(reinterpret_cast<__m128i*>(p), (__m128i)(h))
-#define TOKAMAX_NORM_SFENCE() _mm_sfence()
 #include "kernels/norm_impl.h"
 
 namespace tokamax::kernels {

@@ -4,7 +4,6 @@
 #define TOKAMAX_NORM_STREAM_F32(p, v) _mm512_stream_ps(p, (__m512)(v))
 #define TOKAMAX_NORM_STREAM_BF16(p, h) \
   _mm256_stream_si256(reinterpret_cast<__m256i*>(p), (__m256i)(h))
-#define TOKAMAX_NORM_SFENCE() _mm_sfence()
 #include "kernels/norm_impl.h"
 
 namespace tokamax::kernels {

@@ -18,10 +18,12 @@ namespace {
 #ifndef TOKAMAX_NORM_WIDTH
 #error "define TOKAMAX_NORM_WIDTH (floats per vector) before including norm_impl.h"
 #endif
-// Optional, per ISA: TOKAMAX_NORM_STREAM_F32(float* p, vf v) and TOKAMAX_NORM_STREAM_BF16(
-// uint16_t* p, vh h), non-temporal stores of one vector to an address aligned to its size, and
-// TOKAMAX_NORM_SFENCE() (NormKernels::fence). Without them `stream` rows are written with
-// ordinary stores.
+// Optional, per ISA (both or neither, with <immintrin.h>): TOKAMAX_NORM_STREAM_F32(float* p,
+// vf v) and TOKAMAX_NORM_STREAM_BF16(uint16_t* p, vh h), non-temporal stores of one vector to an
+// address aligned to its size. Without them `stream` rows are written with ordinary stores.
+#if defined(TOKAMAX_NORM_STREAM_F32) != defined(TOKAMAX_NORM_STREAM_BF16)
+#error "define both TOKAMAX_NORM_STREAM_F32 and TOKAMAX_NORM_STREAM_BF16, or neither"
+#endif
 
 struct NormRows {
   static constexpr int W = TOKAMAX_NORM_WIDTH;
@@ -68,50 +70,39 @@ struct NormRows {
   }
   static void store_f32(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
   // Rounded to nearest even, as f32_to_bf16 (NaN stays a quiet NaN).
+  static vh to_bf16(vf v) {
+    vu u;
+    std::memcpy(&u, &v, sizeof u);
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu r = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
+    return __builtin_convertvector(r, vh);
+  }
   static void store(void* y, bool bf16, int64_t i, vf v) {
     if (!bf16) {
       std::memcpy(static_cast<float*>(y) + i, &v, sizeof v);
       return;
     }
-    vu u;
-    std::memcpy(&u, &v, sizeof u);
-    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const vu r = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
-    const vh h = __builtin_convertvector(r, vh);
+    const vh h = to_bf16(v);
     std::memcpy(static_cast<uint16_t*>(y) + i, &h, sizeof h);
   }
   // Non-temporal stores where the ISA file defines them: the line goes to memory without
   // being read first (an ordinary store reads it for ownership: a third of a copy's traffic).
+#ifdef TOKAMAX_NORM_STREAM_F32
   static bool can_stream(const void* y, bool bf16) {
-#if defined(TOKAMAX_NORM_STREAM_F32) && defined(TOKAMAX_NORM_STREAM_BF16)
-    const uintptr_t align = bf16 ? sizeof(vh) : sizeof(vf);
-    return reinterpret_cast<uintptr_t>(y) % align == 0;
-#else
-    (void)y;
-    (void)bf16;
-    return false;
-#endif
+    return reinterpret_cast<uintptr_t>(y) % (bf16 ? sizeof(vh) : sizeof(vf)) == 0;
   }
   static void store_nt(void* y, bool bf16, int64_t i, vf v) {
-#if defined(TOKAMAX_NORM_STREAM_F32) && defined(TOKAMAX_NORM_STREAM_BF16)
-    if (!bf16) {
+    if (bf16)
+      TOKAMAX_NORM_STREAM_BF16(static_cast<uint16_t*>(y) + i, to_bf16(v));
+    else
       TOKAMAX_NORM_STREAM_F32(static_cast<float*>(y) + i, v);
-      return;
-    }
-    vu u;
-    std::memcpy(&u, &v, sizeof u);
-    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const vu r = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
-    TOKAMAX_NORM_STREAM_BF16(static_cast<uint16_t*>(y) + i, __builtin_convertvector(r, vh));
+  }
+  static void fence() { _mm_sfence(); }
 #else
-    store(y, bf16, i, v);
+  static bool can_stream(const void*, bool) { return false; }
+  static void store_nt(void* y, bool bf16, int64_t i, vf v) { store(y, bf16, i, v); }
+  static void fence() {}
 #endif
-  }
-  static void fence() {
-#ifdef TOKAMAX_NORM_SFENCE
-    TOKAMAX_NORM_SFENCE();
-#endif
-  }
   // Writes the vectors of a row, non-temporally when `stream` (and y allows it).
   template <class F>
   static int64_t write_row(void* y, bool bf16, int64_t n, bool stream, F&& value_at) {
