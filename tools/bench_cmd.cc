@@ -171,11 +171,17 @@ struct RowVariant {
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls_in,
                                 const BenchOptions& opts) {
-  if (opts.rounds < 1 || opts.samples < 1 || opts.warmup < 0 || !(opts.min_time_s >= 0))
+  // Bounded so that a typo cannot run for days: 1000 of each, an hour of measuring a row.
+  constexpr int kMaxCount = 1000;
+  constexpr double kMaxSeconds = 3600;
+  if (opts.rounds < 1 || opts.rounds > kMaxCount || opts.samples < 1 ||
+      opts.samples > kMaxCount || opts.warmup < 0 || opts.warmup > kMaxCount ||
+      !(opts.min_time_s >= 0 && opts.min_time_s <= kMaxSeconds))
     throw InvalidArgument(fmt::format(
-        "bench: --rounds {} and --samples {} must be at least 1, --warmup {} at least 0 and "
-        "--min-time {} at least 0",
-        opts.rounds, opts.samples, opts.warmup, opts.min_time_s));
+        "bench: --rounds {} and --samples {} must be in [1, {}], --warmup {} in [0, {}] and "
+        "--min-time {} in [0, {}] seconds",
+        opts.rounds, opts.samples, kMaxCount, opts.warmup, kMaxCount, opts.min_time_s,
+        kMaxSeconds));
   if (!op.empty()) find_family(op);
   // Unknown implementation names are bad usage, said before any measuring (they were error
   // rows of a run that exited 0).

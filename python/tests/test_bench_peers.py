@@ -126,7 +126,8 @@ def test_main_ragged_dot(tmp_path, capsys):
 
 
 def test_bad_options_are_usage_errors():
-    for bad in (["--rounds", "0"], ["--gap-ms", "-1"], ["--min-sample-ms", "0"]):
+    for bad in (["--rounds", "0"], ["--gap-ms", "-1"], ["--gap-ms", "inf"], ["--gap-ms", "nan"],
+                ["--min-sample-ms", "0"]):
         with pytest.raises(SystemExit) as e:
             bp.parse_args(["--op", "ragged_dot", *bad])
         assert e.value.code == 2, bad

@@ -156,6 +156,10 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   r = run("bench --spec smoke_f32 --impl native --rounds 0");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("--rounds 0"), std::string::npos) << r.err;
+  for (const char* bad : {"--samples 1001", "--warmup -1", "--min-time inf", "--min-time nan"}) {
+    r = run(std::string("bench --spec smoke_f32 --impl native ") + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out << r.err;
+  }
   // A family that counts no traffic for a compute-bound call: its tensors' bytes, each once.
   r = run("bench --op dot_product_attention --spec smoke --impl native --min-time 0.01 --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
