@@ -23,8 +23,9 @@ struct NormKernels {
   void (*stats)(const void* x, bool bf16, int64_t n, bool subtract_mean, float eps, float* mean,
                 float* rstd);
   // y = (x - mean) * rstd * scale + offset (scale, offset f32 or null); y in x's dtype.
-  // `next` (or null): the next row's data, prefetched as this one is written, so that memory
-  // keeps streaming x while this row is normalized from cache. `stream`: y is written with
+  // `next` (or null): n elements prefetched into L2 as this row is written, so that memory
+  // keeps streaming x while rows are normalized from cache (the caller passes the same
+  // columns a few rows on). `stream`: y is written with
   // non-temporal stores (where the ISA has them and y is aligned to the vector), which skip the
   // read for ownership an ordinary store makes of every line: for outputs too large to stay
   // in the last-level cache anyway. Such stores are weakly ordered: the caller calls fence()

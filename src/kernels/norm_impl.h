@@ -169,7 +169,7 @@ struct NormRows {
                     const float* offset, void* y, const void* next, bool stream) {
     const int64_t es = bf16 ? 2 : 4;
     int64_t i = write_row(y, bf16, n, stream, [&](int64_t j) {
-      if (next) __builtin_prefetch(static_cast<const char*>(next) + j * es);
+      if (next) __builtin_prefetch(static_cast<const char*>(next) + j * es, 0, 2);  // into L2
       vf v = (load(x, bf16, j) - mean) * rstd;
       if (scale) v *= load_f32(scale + j);
       if (offset) v += load_f32(offset + j);
