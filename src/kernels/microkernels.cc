@@ -2,9 +2,11 @@
 #include "kernels/microkernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "autotuning/roofline_kernels.h"
 #include "kernels/activation.h"
@@ -211,10 +213,50 @@ void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t k
   }
 }
 
+namespace {
+
+// pack_a_f32_t reads a run of `rows` floats from each of kc source rows lda apart (the loss
+// backward's x^T: 8 KiB apart), a stride the hardware prefetchers do not follow, so each run
+// began with a miss: the source row kPackAhead rows on is prefetched as each row is copied.
+// The loss backward's dw = x^T d (M=2048, K=4096, N=1024) on 2 threads, Zen 4 (a one-off
+// program, 5 runs each): 94.1-94.9 ms without, 91.6-92.6 with 16 rows ahead (8: 91.5-92.3,
+// 32: 88.1-91.6); with x^T given row-major, 85-88 ms. The fixed-size copies (MR known to the
+// compiler) replaced a library memcpy call per run; alone they measured the same.
+constexpr int64_t kPackAhead = 16;
+template <int MR>
+void pack_a_t_tiles(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, float* dst) {
+  const int64_t full = rows / MR, rest = rows - full * MR;
+  // k outer: each source row's run of `rows` floats is read once, in order.
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* src = a + (k0 + k) * lda;
+    if (k + kPackAhead < kc) {
+      const char* ahead = reinterpret_cast<const char*>(src + kPackAhead * lda);
+      for (int64_t off = 0; off < rows * 4; off += 64) __builtin_prefetch(ahead + off);
+    }
+    for (int64_t t = 0; t < full; ++t)
+      std::memcpy(dst + t * MR * kc + k * MR, src + t * MR, MR * sizeof(float));
+    if (rest > 0) {
+      float* d = dst + full * MR * kc + k * MR;
+      std::memcpy(d, src + full * MR, static_cast<size_t>(rest) * sizeof(float));
+      std::fill(d + rest, d + MR, 0.0f);
+    }
+  }
+}
+
+using PackATiles = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
+template <size_t... I>
+constexpr std::array<PackATiles, sizeof...(I)> pack_a_t_table(std::index_sequence<I...>) {
+  return {&pack_a_t_tiles<static_cast<int>(I) + 1>...};
+}
+constexpr int kPackATMaxMr = 16;  // every kernel set's max_mr (14 at most so far)
+constexpr auto kPackAT = pack_a_t_table(std::make_index_sequence<kPackATMaxMr>());
+
+}  // namespace
+
 void pack_a_f32_t(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                   float* dst) {
+  if (mr >= 1 && mr <= kPackATMaxMr) return kPackAT[mr - 1](a, lda, rows, k0, kc, dst);
   const int64_t tiles = (rows + mr - 1) / mr;
-  // k outer: each source row's run of `rows` floats is read once, in order.
   for (int64_t k = 0; k < kc; ++k) {
     const float* src = a + (k0 + k) * lda;
     for (int64_t t = 0; t < tiles; ++t) {
