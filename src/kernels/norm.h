@@ -36,7 +36,8 @@ struct NormKernels {
   // The backward of one row: with xhat = (x - mean) rstd and g = dy * scale,
   //   dx = rstd (g - mean(g) - xhat mean(g xhat))   (without subtract_mean: no mean(g) term);
   // dscale_acc += dy xhat and doffset_acc += dy (f32, either may be null). dx in x's dtype.
-  // x_next, dy_next (or null): the next row's, prefetched as dx is written. `stream`: dx
+  // x_next, dy_next (or null): n elements each prefetched into L2 as dx is written (the
+  // caller passes a row a few on). `stream`: dx
   // written non-temporally, as apply's y.
   void (*backward)(const void* x, const void* dy, bool bf16, int64_t n, float mean, float rstd,
                    const float* scale, bool subtract_mean, void* dx, float* dscale_acc,

@@ -209,9 +209,9 @@ struct NormRows {
     const float a = subtract_mean ? tg * inv_n : 0.0f, b = tgx * inv_n;
     const int64_t es = bf16 ? 2 : 4;
     i = write_row(dx, bf16, n, stream, [&](int64_t j) {
-      if (x_next) {
-        __builtin_prefetch(static_cast<const char*>(x_next) + j * es);
-        __builtin_prefetch(static_cast<const char*>(dy_next) + j * es);
+      if (x_next) {  // into L2
+        __builtin_prefetch(static_cast<const char*>(x_next) + j * es, 0, 2);
+        __builtin_prefetch(static_cast<const char*>(dy_next) + j * es, 0, 2);
       }
       const vf xh = (load(x, bf16, j) - mean) * rstd, d = load(dy, bf16, j);
       const vf g = scale ? d * load_f32(scale + j) : d;

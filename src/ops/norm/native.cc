@@ -179,10 +179,15 @@ class VjpNative : public NativeBase<NormVjpCall> {
         const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
         for (int64_t r = item * rpi; r < r1; ++r) {
           const int64_t at = r * D * es;
-          const int64_t next = r + 1 < r1 ? at + D * es : at;  // the item's next row
+          // The row kBlockRows on, into L2, as the forward's prefetch. 2 GiB and 4096 x 4096
+          // f32, 2 threads, Zen 4, 7 interleaved rounds against the streaming copy, four runs:
+          // medians 0.45-0.58 of it, against 0.41-0.56 with the next row into L1 (the lowest
+          // in every run: it also evicted the parameter sums), 0.43-0.59 with no prefetch and
+          // 0.44-0.58 with the next row into L2 (those three within noise).
+          const int64_t ahead = r + kBlockRows < c.rows() ? at + kBlockRows * D * es : at;
           k.backward(x + at, dy + at, c.bf16, D, means[r], rstds[r], scale, c.subtract_mean,
-                     dx + at, c.scale ? ds : nullptr, c.offset ? ds + D : nullptr, x + next,
-                     dy + next, stream);
+                     dx + at, c.scale ? ds : nullptr, c.offset ? ds + D : nullptr, x + ahead,
+                     dy + ahead, stream);
         }
         if (stream) k.fence();
         if (!sums) continue;
