@@ -1,5 +1,5 @@
 // layer_norm's native implementation: the shared cases (test_base.h), and rows long enough for
-// the forward's column chunks under every rows_per_item.
+// the forward's column chunks under every rows_per_item (and the backward under each).
 #include <cstring>
 
 #include "tests/ops/norm/test_base.h"
@@ -41,6 +41,53 @@ TEST(LayerNormNative, ChunkedRowsAreTheSameUnderEveryConfig) {
             first = got.y.clone();
           } else {
             ASSERT_EQ(std::memcmp(first.data(), got.y.data(), got.y.nbytes()), 0) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The backward over the same rows: dx is the same bits under every config (each row's arithmetic
+// does not depend on the items); dscale and doffset sum in f32 per item (rows_per_item moves
+// their rounding), so they are checked against the reference under each config.
+TEST(LayerNormNative, BackwardUnderEveryConfig) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (Shape shape : {Shape{7, 2500}, Shape{5, 4100}}) {
+      for (bool rms : {false, true}) {
+        Case c{shape};
+        c.dtype = dt;
+        c.rms = rms;
+        c.offset = !rms;
+        const Inputs in = make_inputs(c);
+        LayerNormOptions o = in.options;
+        o.implementation = "reference";
+        const LayerNormResult fwd = layer_norm_with_residuals(in.x, in.s(), in.o(), o);
+        const Tensor dy = Tensor::randn(c.shape, c.dtype, fresh_seed());
+        const LayerNormGrads ref = layer_norm_vjp(in.x, in.s(), in.o(), fwd.mean, fwd.rstd, dy, o);
+        NormVjpCall call;
+        call.x = in.x;
+        call.scale = in.s();
+        call.offset = in.o();
+        call.mean_in = fwd.mean;
+        call.rstd_in = fwd.rstd;
+        call.dy = dy;
+        vjp_family().bind(call);
+        const Tolerance tol = vjp_family().tolerance_of(call);
+        o.implementation = "native";
+        Tensor first;
+        for (int rpi : {1, 3, 4, 5, 256}) {
+          const std::string what = c.str() + " backward rows_per_item " + std::to_string(rpi);
+          o.config = Config::make(LayerNormNativeConfig{rpi});
+          const LayerNormGrads got =
+              layer_norm_vjp(in.x, in.s(), in.o(), fwd.mean, fwd.rstd, dy, o);
+          expect_close(got.dscale, values(ref.dscale), tol, "dscale " + what);
+          if (c.offset) expect_close(got.doffset, values(ref.doffset), tol, "doffset " + what);
+          if (first.rank() == 0) {
+            expect_close(got.dx, values(ref.dx), tol, "dx " + what);
+            first = got.dx.clone();
+          } else {
+            ASSERT_EQ(std::memcmp(first.data(), got.dx.data(), got.dx.nbytes()), 0) << what;
           }
         }
       }
