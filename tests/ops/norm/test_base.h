@@ -179,6 +179,21 @@ inline double f64_loss(const Case& c, const Tensor& x, const Tensor* scale, cons
   return l;
 }
 
+// The backward's tolerance for a case, its forward residuals and cotangent.
+inline Tolerance vjp_tolerance(const Case& c, const Inputs& in, const LayerNormResult& fwd,
+                               const Tensor& dy) {
+  NormVjpCall call;
+  call.x = in.x;
+  call.scale = in.s();
+  call.offset = in.o();
+  call.axis = c.axis;
+  call.mean_in = fwd.mean;
+  call.rstd_in = fwd.rstd;
+  call.dy = dy;
+  vjp_family().bind(call);
+  return vjp_family().tolerance_of(call);
+}
+
 inline void check_vjp(const std::string& impl, const Case& c) {
   const Inputs in = make_inputs(c);
   const std::string what = impl + " vjp " + c.str();
@@ -193,16 +208,7 @@ inline void check_vjp(const std::string& impl, const Case& c) {
     return;
   }
   const LayerNormGrads got = layer_norm_vjp(in.x, in.s(), in.o(), fwd.mean, fwd.rstd, dy, o);
-  NormVjpCall call;
-  call.x = in.x;
-  call.scale = in.s();
-  call.offset = in.o();
-  call.axis = c.axis;
-  call.mean_in = fwd.mean;
-  call.rstd_in = fwd.rstd;
-  call.dy = dy;
-  vjp_family().bind(call);
-  const Tolerance tol = vjp_family().tolerance_of(call);
+  const Tolerance tol = vjp_tolerance(c, in, fwd, dy);
   expect_close(got.dx, values(ref.dx), tol, "dx " + what);
   if (c.scale) expect_close(got.dscale, values(ref.dscale), tol, "dscale " + what);
   if (c.offset) expect_close(got.doffset, values(ref.doffset), tol, "doffset " + what);
