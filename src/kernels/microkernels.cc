@@ -217,15 +217,18 @@ namespace {
 
 // pack_a_f32_t reads a run of `rows` floats from each of kc source rows lda apart (the loss
 // backward's x^T: 8 KiB apart), a stride the hardware prefetchers do not follow, so each run
-// began with a miss: the source row kPackAhead rows on is prefetched as each row is copied.
-// The loss backward's dw = x^T d (M=2048, K=4096, N=1024) on 2 threads, Zen 4 (a one-off
-// program, 5 runs each): 94.1-94.9 ms without, 91.6-92.6 with 16 rows ahead (8: 91.5-92.3,
-// 32: 88.1-91.6); with x^T given row-major, 85-88 ms. The fixed-size copies (MR known to the
-// compiler) replaced a library memcpy call per run; alone they measured the same.
+// began with a miss: the source row kPackAhead rows on is prefetched as each row is copied,
+// and a whole tile's run is a fixed-size copy (MR known to the compiler: a few vector moves, not
+// a library call per run). The loss backward's dw = x^T d (M=2048, K=4096, N=1024) on 2 threads,
+// Zen 4 (a one-off program, 5 runs each): 94.1-94.9 ms with neither, 91.6-92.6 with both (16
+// rows ahead; 8: 91.5-92.3, 32: 88.1-91.6), 93.8-94.7 with the prefetch alone and the same as
+// neither with the fixed-size copies alone; with x^T given row-major, 85-88 ms.
 constexpr int64_t kPackAhead = 16;
+// MR > 0: the tile height (mr is MR); 0: any mr, the copies' size known at run time only.
 template <int MR>
-void pack_a_t_tiles(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, float* dst) {
-  const int64_t full = rows / MR, rest = rows - full * MR;
+void pack_a_t_tiles(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
+                    float* dst) {
+  const int64_t m = MR > 0 ? MR : mr, full = rows / m, rest = rows - full * m;
   // k outer: each source row's run of `rows` floats is read once, in order.
   for (int64_t k = 0; k < kc; ++k) {
     const float* src = a + (k0 + k) * lda;
@@ -234,16 +237,16 @@ void pack_a_t_tiles(const float* a, int64_t lda, int64_t rows, int64_t k0, int64
       for (int64_t off = 0; off < rows * 4; off += 64) __builtin_prefetch(ahead + off);
     }
     for (int64_t t = 0; t < full; ++t)
-      std::memcpy(dst + t * MR * kc + k * MR, src + t * MR, MR * sizeof(float));
+      std::memcpy(dst + t * m * kc + k * m, src + t * m, static_cast<size_t>(m) * sizeof(float));
     if (rest > 0) {
-      float* d = dst + full * MR * kc + k * MR;
-      std::memcpy(d, src + full * MR, static_cast<size_t>(rest) * sizeof(float));
-      std::fill(d + rest, d + MR, 0.0f);
+      float* d = dst + full * m * kc + k * m;
+      std::memcpy(d, src + full * m, static_cast<size_t>(rest) * sizeof(float));
+      std::fill(d + rest, d + m, 0.0f);
     }
   }
 }
 
-using PackATiles = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, float*);
+using PackATiles = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, int, float*);
 template <size_t... I>
 constexpr std::array<PackATiles, sizeof...(I)> pack_a_t_table(std::index_sequence<I...>) {
   return {&pack_a_t_tiles<static_cast<int>(I) + 1>...};
@@ -255,17 +258,8 @@ constexpr auto kPackAT = pack_a_t_table(std::make_index_sequence<kPackATMaxMr>()
 
 void pack_a_f32_t(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                   float* dst) {
-  if (mr >= 1 && mr <= kPackATMaxMr) return kPackAT[mr - 1](a, lda, rows, k0, kc, dst);
-  const int64_t tiles = (rows + mr - 1) / mr;
-  for (int64_t k = 0; k < kc; ++k) {
-    const float* src = a + (k0 + k) * lda;
-    for (int64_t t = 0; t < tiles; ++t) {
-      float* d = dst + t * mr * kc + k * mr;
-      const int64_t n = std::min<int64_t>(mr, rows - t * mr);
-      std::memcpy(d, src + t * mr, static_cast<size_t>(n) * 4);
-      std::fill(d + n, d + mr, 0.0f);
-    }
-  }
+  (mr >= 1 && mr <= kPackATMaxMr ? kPackAT[mr - 1] : &pack_a_t_tiles<0>)(a, lda, rows, k0, kc, mr,
+                                                                         dst);
 }
 
 void pack_a_bf16(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0, int64_t kc,
