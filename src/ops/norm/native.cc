@@ -45,7 +45,7 @@ bool streams_output(int64_t bytes) {
 
 // The forward normalizes an item's rows in blocks of kBlockRows: the block's statistics, then
 // its rows a chunk of kChunkBytes of x at a time, every row of the block per chunk, each row's
-// chunk prefetching the same columns kBlockRows rows on into L2. Why: a row's x, scale and
+// chunk prefetching the same columns kAheadRows rows on into L2. Why: a row's x, scale and
 // offset (16 KiB each at 4096 f32) do not fit a 32 KiB L1 together, so row by row every
 // normalization re-read all three from L2; a chunk's scale and offset now stay in L1 for the
 // block. And the prefetch into L2 a block ahead kept memory busier than one into L1 a row ahead
@@ -56,6 +56,8 @@ bool streams_output(int64_t bytes) {
 // 2 and 8 KiB measured alike.
 constexpr int64_t kBlockRows = 4;
 constexpr int64_t kChunkBytes = 4096;
+// How many rows ahead both directions prefetch x (and the backward dy): a block.
+constexpr int64_t kAheadRows = kBlockRows;
 
 // The config parts both directions share.
 template <class CallT>
@@ -135,7 +137,7 @@ class Native : public NativeBase<NormCall> {
         for (int64_t c0 = 0; c0 < c.d; c0 += chunk) {
           const int64_t n = std::min(chunk, c.d - c0);
           for (int64_t r = b0; r < b1; ++r) {
-            const int64_t ahead = r + kBlockRows, at = r * c.d + c0;
+            const int64_t ahead = r + kAheadRows, at = r * c.d + c0;
             k.apply(x + at * es, c.bf16, n, mean[r - b0], rstd[r - b0],
                     scale ? scale + c0 : nullptr, offset ? offset + c0 : nullptr, y + at * es,
                     ahead < c.rows() ? x + (ahead * c.d + c0) * es : nullptr, stream);
@@ -179,12 +181,12 @@ class VjpNative : public NativeBase<NormVjpCall> {
         const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
         for (int64_t r = item * rpi; r < r1; ++r) {
           const int64_t at = r * D * es;
-          // The row kBlockRows on, into L2, as the forward's prefetch. 2 GiB and 4096 x 4096
+          // The row kAheadRows on, into L2, as the forward's prefetch. 2 GiB and 4096 x 4096
           // f32, 2 threads, Zen 4, 7 interleaved rounds against the streaming copy, four runs:
           // medians 0.45-0.58 of it, against 0.41-0.56 with the next row into L1 (the lowest
           // in every run: it also evicted the parameter sums), 0.43-0.59 with no prefetch and
           // 0.44-0.58 with the next row into L2 (those three within noise).
-          const int64_t ahead = r + kBlockRows < c.rows() ? at + kBlockRows * D * es : at;
+          const int64_t ahead = r + kAheadRows < c.rows() ? at + kAheadRows * D * es : at;
           k.backward(x + at, dy + at, c.bf16, D, means[r], rstds[r], scale, c.subtract_mean,
                      dx + at, c.scale ? ds : nullptr, c.offset ? ds + D : nullptr, x + ahead,
                      dy + ahead, stream);
