@@ -63,6 +63,12 @@ inline int64_t item_columns(int64_t row_blocks, int64_t cols, int64_t want, int 
   return nc;
 }
 
+// Row blocks for `tiles` row tiles (mr rows each) of one group, at most `per_block` tiles each:
+// the fewest, then, when `threads` > 1, more until the items (blocks x col_blocks) fill whole
+// waves of the threads, never more than `tiles`. The packed product spreads the tiles evenly
+// over them (each block the same size as the others or one tile less) for single-group calls.
+int64_t balanced_blocks(int64_t tiles, int64_t per_block, int64_t col_blocks, int threads);
+
 // A config's blocks size per-thread scratch (mc x kc of A, kc x nc of B): each product is held
 // to this many floats (64 MiB), so a config from a file cannot ask for gigabytes. Tuned and
 // heuristic blockings stay far below (at most 2880 x 1024 so far).
@@ -115,6 +121,12 @@ struct GroupedOperands {
   // offsets[groups]). f32 A on the f32 kernels only; packing its tiles is a copy of contiguous
   // runs, so the ragged contraction multiplies A^T without ever making it.
   bool a_trans = false;
+  // A given as column panels (a_panel > 0; f32 A on the f32 kernels, neither strided nor
+  // transposed): columns [q * a_panel, (q + 1) * a_panel) of every row form panel q, row-major
+  // [offsets[groups], a_panel] at a + q * offsets[groups] * a_panel. That is the layout of
+  // packed B panels (K = the rows), so that one matrix serves as the packed B of one product and
+  // the A of another (the loss backward's d: dx = d w^T, dw = x^T d) without a second copy.
+  int64_t a_panel = 0;
   int64_t a_stride() const { return lda > 0 ? lda : a_trans ? (offsets ? offsets[groups] : 0) : k; }
   const void* b = nullptr;  // see each product
   bool b_bf16 = false;

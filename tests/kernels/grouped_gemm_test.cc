@@ -40,10 +40,12 @@ struct Case {
   int threads;
   k::Blocking blk;
   bool a_trans = false;  // A handed in transposed ([K, rows], GroupedOperands::a_trans)
+  int64_t a_panel = 0;   // A handed in column panels of this width (GroupedOperands::a_panel)
   std::string str() const {
     return std::string(ks->name) + (a_bf16 ? " a:bf16" : " a:f32") +
            (b_bf16 ? " b:bf16" : " b:f32") + (round_a ? " round" : "") + (bf16_dot ? " dot" : "") +
            (trans ? " trans" : "") + (packed ? " packed" : "") + (a_trans ? " a_trans" : "") +
+           (a_panel > 0 ? " a_panel=" + std::to_string(a_panel) : "") +
            " threads=" + std::to_string(threads) + " mr=" + std::to_string(blk.mr) +
            " mc=" + std::to_string(blk.mc) + " kc=" + std::to_string(blk.kc) +
            " nc=" + std::to_string(blk.nc);
@@ -78,6 +80,17 @@ void check_case(const Case& cs, int64_t K, int64_t N, const std::vector<int32_t>
     p.a = a_t.data();
     p.a_trans = true;
     p.lda = rows;  // past the groups' rows: the extra ones are in the stride, never read
+  }
+  Tensor a_p;
+  if (cs.a_panel > 0) {  // panels of the groups' rows only, the last one padded with NaN
+    const int64_t w = cs.a_panel, total = offsets[G], panels = (K + w - 1) / w;
+    a_p = Tensor({std::max<int64_t>(1, panels * total * w)}, DType::kF32);
+    float* d = a_p.data_as<float>();
+    std::fill(d, d + panels * total * w, std::nanf(""));
+    for (int64_t r = 0; r < total; ++r)
+      for (int64_t kk = 0; kk < K; ++kk) d[(kk / w * total + r) * w + kk % w] = a.get(r * K + kk);
+    p.a = a_p.data();
+    p.a_panel = w;
   }
   p.b = b.data();
   p.b_bf16 = cs.b_bf16;
@@ -153,10 +166,15 @@ TEST(GroupedGemm, EveryIsaFormAndBlockingAgainstDoubles) {
               cs.threads = threads;
               const int64_t K = threads == 1 ? 13 : 70, N = threads == 1 ? 2 * nr + 3 : nr - 1;
               for (const auto& sizes : group_sets) check_case(cs, K, N, sizes, /*extra_rows=*/2);
-              if (dtypes == 0) {  // f32 A read transposed in place
+              if (dtypes == 0) {  // f32 A read transposed in place, or from column panels
                 cs.a_trans = true;
                 for (const auto& sizes : group_sets) check_case(cs, K, N, sizes, 2);
                 cs.a_trans = false;
+                for (int64_t w : {int64_t{nr}, int64_t{5}}) {  // 5: K blocks split panels
+                  cs.a_panel = w;
+                  for (const auto& sizes : group_sets) check_case(cs, K, N, sizes, 2);
+                }
+                cs.a_panel = 0;
               }
             }
           }
@@ -248,6 +266,34 @@ TEST(GroupedGemm, RowStrideOfAOnlyForF32) {
   p.lda = 4;
   p.a_bf16 = true;
   EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+  // Column panels: f32 only, with neither a row stride nor a transpose, and a positive width.
+  p.a_trans = false;
+  p.lda = 0;
+  p.a_panel = ks.nr;
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);  // bf16
+  p.a_bf16 = false;
+  p.lda = 16;
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+  p.lda = 0;
+  p.a_trans = true;
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+  p.a_trans = false;
+  p.a_panel = -1;
+  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+}
+
+// Row blocks of one product: the fewest of at most per_block tiles, then more until the items
+// fill whole waves of the threads (never more blocks than tiles), tiles spread evenly.
+TEST(GroupedGemm, RowBlocksBalanceTheThreads) {
+  // The loss backward's logits: 293 tiles of 14 rows, 14 a block, one column block.
+  EXPECT_EQ(k::balanced_blocks(293, 14, 1, 2), 22);
+  EXPECT_EQ(k::balanced_blocks(293, 14, 1, 1), 21);  // one thread: the fewest
+  EXPECT_EQ(k::balanced_blocks(293, 14, 2, 2), 21);  // 42 items already fill the waves
+  EXPECT_EQ(k::balanced_blocks(147, 14, 1, 2), 12);
+  EXPECT_EQ(k::balanced_blocks(147, 14, 1, 3), 12);
+  EXPECT_EQ(k::balanced_blocks(1, 14, 1, 2), 1);  // one tile: not split
+  EXPECT_EQ(k::balanced_blocks(0, 14, 1, 2), 0);
+  EXPECT_EQ(k::balanced_blocks(3, 1, 1, 4), 3);  // at most one block a tile
 }
 
 // The heuristics' item width: halved while items are too few, and, when asked, until alike
