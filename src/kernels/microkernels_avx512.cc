@@ -491,9 +491,13 @@ inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 // Transposed weights: JB output columns are JB rows of b, each a contiguous stream along K.
+// pf (optional): pf_rows rows of pf_bytes, pf_ld bytes apart, prefetched into L2 a share at
+// each step of the K loop rather than all at once.
 template <int MR, int JB, bool BF16>
 void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j0,
-                   float* c, int64_t ldc) {
+                   float* c, int64_t ldc, const char* pf = nullptr, int64_t pf_rows = 0,
+                   int64_t pf_ld = 0, int64_t pf_bytes = 0) {
+  const int64_t steps = (K + 15) / 16, lines = (pf_bytes + 63) / 64;
   __m512 acc[MR][JB];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -501,6 +505,11 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
     for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_setzero_ps();
   }
   auto step = [&]<bool MASKED>(int64_t k, __mmask16 m) {
+    if (pf) {
+      const int64_t s = k / 16, lo = s * lines / steps, hi = (s + 1) * lines / steps;
+      for (int64_t r = 0; r < pf_rows; ++r)
+        for (int64_t l = lo; l < hi; ++l) _mm_prefetch(pf + r * pf_ld + l * 64, _MM_HINT_T1);
+    }
     __m512 w[JB];
 #pragma GCC unroll 4
     for (int jj = 0; jj < JB; ++jj) w[jj] = load_w<BF16, MASKED>(b, (j0 + jj) * ldb + k, m);
@@ -584,7 +593,9 @@ inline void round_rows(const float* a, int64_t lda, int64_t k0, int64_t n, uint1
 // written.
 template <int MR, int JB, bool ACC>
 void dot_t_cols(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                int64_t j0, float* c, int64_t ldc) {
+                int64_t j0, float* c, int64_t ldc, const char* pf = nullptr, int64_t pf_rows = 0,
+                int64_t pf_ld = 0, int64_t pf_bytes = 0) {
+  const int64_t steps = (K + 31) / 32, lines = (pf_bytes + 63) / 64;
   __m512 acc[MR][JB];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -592,6 +603,11 @@ void dot_t_cols(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, in
     for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_setzero_ps();
   }
   auto step = [&](int64_t k, int64_t n) {
+    if (pf) {
+      const int64_t s = k / 32, lo = s * lines / steps, hi = (s + 1) * lines / steps;
+      for (int64_t r = 0; r < pf_rows; ++r)
+        for (int64_t l = lo; l < hi; ++l) _mm_prefetch(pf + r * pf_ld + l * 64, _MM_HINT_T1);
+    }
     __m512bh w[JB];
 #pragma GCC unroll 4
     for (int jj = 0; jj < JB; ++jj) w[jj] = load_pairs(b + (j0 + jj) * ldb + k, n);
@@ -653,7 +669,11 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
 // JB adjacent logits. One position at a time (a reloaded for each, the MR sums of one position
 // reduced together), decode S=8192 from a flushed cache, 2 threads, interleaved pairs: f32
 // 1.13x the time (median of 8, range 0.96-1.34), bf16 on the dot 0.98x (10 pairs, 0.71-1.21).
-// The prefetches (HeadsPrefetch) are what make it fast from memory. KIND: 0 f32 b, 1 bf16 b
+// The prefetches (HeadsPrefetch) are what make it fast from memory: the next positions' K rows
+// of the head a share at each step of the K loop (stream_t_cols' and dot_t_cols' pf), not all
+// before it. Issued at once (32 lines a head on f32), decode S=8192 from a flushed cache, 2
+// threads, 3 interleaved runs of tokamax bench: f32 67-74% of the read ceiling, bf16 on the dot
+// 55-58%; spread, 75-84% and 73-76%. KIND: 0 f32 b, 1 bf16 b
 // widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
 template <int MR, int KIND>
 void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
@@ -669,13 +689,18 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
   const HeadsPrefetch prefetch(b, ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes);
   auto positions = [&]<int N>(int64_t j) {
     for (int h = 0; h < heads; ++h) {
-      prefetch(j, N, h);
+      prefetch.extra(j, N, h);
+      int64_t next_rows = 0;
+      const char* next = prefetch.next_rows(j, N, h, &next_rows);
       const char* bh = static_cast<const char*>(b) + h * K * es;
       if constexpr (kDot) {
         dot_t_cols<MR, N, false>(K, ab + h * MR * ld, ld, reinterpret_cast<const uint16_t*>(bh),
-                                 ldb, j, c + h * MR * ldc, ldc);
+                                 ldb, j, c + h * MR * ldc, ldc, next, next_rows,
+                                 prefetch.ld_bytes(), prefetch.head_bytes());
       } else {
-        stream_t_cols<MR, N, KIND == 1>(K, a + h * MR * K, K, bh, ldb, j, c + h * MR * ldc, ldc);
+        stream_t_cols<MR, N, KIND == 1>(K, a + h * MR * K, K, bh, ldb, j, c + h * MR * ldc, ldc,
+                                        next, next_rows, prefetch.ld_bytes(),
+                                        prefetch.head_bytes());
       }
     }
   };

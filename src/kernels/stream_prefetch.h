@@ -6,7 +6,9 @@
 // 4 KiB, 2 threads, 4 interleaved rounds: 20-29 GB/s without software prefetches, 33-38 GB/s
 // (the pure read's rate) with prefetcht1 one page ahead spread over the work, 25-32 GB/s at 16
 // or 64 KiB ahead, 23-32 with prefetcht0. So each kernel prefetches the next rows of its own
-// stream a little at a time, as it computes.
+// stream a little at a time, as it computes: a few lines at each step of its inner loop where
+// it can (the AVX-512 heads kernels: 1.1-1.3x faster decode than the same lines issued in one
+// burst before each head's work).
 #pragma once
 
 #include <immintrin.h>
@@ -48,10 +50,22 @@ class HeadsPrefetch {
     const char* bh = b_ + h * head_bytes_;
     const int64_t end = j + 2 * n < cols_ ? j + 2 * n : cols_;
     for (int64_t jj = j + n; jj < end; ++jj) prefetch_l2(bh + jj * ld_bytes_, 0, head_bytes_);
+    extra(j, n, h);
+  }
+  // The caller's extra rows alone (a kernel that spreads the K prefetches over its own loop).
+  void extra(int64_t j, int64_t n, int h) const {
     if (!extra_) return;
     const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
     for (int64_t jj = j; jj < j + n; ++jj) prefetch_l2(extra_ + jj * extra_ld_, lo, hi);
   }
+  // Where the K rows after positions [j, j + n) of head h start, and how many of them there are.
+  const char* next_rows(int64_t j, int64_t n, int h, int64_t* rows) const {
+    const int64_t end = j + 2 * n < cols_ ? j + 2 * n : cols_;
+    *rows = end > j + n ? end - (j + n) : 0;
+    return b_ + h * head_bytes_ + (j + n) * ld_bytes_;
+  }
+  int64_t ld_bytes() const { return ld_bytes_; }
+  int64_t head_bytes() const { return head_bytes_; }
 
  private:
   const char* b_;
