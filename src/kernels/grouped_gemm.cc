@@ -186,7 +186,8 @@ void run_packed(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) 
   for (int64_t g = 0; g < p.groups; ++g) {
     const int64_t r0 = p.offsets[g], r1 = p.offsets[g + 1];
     const int64_t tiles = (r1 - r0 + blk.mr - 1) / blk.mr;
-    const int64_t blocks = balanced_blocks(tiles, blk.mc / blk.mr, col_blocks,
+    // (A block of mc < mr rows is one tile: the tile scratch holds 16 rows at least.)
+    const int64_t blocks = balanced_blocks(tiles, std::max(1, blk.mc / blk.mr), col_blocks,
                                            p.groups == 1 ? pool_threads(p.threads) : 1);
     for (int64_t n0 = 0; n0 < p.n; n0 += blk.nc) {
       for (int64_t b = 0; b < blocks; ++b) {
