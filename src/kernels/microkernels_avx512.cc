@@ -491,13 +491,11 @@ inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 // Transposed weights: JB output columns are JB rows of b, each a contiguous stream along K.
-// pf (optional): pf_rows rows of pf_bytes, pf_ld bytes apart, prefetched into L2 a share at
-// each step of the K loop rather than all at once.
+// pf: rows prefetched a share at each step of the K loop.
 template <int MR, int JB, bool BF16>
 void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j0,
-                   float* c, int64_t ldc, const char* pf = nullptr, int64_t pf_rows = 0,
-                   int64_t pf_ld = 0, int64_t pf_bytes = 0) {
-  const int64_t steps = (K + 15) / 16, lines = (pf_bytes + 63) / 64;
+                   float* c, int64_t ldc, const SpreadPrefetch& pf = {}) {
+  const int64_t steps = (K + 15) / 16;
   __m512 acc[MR][JB];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -505,11 +503,7 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
     for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_setzero_ps();
   }
   auto step = [&]<bool MASKED>(int64_t k, __mmask16 m) {
-    if (pf) {
-      const int64_t s = k / 16, lo = s * lines / steps, hi = (s + 1) * lines / steps;
-      for (int64_t r = 0; r < pf_rows; ++r)
-        for (int64_t l = lo; l < hi; ++l) _mm_prefetch(pf + r * pf_ld + l * 64, _MM_HINT_T1);
-    }
+    pf.step(k / 16, steps);
     __m512 w[JB];
 #pragma GCC unroll 4
     for (int jj = 0; jj < JB; ++jj) w[jj] = load_w<BF16, MASKED>(b, (j0 + jj) * ldb + k, m);
@@ -593,9 +587,8 @@ inline void round_rows(const float* a, int64_t lda, int64_t k0, int64_t n, uint1
 // written.
 template <int MR, int JB, bool ACC>
 void dot_t_cols(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                int64_t j0, float* c, int64_t ldc, const char* pf = nullptr, int64_t pf_rows = 0,
-                int64_t pf_ld = 0, int64_t pf_bytes = 0) {
-  const int64_t steps = (K + 31) / 32, lines = (pf_bytes + 63) / 64;
+                int64_t j0, float* c, int64_t ldc, const SpreadPrefetch& pf = {}) {
+  const int64_t steps = (K + 31) / 32;
   __m512 acc[MR][JB];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -603,11 +596,7 @@ void dot_t_cols(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, in
     for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_setzero_ps();
   }
   auto step = [&](int64_t k, int64_t n) {
-    if (pf) {
-      const int64_t s = k / 32, lo = s * lines / steps, hi = (s + 1) * lines / steps;
-      for (int64_t r = 0; r < pf_rows; ++r)
-        for (int64_t l = lo; l < hi; ++l) _mm_prefetch(pf + r * pf_ld + l * 64, _MM_HINT_T1);
-    }
+    pf.step(k / 32, steps);
     __m512bh w[JB];
 #pragma GCC unroll 4
     for (int jj = 0; jj < JB; ++jj) w[jj] = load_pairs(b + (j0 + jj) * ldb + k, n);
@@ -690,17 +679,14 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
   auto positions = [&]<int N>(int64_t j) {
     for (int h = 0; h < heads; ++h) {
       prefetch.extra(j, N, h);
-      int64_t next_rows = 0;
-      const char* next = prefetch.next_rows(j, N, h, &next_rows);
+      const SpreadPrefetch next = prefetch.next_rows(j, N, h);
       const char* bh = static_cast<const char*>(b) + h * K * es;
       if constexpr (kDot) {
         dot_t_cols<MR, N, false>(K, ab + h * MR * ld, ld, reinterpret_cast<const uint16_t*>(bh),
-                                 ldb, j, c + h * MR * ldc, ldc, next, next_rows,
-                                 prefetch.ld_bytes(), prefetch.head_bytes());
+                                 ldb, j, c + h * MR * ldc, ldc, next);
       } else {
         stream_t_cols<MR, N, KIND == 1>(K, a + h * MR * K, K, bh, ldb, j, c + h * MR * ldc, ldc,
-                                        next, next_rows, prefetch.ld_bytes(),
-                                        prefetch.head_bytes());
+                                        next);
       }
     }
   };

@@ -6,9 +6,10 @@
 // 4 KiB, 2 threads, 4 interleaved rounds: 20-29 GB/s without software prefetches, 33-38 GB/s
 // (the pure read's rate) with prefetcht1 one page ahead spread over the work, 25-32 GB/s at 16
 // or 64 KiB ahead, 23-32 with prefetcht0. So each kernel prefetches the next rows of its own
-// stream a little at a time, as it computes: a few lines at each step of its inner loop where
-// it can (the AVX-512 heads kernels: 1.1-1.3x faster decode than the same lines issued in one
-// burst before each head's work).
+// stream a little at a time, as it computes: a few lines at each step of its inner loop (the
+// AVX-512 heads kernels: 1.1-1.3x faster decode than the same lines issued in one burst before
+// each head's work; the AVX2 one, whose bursts were a position's 8 lines, measured alike under
+// TOKAMAX_ISA=avx2 here, 7 interleaved pairs).
 #pragma once
 
 #include <immintrin.h>
@@ -28,9 +29,21 @@ inline void prefetch_row(const void* b, int64_t es, int64_t row, int64_t ld, int
   prefetch_l2(static_cast<const char*>(b) + (row * ld + j) * es, 0, n * es);
 }
 
-// A heads kernel's prefetches, issued head by head so they spread over its work: when it
-// computes positions [j, j + n) of head h, the same head's K rows of the next n positions
-// (within the block's cols; rows ld_bytes apart, head_bytes long and apart) and head h's share
+// Rows of a stream prefetched into L2 a share at a time over the steps of a kernel's loop
+// rather than all before it: step s of `steps` takes lines [s L / steps, (s + 1) L / steps) of
+// each row (L lines a row). Empty (rows 0): nothing.
+struct SpreadPrefetch {
+  const char* p = nullptr;
+  int64_t rows = 0, ld_bytes = 0, lines = 0;
+  void step(int64_t s, int64_t steps) const {
+    const int64_t lo = s * lines / steps, hi = (s + 1) * lines / steps;
+    for (int64_t r = 0; r < rows; ++r) prefetch_l2(p + r * ld_bytes, lo * 64, hi * 64);
+  }
+};
+
+// A heads kernel's prefetches, head by head: when it computes positions [j, j + n) of head h,
+// the same head's K rows of the next n positions (within the block's cols; rows ld_bytes apart,
+// head_bytes long and apart), spread over its K loop (next_rows), and before it head h's share
 // of the caller's `extra` rows j..j + n - 1 (extra_bytes per row, extra_ld apart: decode passes
 // the first sub-block's V rows, which P v reads next; P v prefetches the later ones itself).
 class HeadsPrefetch {
@@ -46,26 +59,17 @@ class HeadsPrefetch {
         extra_bytes_(extra_bytes),
         share_(heads > 0 ? (extra_bytes / heads + 63) / 64 * 64 : 0) {}
 
-  void operator()(int64_t j, int64_t n, int h) const {
-    const char* bh = b_ + h * head_bytes_;
-    const int64_t end = j + 2 * n < cols_ ? j + 2 * n : cols_;
-    for (int64_t jj = j + n; jj < end; ++jj) prefetch_l2(bh + jj * ld_bytes_, 0, head_bytes_);
-    extra(j, n, h);
-  }
-  // The caller's extra rows alone (a kernel that spreads the K prefetches over its own loop).
   void extra(int64_t j, int64_t n, int h) const {
     if (!extra_) return;
     const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
     for (int64_t jj = j; jj < j + n; ++jj) prefetch_l2(extra_ + jj * extra_ld_, lo, hi);
   }
-  // Where the K rows after positions [j, j + n) of head h start, and how many of them there are.
-  const char* next_rows(int64_t j, int64_t n, int h, int64_t* rows) const {
+  // Head h's K rows of the n positions after [j, j + n) (within the block).
+  SpreadPrefetch next_rows(int64_t j, int64_t n, int h) const {
     const int64_t end = j + 2 * n < cols_ ? j + 2 * n : cols_;
-    *rows = end > j + n ? end - (j + n) : 0;
-    return b_ + h * head_bytes_ + (j + n) * ld_bytes_;
+    return {b_ + h * head_bytes_ + (j + n) * ld_bytes_, end > j + n ? end - (j + n) : 0, ld_bytes_,
+            (head_bytes_ + 63) / 64};
   }
-  int64_t ld_bytes() const { return ld_bytes_; }
-  int64_t head_bytes() const { return head_bytes_; }
 
  private:
   const char* b_;
