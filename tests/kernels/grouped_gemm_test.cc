@@ -239,9 +239,10 @@ TEST(GroupedGemm, RaggedContractionAgainstDoubles) {
   }
 }
 
-// A row stride for A is for an f32 A on the f32 kernels only: a bf16 A (converted per call as
-// a dense copy) is refused with a clear error, not read at the wrong stride.
-TEST(GroupedGemm, RowStrideOfAOnlyForF32) {
+// A row stride, a transposed A and an A in column panels are for an f32 A on the f32 kernels
+// only: a bf16 A (converted per call as a dense copy) is refused with a clear error, not read
+// in the wrong layout; so are a stride too short, and panels with a stride or a transpose.
+TEST(GroupedGemm, ALayoutsOnlyForF32) {
   const k::KernelSet& ks = k::best_kernels();
   Tensor a = Tensor::randn({4, 16}, DType::kBF16, fresh_seed());
   Tensor b = Tensor::randn({8, ks.nr}, DType::kF32, fresh_seed());
@@ -252,34 +253,31 @@ TEST(GroupedGemm, RowStrideOfAOnlyForF32) {
   p.k = 8;
   p.n = ks.nr;
   p.a = a.data();
-  p.a_bf16 = true;
-  p.lda = 16;
   p.b = b.data();
   p.store = [](const float*, int64_t, int64_t, int64_t, int64_t, int64_t) {};
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
-  p.a_bf16 = false;
-  p.lda = 4;  // shorter than a row
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
-  p.a_trans = true;  // transposed: at least the 4 rows, f32 only
-  p.lda = 3;
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
-  p.lda = 4;
-  p.a_bf16 = true;
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
-  // Column panels: f32 only, with neither a row stride nor a transpose, and a positive width.
-  p.a_trans = false;
-  p.lda = 0;
-  p.a_panel = ks.nr;
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);  // bf16
-  p.a_bf16 = false;
-  p.lda = 16;
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
-  p.lda = 0;
-  p.a_trans = true;
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
-  p.a_trans = false;
-  p.a_panel = -1;
-  EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument);
+  struct Refused {
+    bool a_bf16;
+    int64_t lda;
+    bool a_trans;
+    int64_t a_panel;
+    const char* why;
+  };
+  for (const Refused& r : std::vector<Refused>{
+           {true, 16, false, 0, "a row stride with a bf16 A"},
+           {false, 4, false, 0, "a row stride shorter than a row"},
+           {false, 3, true, 0, "transposed: a stride under the 4 rows"},
+           {true, 4, true, 0, "transposed bf16"},
+           // Column panels: f32 only, with neither a row stride nor a transpose, a positive width.
+           {true, 0, false, ks.nr, "panels of a bf16 A"},
+           {false, 16, false, ks.nr, "panels with a row stride"},
+           {false, 0, true, ks.nr, "panels transposed"},
+           {false, 0, false, -1, "panels of a negative width"}}) {
+    p.a_bf16 = r.a_bf16;
+    p.lda = r.lda;
+    p.a_trans = r.a_trans;
+    p.a_panel = r.a_panel;
+    EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument) << r.why;
+  }
 }
 
 // Row blocks of one product: the fewest of at most per_block tiles, then more until the items
