@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <shared_mutex>
 #include <unordered_map>
 
+#include "tokamax/core/json.h"
 #include "tokamax/core/log.h"
 
 namespace tokamax {
@@ -88,12 +90,20 @@ CacheFile CacheFile::from_json(const Json& j, const std::string& source) {
   };
   if (!j.is_object()) throw bad("not a JSON object");
   CacheFile f;
+  // A version is a whole number that fits an int: a float (1e51) or a huge integer is refused
+  // before the conversion, which for a float out of range is undefined (found by fuzz_cache_file).
+  auto version = [&](const char* name) {
+    const Json& v = j.at(name);
+    if (!json_integer_in(v, INT_MIN, INT_MAX))
+      throw bad(std::string("'") + name + "' is " + v.dump().substr(0, 40) + ", not an int");
+    return v.get<int>();
+  };
   try {
-    f.schema_version = j.at("schema_version").get<int>();
+    f.schema_version = version("schema_version");
     f.tokamax_version = j.value("tokamax_version", "");
     f.family = j.at("family").get<std::string>();
     f.implementation = j.at("implementation").get<std::string>();
-    f.implementation_version = j.at("implementation_version").get<int>();
+    f.implementation_version = version("implementation_version");
     f.device_kind = j.at("device_kind").get<std::string>();
     const Json& e = j.at("entries");
     if (!e.is_object()) throw bad("'entries' is not an object");

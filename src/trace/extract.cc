@@ -151,8 +151,8 @@ class Extractor {
   }
 
   void add(const Json& j, const std::string& at) {
-    if (!j.is_object() || !j.contains("format") || !j["format"].is_number_integer() ||
-        j["format"].get<int>() != kPayloadFormat) {
+    if (!j.is_object() || !j.contains("format") ||
+        !json_integer_in(j["format"], kPayloadFormat, kPayloadFormat)) {
       const std::string format =
           j.is_object() && j.contains("format") ? canonical_dump(j["format"]) : "none";
       const std::string version = j.is_object() && j.contains("tokamax_version")

@@ -427,5 +427,23 @@ TEST_F(DiskCacheTest, CorruptAndStaleFilesAreIgnored) {
   EXPECT_EQ(r.config.get<TileConfig>().tile, 4);
 }
 
+// A version that is not a whole number fitting an int (a float out of int's range, which the
+// conversion would take to undefined behavior; fuzz_cache_file found it) is a clear error.
+TEST(CacheFileTest, VersionsMustBeInts) {
+  CacheFile f;
+  f.family = "fake";
+  f.implementation = "one_field";
+  f.implementation_version = 1;
+  f.device_kind = "cpu";
+  EXPECT_EQ(CacheFile::from_json(f.to_json(), "ok").implementation_version, 1);
+  for (const char* field : {"schema_version", "implementation_version"}) {
+    for (const Json& bad : {Json(1.33e51), Json(2.5), Json(int64_t{1} << 40), Json("1")}) {
+      Json j = f.to_json();
+      j[field] = bad;
+      EXPECT_THROW(CacheFile::from_json(j, "fuzzed"), InvalidArgument) << field << " " << bad;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tokamax
