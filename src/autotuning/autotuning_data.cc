@@ -6,10 +6,10 @@
 #include <limits>
 #include <memory>
 #include <tuple>
-#include <type_traits>
 #include <unordered_map>
 
 #include "autotuning/scope_stack.h"
+#include "core/json_field.h"
 #include "tokamax/autotuning/autotuning.h"
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/core/enum_names.h"
@@ -17,34 +17,6 @@
 #include "tokamax/core/log.h"
 
 namespace tokamax {
-
-namespace {
-template <class T>
-T get_field(const Json& j, const char* name, const char* what) {
-  if (!j.is_object() || !j.contains(name)) {
-    throw InvalidArgument(std::string(what) + ": missing field '" + name + "' in " +
-                          canonical_dump(j).substr(0, 200));
-  }
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    // nlohmann converts a float to an integer with a plain cast, undefined past the type's
-    // range (1e42, found by fuzz_result_file): only integers in range are taken.
-    const Json& v = j.at(name);
-    constexpr int64_t kLo = std::numeric_limits<T>::min();
-    constexpr int64_t kHi = std::numeric_limits<T>::max();
-    if (!json_integer_in(v, kLo, kHi)) {
-      throw InvalidArgument(std::string(what) + ": field '" + name + "' is " +
-                            canonical_dump(v).substr(0, 40) + ", expected an integer in [" +
-                            std::to_string(kLo) + ", " + std::to_string(kHi) + "]");
-    }
-  }
-  try {
-    return j.at(name).get<T>();
-  } catch (const Json::exception& e) {
-    throw InvalidArgument(std::string(what) + ": field '" + name +
-                          "' has the wrong type: " + e.what());
-  }
-}
-}  // namespace
 
 namespace {
 // NaN (a discarded round's ratio; the median ratio of a candidate with no accepted round) as
@@ -101,11 +73,11 @@ TuningEvidence TuningEvidence::from_json(const Json& j) {
   TuningEvidence e;
   e.ratio = get_nullable(j, "ratio", "TuningEvidence");
   std::tie(e.lo, e.hi) = get_interval(j, "ci", "TuningEvidence");
-  e.confidence = get_field<double>(j, "confidence", "TuningEvidence");
-  if (j.contains("tie")) e.tie = get_field<double>(j, "tie", "TuningEvidence");
-  e.rounds = get_field<int>(j, "rounds", "TuningEvidence");
-  e.confident = get_field<bool>(j, "confident", "TuningEvidence");
-  if (j.contains("best")) e.best = get_field<std::string>(j, "best", "TuningEvidence");
+  e.confidence = json_field<double>(j, "confidence", "TuningEvidence");
+  if (j.contains("tie")) e.tie = json_field<double>(j, "tie", "TuningEvidence");
+  e.rounds = json_field<int>(j, "rounds", "TuningEvidence");
+  e.confident = json_field<bool>(j, "confident", "TuningEvidence");
+  if (j.contains("best")) e.best = json_field<std::string>(j, "best", "TuningEvidence");
   if (j.contains("details")) e.details = j.at("details");
   return e;
 }
@@ -145,7 +117,7 @@ Json BenchmarkData::to_json() const {
 
 BenchmarkData BenchmarkData::from_json(const Json& j) {
   BenchmarkData b;
-  b.median_ms = get_field<double>(j, "median_ms", "BenchmarkData");
+  b.median_ms = json_field<double>(j, "median_ms", "BenchmarkData");
   if (!std::isfinite(b.median_ms) || b.median_ms < 0)
     throw InvalidArgument("BenchmarkData: bad median_ms");
   // Checked before the lists are copied out of the document.
@@ -157,16 +129,16 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
     }
   }
   if (j.contains("evaluation_times_ms"))
-    b.samples_ms = get_field<std::vector<double>>(j, "evaluation_times_ms", "BenchmarkData");
-  if (j.contains("iqr_ms")) b.iqr_ms = get_field<double>(j, "iqr_ms", "BenchmarkData");
+    b.samples_ms = json_field<std::vector<double>>(j, "evaluation_times_ms", "BenchmarkData");
+  if (j.contains("iqr_ms")) b.iqr_ms = json_field<double>(j, "iqr_ms", "BenchmarkData");
   if (j.contains("prepare_time_ms"))
-    b.prepare_ms = get_field<double>(j, "prepare_time_ms", "BenchmarkData");
+    b.prepare_ms = json_field<double>(j, "prepare_time_ms", "BenchmarkData");
   if (j.contains("scratch_bytes"))
-    b.scratch_bytes = get_field<int64_t>(j, "scratch_bytes", "BenchmarkData");
-  if (j.contains("cold_cache")) b.cold_cache = get_field<bool>(j, "cold_cache", "BenchmarkData");
-  if (j.contains("finalist")) b.finalist = get_field<bool>(j, "finalist", "BenchmarkData");
+    b.scratch_bytes = json_field<int64_t>(j, "scratch_bytes", "BenchmarkData");
+  if (j.contains("cold_cache")) b.cold_cache = json_field<bool>(j, "cold_cache", "BenchmarkData");
+  if (j.contains("finalist")) b.finalist = json_field<bool>(j, "finalist", "BenchmarkData");
   if (j.contains("sample_rounds")) {
-    b.sample_rounds = get_field<std::vector<int>>(j, "sample_rounds", "BenchmarkData");
+    b.sample_rounds = json_field<std::vector<int>>(j, "sample_rounds", "BenchmarkData");
     b.ratios = get_nullable_list(j, "ratios", "BenchmarkData");
     if (b.ratios.size() != b.sample_rounds.size() || b.ratios.size() != b.samples_ms.size()) {
       throw InvalidArgument(
@@ -174,10 +146,10 @@ BenchmarkData BenchmarkData::from_json(const Json& j) {
     }
     b.ratio = get_nullable(j, "ratio", "BenchmarkData");
     std::tie(b.ratio_lo, b.ratio_hi) = get_interval(j, "ratio_ci", "BenchmarkData");
-    b.rounds = get_field<int>(j, "rounds", "BenchmarkData");
-    b.stage = get_field<int>(j, "stage", "BenchmarkData");
+    b.rounds = json_field<int>(j, "rounds", "BenchmarkData");
+    b.stage = json_field<int>(j, "stage", "BenchmarkData");
   }
-  if (j.contains("chosen")) b.chosen = get_field<bool>(j, "chosen", "BenchmarkData");
+  if (j.contains("chosen")) b.chosen = json_field<bool>(j, "chosen", "BenchmarkData");
   if (j.contains("evidence")) b.evidence = TuningEvidence::from_json(j.at("evidence"));
   return b;
 }
@@ -198,8 +170,8 @@ FailureKind parse_failure_kind(std::string_view s) { return kFailureKinds.parse(
 
 Json Failure::to_json() const { return {{"kind", failure_kind_name(kind)}, {"message", message}}; }
 Failure Failure::from_json(const Json& j) {
-  return {parse_failure_kind(get_field<std::string>(j, "kind", "Failure")),
-          get_field<std::string>(j, "message", "Failure")};
+  return {parse_failure_kind(json_field<std::string>(j, "kind", "Failure")),
+          json_field<std::string>(j, "message", "Failure")};
 }
 
 void AutotuningData::set(const Config& config, BenchmarkData data) {
@@ -366,9 +338,9 @@ std::string AutotuningResult::dumps() const {
 AutotuningResult AutotuningResult::loads(std::string_view text, std::string_view source) {
   const Json j = parse_json(text, source);
   const std::string src(source);
-  AutotuningResult r(get_field<std::string>(j, "device_kind", src.c_str()));
+  AutotuningResult r(json_field<std::string>(j, "device_kind", src.c_str()));
   if (j.contains("tokamax_version"))
-    r.version_ = get_field<std::string>(j, "tokamax_version", src.c_str());
+    r.version_ = json_field<std::string>(j, "tokamax_version", src.c_str());
   const Json& data = j.contains("data") ? j["data"] : Json();
   if (!data.is_array())
     throw InvalidArgument(src + ": 'data' must be a list of [bound_arguments, data] pairs");

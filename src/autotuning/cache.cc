@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -14,7 +13,7 @@
 #include <shared_mutex>
 #include <unordered_map>
 
-#include "tokamax/core/json.h"
+#include "core/json_field.h"
 #include "tokamax/core/log.h"
 
 namespace tokamax {
@@ -89,30 +88,20 @@ CacheFile CacheFile::from_json(const Json& j, const std::string& source) {
     return InvalidArgument("cache file " + source + ": " + why);
   };
   if (!j.is_object()) throw bad("not a JSON object");
+  const std::string what = "cache file " + source;
   CacheFile f;
-  // A version is a whole number that fits an int: a float (1e51) or a huge integer is refused
-  // before the conversion, which for a float out of range is undefined (found by fuzz_cache_file).
-  auto version = [&](const char* name) {
-    const Json& v = j.at(name);
-    if (!json_integer_in(v, INT_MIN, INT_MAX))
-      throw bad(std::string("'") + name + "' is " + v.dump().substr(0, 40) + ", not an int");
-    return v.get<int>();
-  };
-  try {
-    f.schema_version = version("schema_version");
-    f.tokamax_version = j.value("tokamax_version", "");
-    f.family = j.at("family").get<std::string>();
-    f.implementation = j.at("implementation").get<std::string>();
-    f.implementation_version = version("implementation_version");
-    f.device_kind = j.at("device_kind").get<std::string>();
-    const Json& e = j.at("entries");
-    if (!e.is_object()) throw bad("'entries' is not an object");
-    for (const auto& [k, v] : e.items()) {
-      if (!v.is_object()) throw bad("entry for key " + k.substr(0, 100) + " is not an object");
-      f.entries[k] = v;
-    }
-  } catch (const Json::exception& e) {
-    throw bad(std::string("missing or mistyped field: ") + e.what());
+  f.schema_version = json_field<int>(j, "schema_version", what);
+  if (j.contains("tokamax_version"))
+    f.tokamax_version = json_field<std::string>(j, "tokamax_version", what);
+  f.family = json_field<std::string>(j, "family", what);
+  f.implementation = json_field<std::string>(j, "implementation", what);
+  f.implementation_version = json_field<int>(j, "implementation_version", what);
+  f.device_kind = json_field<std::string>(j, "device_kind", what);
+  if (!j.contains("entries") || !j["entries"].is_object())
+    throw bad("'entries' is missing or not an object");
+  for (const auto& [k, v] : j["entries"].items()) {
+    if (!v.is_object()) throw bad("entry for key " + k.substr(0, 100) + " is not an object");
+    f.entries[k] = v;
   }
   return f;
 }
