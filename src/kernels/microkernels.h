@@ -111,7 +111,7 @@ using DotStreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t l
 // kDotHeadsMaxValues (the rounded rows live on the stack). As they read they prefetch the next
 // positions' K rows, head by head (kernels/stream_prefetch.h); when `prefetch` is not null, also
 // the prefetch_bytes bytes at prefetch + j * prefetch_ld as position j is read (decode: the first
-// sub-block's V rows, before P v reads them head by head; P v prefetches the later ones).
+// sub-block's V rows, before P v reads them head by head, then the next sub-block's K rows).
 inline constexpr int64_t kDotHeadsMaxValues = 8192;
 using StreamHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const void* b,
                                    bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,

@@ -46,7 +46,8 @@ struct SpreadPrefetch {
 // the same head's K rows of the next n positions (within the block's cols; rows ld_bytes apart,
 // head_bytes long and apart), spread over its K loop (next_rows), and before it head h's share
 // of the caller's `extra` rows j..j + n - 1 (extra_bytes per row, extra_ld apart: decode passes
-// the first sub-block's V rows, which P v reads next; P v prefetches the later ones itself).
+// the first sub-block's V rows, which P v reads next, then the next sub-block's K rows, a block
+// ahead; P v prefetches the later V rows itself).
 class HeadsPrefetch {
  public:
   HeadsPrefetch(const void* b, int64_t ld_bytes, int64_t head_bytes, int64_t cols, int heads,

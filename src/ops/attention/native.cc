@@ -179,10 +179,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // q k^T over all kv heads position by position, K read as one stream. Zen 4, 2 threads,
     // reading alone (no compute, 64 MiB): head by head over a sub-block 0.49x a sequential
     // read, position by position 0.98x. The memory stream must not stop while the kernels
-    // compute (kernels/stream_prefetch.h): q k^T prefetches K a few positions ahead, P v the
-    // next sub-block's V rows as it reads this one's (the first sub-block's V rows come with
-    // q k^T). Against the kernels before (q k^T one position at a time, prefetching only the
-    // same positions' V rows), warm: 0.81x the time f32 (S=8192), 0.83x bf16 (S=16384; 20
+    // compute (kernels/stream_prefetch.h): q k^T prefetches K a few positions and a sub-block
+    // ahead, P v the next sub-block's V rows as it reads this one's (the first sub-block's V
+    // rows come with q k^T). Against the kernels before (q k^T one position at a time, prefetching
+    // only the same positions' V rows), warm: 0.81x the time f32 (S=8192), 0.83x bf16 (S=16384; 20
     // interleaved pairs each, medians); tokamax bench (cold): f32 0.91x, bf16 0.98-1.08x. The
     // dot's kernel needs q rounded on the stack.
     const k::StreamHeadsKernel heads_t =
@@ -214,10 +214,21 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         // every kv head (the V rows only): half as many pages in flight at a time.
         // The next sub-block's positions: P v prefetches its V rows as it reads this one's.
         const int64_t next = std::min(width, hi - sb - width);
-        if (heads_t) {  // position by position: K in memory order, the first V rows prefetched
-          const int64_t vrow = c.nk * c.hv * es;
-          heads_t(static_cast<int>(rows), static_cast<int>(c.nk), c.h, Q, kb + sb * c.nk * c.h * es,
-                  bf16, c.nk * c.h, width, S, sub, sb == lo ? vb + sb * vrow : nullptr, vrow, vrow);
+        if (heads_t) {  // position by position: K in memory order
+          // Besides its own next positions (a few ahead, spread over its K loop), q k^T
+          // prefetches the first sub-block's V rows, which P v reads next, and from then on the
+          // next sub-block's K rows, a whole block ahead (P v prefetches the next V rows). With
+          // only the near prefetch, decode S=8192 from a flushed cache (tokamax bench, 2
+          // threads, 5 interleaved rounds, slow memory state): f32 2.52-2.98 ms, 63-72% of the
+          // read ceiling, bf16 1.44-1.65 ms, 57-64%; with the block ahead 2.32-2.56 ms, 72-80%,
+          // and 1.15-1.30 ms, 71-77%. Two blocks ahead measured alike.
+          const int64_t krow = c.nk * c.h * es, vrow = c.nk * c.hv * es;
+          const char* ahead = sb == lo               ? vb + sb * vrow
+                              : sb + 2 * width <= hi ? kb + (sb + width) * krow
+                                                     : nullptr;
+          const int64_t ahead_ld = sb == lo ? vrow : krow;
+          heads_t(static_cast<int>(rows), static_cast<int>(c.nk), c.h, Q, kb + sb * krow, bf16,
+                  c.nk * c.h, width, S, sub, ahead, ahead_ld, ahead_ld);
         } else {
           for (int64_t kh = 0; kh < c.nk; ++kh) {
             const char* kr = kb + (sb * c.nk + kh) * c.h * es;
