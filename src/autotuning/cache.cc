@@ -84,11 +84,9 @@ void CacheFile::check_versions(const Implementation& impl) const {
 }
 
 CacheFile CacheFile::from_json(const Json& j, const std::string& source) {
-  auto bad = [&](const std::string& why) {
-    return InvalidArgument("cache file " + source + ": " + why);
-  };
-  if (!j.is_object()) throw bad("not a JSON object");
   const std::string what = "cache file " + source;
+  auto bad = [&](const std::string& why) { return InvalidArgument(what + ": " + why); };
+  if (!j.is_object()) throw bad("not a JSON object");
   CacheFile f;
   f.schema_version = json_field<int>(j, "schema_version", what);
   if (j.contains("tokamax_version"))

@@ -191,6 +191,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
                                                                              : nullptr)
               : ks.stream_heads_t;
     const int64_t es = dtype_size(c.q.dtype());
+    const int64_t krow = c.nk * c.h * es, vrow = c.nk * c.hv * es;  // a position's K, V bytes
     parallel_for(c.b * chunks, threads, [&](int64_t item, int) {
       const int64_t bb = item / chunks, ch = item % chunks;
       const int64_t s0 = std::min(c.s, ch * chunk_len), s1 = std::min(c.s, s0 + chunk_len);
@@ -206,8 +207,8 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         std::fill(st + rows * ldo, st + rows * ldo + rows, kNegInf);
         std::fill(st + rows * ldo + rows, st + part, 0.0f);
       }
-      const char* kb = static_cast<const char*>(c.k.data()) + bb * c.s * c.nk * c.h * es;
-      const char* vb = static_cast<const char*>(c.v.data()) + bb * c.s * c.nk * c.hv * es;
+      const char* kb = static_cast<const char*>(c.k.data()) + bb * c.s * krow;
+      const char* vb = static_cast<const char*>(c.v.data()) + bb * c.s * vrow;
       for (int64_t sb = lo; sb < hi; sb += sub) {
         const int64_t width = std::min(sub, hi - sb);
         // S = q k^T for every kv head (the K rows only), the online softmax, then O += P v for
@@ -222,7 +223,6 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
           // threads, 5 interleaved rounds, slow memory state): f32 2.52-2.98 ms, 63-72% of the
           // read ceiling, bf16 1.44-1.65 ms, 57-64%; with the block ahead 2.32-2.56 ms, 72-80%,
           // and 1.15-1.30 ms, 71-77%. Two blocks ahead measured alike.
-          const int64_t krow = c.nk * c.h * es, vrow = c.nk * c.hv * es;
           const char* ahead = sb == lo               ? vb + sb * vrow
                               : sb + 2 * width <= hi ? kb + (sb + width) * krow
                                                      : nullptr;
