@@ -166,10 +166,8 @@ struct NormRows {
   }
 
   static void apply(const void* x, bool bf16, int64_t n, float mean, float rstd, const float* scale,
-                    const float* offset, void* y, const void* next, bool stream) {
-    const int64_t es = bf16 ? 2 : 4;
+                    const float* offset, void* y, bool stream) {
     int64_t i = write_row(y, bf16, n, stream, [&](int64_t j) {
-      if (next) __builtin_prefetch(static_cast<const char*>(next) + j * es, 0, 2);  // into L2
       vf v = (load(x, bf16, j) - mean) * rstd;
       if (scale) v *= load_f32(scale + j);
       if (offset) v += load_f32(offset + j);

@@ -44,20 +44,29 @@ bool streams_output(int64_t bytes) {
 }
 
 // The forward normalizes an item's rows in blocks of kBlockRows: the block's statistics, then
-// its rows a chunk of kChunkBytes of x at a time, every row of the block per chunk, each row's
-// chunk prefetching the same columns kAheadRows rows on into L2. Why: a row's x, scale and
-// offset (16 KiB each at 4096 f32) do not fit a 32 KiB L1 together, so row by row every
-// normalization re-read all three from L2; a chunk's scale and offset now stay in L1 for the
-// block. And the prefetch into L2 a block ahead kept memory busier than one into L1 a row ahead
-// (which also evicted the parameters). Zen 4, 2 threads, against the streaming copy in the same
-// interleaved rounds (7 each): layer_norm [131072, 4096] f32 0.80-0.81 against 0.70-0.74 row
-// by row (0.78 with the prefetch two rows ahead into L2 alone); [4096, 4096] 0.61 against 0.50;
-// bf16 [4096, 2048] 0.87-0.92 either way (within noise). Blocks of 2 and 8 rows and chunks of
-// 2 and 8 KiB measured alike.
+// its rows a chunk of kChunkBytes of x at a time, every row of the block per chunk. Why: a row's
+// x, scale and offset (16 KiB each at 4096 f32) do not fit a 32 KiB L1 together, so row by row
+// every normalization re-read all three from L2; a chunk's scale and offset now stay in L1 for
+// the block (Zen 4, 2 threads, one-off harness against the streaming copy in the same rounds:
+// row by row 45 GB/s where the blocks reach 56 and the copy 70).
+// Each row's chunk first prefetches the first kKickLines lines of the same chunk kAheadRows
+// rows on into L2, starting memory on the next block's pages while this one is written; the
+// hardware's streams fetch the rest. Until 2026-12-05 the whole chunk was prefetched (a line
+// per vector written): in the memory's fast minutes those prefetches competed with the
+// streamed stores for the core's misses, [131072, 4096] f32 at 40-47 GB/s against 54-58 with
+// the partial one or none, the copy at 62-74; in the slow minutes all three were alike, 35-43
+// against a 39-48 GB/s copy, the partial prefetch ahead of none by 1-2 GB/s (harness, 3-4
+// interleaved rounds a run, several runs). Nor is the next block read in the same loop as this
+// one is written, although the copy does both at once: the fused forms tried (the next row's
+// sums with this row's writes, whole rows or 2-8 KiB chunks) ran at 34-45 GB/s where the blocks
+// reach 56: each extra stream such a loop draws from L2 (x's row, scale, offset) slowed it;
+// without scale and offset the fused row matched the copy.
 constexpr int64_t kBlockRows = 4;
 constexpr int64_t kChunkBytes = 4096;
 // How many rows ahead both directions prefetch x (and the backward dy): a block.
 constexpr int64_t kAheadRows = kBlockRows;
+// Lines of each chunk the forward prefetches (of 64 in a 4 KiB chunk; 4 measured alike to none).
+constexpr int64_t kKickLines = 16;
 
 // The config parts both directions share.
 template <class CallT>
@@ -79,17 +88,15 @@ class NativeBase : public TypedImplementation<CallT, LayerNormNativeConfig> {
   }
   // Items of up to 256 rows, at least 8 per thread where the rows allow (tokamax autotune
   // --tag primary here: the winners were 64-512 rows, and items of 128 KiB of x, 8-32 rows,
-  // 2-7% slower: each item starts its row stream and prefetch anew). The backward's items
+  // 2-7% slower: each item starts its row streams anew). The backward's items
   // also bound how often its f32 parameter sums are flushed into f64 (2 D adds an item):
   // up to 512 rows, 4 per thread (winners 256-512; 8-32 rows were 6-15% slower).
-  // The forward over f32 rows of at least two chunks takes one block per item instead: the two
-  // threads' items then interleave, both moving through x and y together, each prefetching the
-  // block after its own (tokamax autotune --tag primary, Zen 4: 4-row items 0.84-0.96x the time
-  // of 256-row items on f32 rows of 2048 and 4096, confident; on bf16 rows 1.02-1.32x and on
-  // 128-value rows 3.7x, so those keep large items).
+  // (Until 2026-12-05 the forward over f32 rows of at least two chunks took one block per
+  // item, the two threads' items interleaved, each prefetching the whole block after its own;
+  // with the partial prefetch, items of 4 rows measured 42-47 GB/s in the memory's fast minutes
+  // where items of 64 rows reached 54-58: each item's hardware streams run on past its end.)
   LayerNormNativeConfig heuristics(const CallT& c) const override {
     constexpr bool kBackward = std::is_same_v<CallT, NormVjpCall>;
-    if (!kBackward && !c.bf16 && c.d * 4 >= 2 * kChunkBytes) return {static_cast<int>(kBlockRows)};
     const int64_t per_thread = kBackward ? 4 : 8, cap = kBackward ? 512 : 256;
     const int64_t rpi =
         std::clamp<int64_t>(c.rows() / (per_thread * std::max(1, c.num_threads)), 1, cap);
@@ -137,10 +144,15 @@ class Native : public NativeBase<NormCall> {
         for (int64_t c0 = 0; c0 < c.d; c0 += chunk) {
           const int64_t n = std::min(chunk, c.d - c0);
           for (int64_t r = b0; r < b1; ++r) {
-            const int64_t ahead = r + kAheadRows, at = r * c.d + c0;
+            const int64_t at = r * c.d + c0;
+            if (r + kAheadRows < c.rows()) {
+              const char* nx = x + (at + kAheadRows * c.d) * es;
+              for (int64_t l = 0; l < std::min<int64_t>(kKickLines, (n * es + 63) / 64); ++l)
+                __builtin_prefetch(nx + 64 * l, 0, 2);
+            }
             k.apply(x + at * es, c.bf16, n, mean[r - b0], rstd[r - b0],
                     scale ? scale + c0 : nullptr, offset ? offset + c0 : nullptr, y + at * es,
-                    ahead < c.rows() ? x + (ahead * c.d + c0) * es : nullptr, stream);
+                    stream);
           }
         }
       }
@@ -181,7 +193,7 @@ class VjpNative : public NativeBase<NormVjpCall> {
         const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
         for (int64_t r = item * rpi; r < r1; ++r) {
           const int64_t at = r * D * es;
-          // The row kAheadRows on, into L2, as the forward's prefetch. 2 GiB and 4096 x 4096
+          // The row kAheadRows on, into L2. 2 GiB and 4096 x 4096
           // f32, 2 threads, Zen 4, 7 interleaved rounds against the streaming copy, four runs:
           // medians 0.45-0.58 of it, against 0.41-0.56 with the next row into L1 (the lowest
           // in every run: it also evicted the parameter sums), 0.43-0.59 with no prefetch and
