@@ -2,10 +2,11 @@
 // Compiled with -mavx512f/bw/vl/dq/bf16; called only when the CPU has them. No STL here: an
 // inline template instantiated in this file could otherwise be shared with baseline code.
 // `objdump -d` check: the k-loop of f32_tile_impl<14, true> holds 2 panel loads, 14
-// vbroadcastss at constant offsets from one pointer, 28 vfmadd231ps, 4 scalar ops and no stack
-// traffic. (f32_tile_impl<14, false>, a row stride at run time, reloads 3 of its 14 row
-// pointers from the stack each k: loads, not FMA-port ops; attention prefill with 14-row tiles
-// ran at 225-230 GFLOP/s against 217-222 with 12.)
+// vbroadcastss at constant offsets from one pointer, 28 vfmadd231ps, 2 prefetcht0 (the panel
+// ahead, below), a few scalar ops and no stack traffic. (f32_tile_impl<14, false>, a row
+// stride at run time, reloads 3 of its 14 row pointers from the stack each k: loads, not
+// FMA-port ops; attention prefill with 14-row tiles ran at 225-230 GFLOP/s against 217-222
+// with 12.)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -26,24 +27,26 @@ constexpr int kMaxMr = 14;
 // The tiles prefetch their B panel into L1 kPanelAhead k steps ahead and, kTileAhead steps
 // before the end, their C tile (read back when accumulating over K blocks, then written). Why:
 // with A, B and C in L1 the 14-row tile runs at 0.98-0.99 of the FMA peak, but in the packed
-// GEMM each tile reads its panel (512 x 32 floats, 64 KiB: twice the L1) from L2 and its C tile
-// from L2 or the L3. tokamax_gemm_bench, M=4096, K=2048, N=11264 pre-packed, 2 threads, three
-// alternated runs of 5 rounds each: 0.93-0.95 of the peak against 0.91-0.93 without; the f32
-// GLU at M=4096, K=2048, N=5632 860-878 ms against 883-915 (3 alternated pairs of tokamax
-// bench runs). Also prefetching A's next steps, or the panel's start for the next tile in the
-// last steps: no better.
+// GEMM each tile reads its panel (K blocks of 512: 64 KiB of floats, twice the L1, or 32 KiB of
+// bf16 pairs, the whole L1) from L2 and its C tile from L2 or the L3. tokamax_gemm_bench,
+// M=4096, K=2048, N=11264 pre-packed, 2 threads, three alternated runs of 5 rounds each:
+// 0.93-0.95 of the peak against 0.91-0.93 without; the f32 GLU at M=4096, K=2048, N=5632
+// 860-878 ms against 883-915 (3 alternated pairs of tokamax bench runs). Also prefetching A's
+// next steps, or the panel's start for the next tile in the last steps: no better. In a K
+// block's last kPanelAhead steps the panel prefetch runs past the panel (into the next one, or
+// past the buffer: prefetches do not fault), as stream_chunk's; K blocks shorter than
+// kTileAhead prefetch C at their first step.
 constexpr int64_t kPanelAhead = 16;
 constexpr int64_t kTileAhead = 24;
 
-inline void prefetch_panel_row(const void* b) {
+inline void prefetch_two_lines(const void* b) {
   _mm_prefetch(static_cast<const char*>(b), _MM_HINT_T0);
   _mm_prefetch(static_cast<const char*>(b) + 64, _MM_HINT_T0);
 }
 template <int MR>
 inline void prefetch_c_tile(const float* c, int64_t ldc) {
   for (int i = 0; i < MR; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
+    prefetch_two_lines(c + i * ldc);
   }
 }
 
@@ -73,11 +76,12 @@ void f32_tile_impl(int64_t kc, const float* a, int64_t rs, int64_t cs, const flo
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
   const float* ak = a;
+  const int64_t c_at = kc > kTileAhead ? kc - kTileAhead : 0;
   for (int64_t k = 0; k < kc; ++k, b += kNr, ak += cs) {
     // (Not with a run-time row stride: that loop is already short of registers, see above.)
-    if (kUnitRs) {
-      prefetch_panel_row(b + kPanelAhead * kNr);
-      if (k == kc - kTileAhead) prefetch_c_tile<MR>(c, ldc);
+    if constexpr (kUnitRs) {
+      prefetch_two_lines(b + kPanelAhead * kNr);
+      if (k == c_at) prefetch_c_tile<MR>(c, ldc);
     }
     const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #pragma GCC unroll 16
@@ -105,9 +109,10 @@ void bf16_tile(int64_t kp, const uint32_t* a, int64_t as, const uint32_t* b, flo
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+  const int64_t c_at = kp > kTileAhead ? kp - kTileAhead : 0;
   for (int64_t k = 0; k < kp; ++k) {
-    prefetch_panel_row(b + (k + kPanelAhead) * kNr);
-    if (k == kp - kTileAhead) prefetch_c_tile<MR>(c, ldc);
+    prefetch_two_lines(b + (k + kPanelAhead) * kNr);
+    if (k == c_at) prefetch_c_tile<MR>(c, ldc);
     const __m512bh b0 = (__m512bh)_mm512_load_si512(b + k * kNr);
     const __m512bh b1 = (__m512bh)_mm512_load_si512(b + k * kNr + 16);
     const uint32_t* ak = a + k * as;

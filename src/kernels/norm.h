@@ -23,12 +23,12 @@ struct NormKernels {
   void (*stats)(const void* x, bool bf16, int64_t n, bool subtract_mean, float eps, float* mean,
                 float* rstd);
   // y = (x - mean) * rstd * scale + offset (scale, offset f32 or null); y in x's dtype.
-  // `stream`: y is written with non-temporal stores (where the ISA has
-  // them and y is aligned to the vector), which skip the read for ownership an ordinary store
-  // makes of every line: for outputs too large to stay in the last-level cache anyway. Such stores
-  // are weakly ordered: the caller calls fence() after its last streamed row, before another thread
-  // may read the output (once per work item: a fence per row of 128 values took the AlphaFold-like
-  // layer norm from 3.8 to 9.3 ms).
+  // `stream`: y is written with non-temporal stores (where the ISA has them and y is aligned to
+  // the vector), which skip the read for ownership an ordinary store makes of every line: for
+  // outputs too large to stay in the last-level cache anyway. Such stores are weakly ordered:
+  // the caller calls fence() after its last streamed row, before another thread may read the
+  // output (once per work item: a fence per row of 128 values took the AlphaFold-like layer
+  // norm from 3.8 to 9.3 ms).
   void (*apply)(const void* x, bool bf16, int64_t n, float mean, float rstd, const float* scale,
                 const float* offset, void* y, bool stream);
   // The backward of one row: with xhat = (x - mean) rstd and g = dy * scale,

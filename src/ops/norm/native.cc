@@ -143,12 +143,12 @@ class Native : public NativeBase<NormCall> {
         }
         for (int64_t c0 = 0; c0 < c.d; c0 += chunk) {
           const int64_t n = std::min(chunk, c.d - c0);
+          const int64_t kick = std::min<int64_t>(kKickLines, (n * es + 63) / 64);
           for (int64_t r = b0; r < b1; ++r) {
             const int64_t at = r * c.d + c0;
             if (r + kAheadRows < c.rows()) {
               const char* nx = x + (at + kAheadRows * c.d) * es;
-              for (int64_t l = 0; l < std::min<int64_t>(kKickLines, (n * es + 63) / 64); ++l)
-                __builtin_prefetch(nx + 64 * l, 0, 2);
+              for (int64_t l = 0; l < kick; ++l) __builtin_prefetch(nx + 64 * l, 0, 2);
             }
             k.apply(x + at * es, c.bf16, n, mean[r - b0], rstd[r - b0],
                     scale ? scale + c0 : nullptr, offset ? offset + c0 : nullptr, y + at * es,
@@ -193,11 +193,12 @@ class VjpNative : public NativeBase<NormVjpCall> {
         const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
         for (int64_t r = item * rpi; r < r1; ++r) {
           const int64_t at = r * D * es;
-          // The row kAheadRows on, into L2. 2 GiB and 4096 x 4096
-          // f32, 2 threads, Zen 4, 7 interleaved rounds against the streaming copy, four runs:
-          // medians 0.45-0.58 of it, against 0.41-0.56 with the next row into L1 (the lowest
-          // in every run: it also evicted the parameter sums), 0.43-0.59 with no prefetch and
-          // 0.44-0.58 with the next row into L2 (those three within noise).
+          // The row kAheadRows on, into L2. 2 GiB and 4096 x 4096 f32, 2 threads, Zen 4, 7
+          // interleaved rounds against the streaming copy, four runs: medians 0.45-0.58 of it,
+          // against 0.41-0.56 with the next row into L1 (the lowest in every run: it also
+          // evicted the parameter sums), 0.43-0.59 with no prefetch and 0.44-0.58 with the next
+          // row into L2 (those three within noise). The forward's partial prefetch (the first
+          // 16 lines of each 4 KiB) and none measured alike too (2 GiB, 2 alternated runs each).
           const int64_t ahead = r + kAheadRows < c.rows() ? at + kAheadRows * D * es : at;
           k.backward(x + at, dy + at, c.bf16, D, means[r], rstds[r], scale, c.subtract_mean,
                      dx + at, c.scale ? ds : nullptr, c.offset ? ds + D : nullptr, x + ahead,
