@@ -19,7 +19,8 @@
 
 namespace tokamax::kernels {
 
-// [p + begin, p + end) into L2, one prefetch per 64-byte line.
+// [p + begin, p + end) into L2, one prefetch per 64-byte line (prefetcht1: SSE, so baseline
+// code may call it too; the layer norm's forward does).
 inline void prefetch_l2(const char* p, int64_t begin, int64_t end) {
   for (int64_t off = begin; off < end; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
 }

@@ -12,6 +12,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/norm.h"
+#include "kernels/stream_prefetch.h"
 #include "ops/norm/base.h"
 #include "tokamax/core/device.h"
 
@@ -143,13 +144,11 @@ class Native : public NativeBase<NormCall> {
         }
         for (int64_t c0 = 0; c0 < c.d; c0 += chunk) {
           const int64_t n = std::min(chunk, c.d - c0);
-          const int64_t kick = std::min<int64_t>(kKickLines, (n * es + 63) / 64);
+          const int64_t kick = std::min(kKickLines * 64, n * es);  // bytes
           for (int64_t r = b0; r < b1; ++r) {
             const int64_t at = r * c.d + c0;
-            if (r + kAheadRows < c.rows()) {
-              const char* nx = x + (at + kAheadRows * c.d) * es;
-              for (int64_t l = 0; l < kick; ++l) __builtin_prefetch(nx + 64 * l, 0, 2);
-            }
+            if (r + kAheadRows < c.rows())
+              kernels::prefetch_l2(x + (at + kAheadRows * c.d) * es, 0, kick);
             k.apply(x + at * es, c.bf16, n, mean[r - b0], rstd[r - b0],
                     scale ? scale + c0 : nullptr, offset ? offset + c0 : nullptr, y + at * es,
                     stream);
