@@ -50,24 +50,32 @@ bool streams_output(int64_t bytes) {
 // every normalization re-read all three from L2; a chunk's scale and offset now stay in L1 for
 // the block (Zen 4, 2 threads, one-off harness against the streaming copy in the same rounds:
 // row by row 45 GB/s where the blocks reach 56 and the copy 70).
-// Each row's chunk first prefetches the first kKickLines lines of the same chunk kAheadRows
+// Each row's chunk first prefetches the first kick_lines() lines of the same chunk kAheadRows
 // rows on into L2, starting memory on the next block's pages while this one is written; the
-// hardware's streams fetch the rest. Until 2026-12-05 the whole chunk was prefetched (a line
-// per vector written): in the memory's fast minutes those prefetches competed with the
-// streamed stores for the core's misses, [131072, 4096] f32 at 40-47 GB/s against 54-58 with
-// the partial one or none, the copy at 62-74; in the slow minutes all three were alike, 35-43
-// against a 39-48 GB/s copy, the partial prefetch ahead of none by 1-2 GB/s (harness, 3-4
-// interleaved rounds a run, several runs). Nor is the next block read in the same loop as this
-// one is written, although the copy does both at once: the fused forms tried (the next row's
-// sums with this row's writes, whole rows or 2-8 KiB chunks) ran at 34-45 GB/s where the blocks
-// reach 56: each extra stream such a loop draws from L2 (x's row, scale, offset) slowed it;
-// without scale and offset the fused row matched the copy.
+// hardware's streams fetch the rest. How many lines pays differs by CPU (kick_lines). Nor is the
+// next block read in the same loop as this one is written, although the copy does both at once: the
+// fused forms tried (the next row's sums with this row's writes, whole rows or 2-8 KiB chunks) ran
+// at 34-45 GB/s where the blocks reach 56: each extra stream such a loop draws from L2 (x's row,
+// scale, offset) slowed it; without scale and offset the fused row matched the copy.
 constexpr int64_t kBlockRows = 4;
 constexpr int64_t kChunkBytes = 4096;
 // How many rows ahead both directions prefetch x (and the backward dy): a block.
 constexpr int64_t kAheadRows = kBlockRows;
-// Lines of each chunk the forward prefetches (of 64 in a 4 KiB chunk; 4 measured alike to none).
-constexpr int64_t kKickLines = 16;
+// Lines of each 4 KiB chunk (64) the forward prefetches kAheadRows rows on.
+// AMD (Zen 4): 16. Prefetching the whole chunk (a line per vector written, the code until
+// 2026-12-05) competed in the memory's fast minutes with the streamed stores for the core's
+// misses: [131072, 4096] f32 at 40-47 GB/s against 54-58 with the first 16 lines or none, the
+// copy at 62-74; in the slow minutes all three were alike, 35-43 against a 39-48 GB/s copy, the
+// 16 lines ahead of none by 1-2 GB/s (harness, 3-4 interleaved rounds a run, several runs; 4
+// lines measured alike to none).
+// Intel (Sapphire Rapids VM, 480 MiB L3): the whole chunk. tokamax bench --op layer_norm --spec
+// layer_norm_stream --impl native, 3 interleaved rounds: 139.6-142.0 ms (64.7-65.5% of the
+// streaming copy) against 147.0-149.1 with 16 lines and 153.6-156.8 with none; two rows further
+// ahead alike (142.5-143.6); rms_norm_stream 139.5-142.5 against 142.1-144.2 (2 rounds).
+int64_t kick_lines() {
+  static const int64_t lines = device_info().vendor == "GenuineIntel" ? 64 : 16;
+  return lines;
+}
 
 // The config parts both directions share.
 template <class CallT>
@@ -144,7 +152,7 @@ class Native : public NativeBase<NormCall> {
         }
         for (int64_t c0 = 0; c0 < c.d; c0 += chunk) {
           const int64_t n = std::min(chunk, c.d - c0);
-          const int64_t kick = std::min(kKickLines * 64, n * es);  // bytes
+          const int64_t kick = std::min(kick_lines() * 64, n * es);  // bytes
           for (int64_t r = b0; r < b1; ++r) {
             const int64_t at = r * c.d + c0;
             if (r + kAheadRows < c.rows())
