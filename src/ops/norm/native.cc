@@ -50,31 +50,39 @@ bool streams_output(int64_t bytes) {
 // every normalization re-read all three from L2; a chunk's scale and offset now stay in L1 for
 // the block (Zen 4, 2 threads, one-off harness against the streaming copy in the same rounds:
 // row by row 45 GB/s where the blocks reach 56 and the copy 70).
-// Each row's chunk first prefetches the first kick_lines() lines of the same chunk kAheadRows
-// rows on into L2, starting memory on the next block's pages while this one is written; the
-// hardware's streams fetch the rest. How many lines pays differs by CPU (kick_lines). Nor is the
-// next block read in the same loop as this one is written, although the copy does both at once: the
-// fused forms tried (the next row's sums with this row's writes, whole rows or 2-8 KiB chunks) ran
-// at 34-45 GB/s where the blocks reach 56: each extra stream such a loop draws from L2 (x's row,
+// The block kAheadRows rows on is prefetched into L2 while this one is worked on, in two parts
+// (ForwardPrefetch): the first lines of each 4 KiB chunk of a row before this block's statistics
+// of the same row, starting memory on every page of the next block early, and more lines of
+// each chunk before this block writes the same chunk of the same row. Nor is the next block read
+// in the same loop as this one is written, although the copy does both at once: the fused forms
+// tried (the next row's sums with this row's writes, whole rows or 2-8 KiB chunks) ran at 34-45
+// GB/s where the blocks reach 56 (Zen 4): each extra stream such a loop draws from L2 (x's row,
 // scale, offset) slowed it; without scale and offset the fused row matched the copy.
 constexpr int64_t kBlockRows = 4;
 constexpr int64_t kChunkBytes = 4096;
 // How many rows ahead both directions prefetch x (and the backward dy): a block.
 constexpr int64_t kAheadRows = kBlockRows;
-// Lines of each 4 KiB chunk (64) the forward prefetches kAheadRows rows on.
-// AMD (Zen 4): 16. Prefetching the whole chunk (a line per vector written, the code until
-// 2026-12-05) competed in the memory's fast minutes with the streamed stores for the core's
-// misses: [131072, 4096] f32 at 40-47 GB/s against 54-58 with the first 16 lines or none, the
-// copy at 62-74; in the slow minutes all three were alike, 35-43 against a 39-48 GB/s copy, the
-// 16 lines ahead of none by 1-2 GB/s (harness, 3-4 interleaved rounds a run, several runs; 4
-// lines measured alike to none).
-// Intel (Sapphire Rapids VM, 480 MiB L3): the whole chunk. tokamax bench --op layer_norm --spec
-// layer_norm_stream --impl native, 3 interleaved rounds: 139.6-142.0 ms (64.7-65.5% of the
-// streaming copy) against 147.0-149.1 with 16 lines and 153.6-156.8 with none; two rows further
-// ahead alike (142.5-143.6); rms_norm_stream 139.5-142.5 against 142.1-144.2 (2 rounds).
-int64_t kick_lines() {
-  static const int64_t lines = device_info().vendor == "GenuineIntel" ? 64 : 16;
-  return lines;
+// Lines of each 4 KiB chunk (64) of the block ahead that the forward prefetches: [0, early)
+// during the statistics, [early, late) during the writes. Measured per CPU vendor:
+// AMD (Zen 4): {0, 16}. Prefetching the whole chunk during the writes (a line per vector
+// written, the code until 2026-12-05) competed in the memory's fast minutes with the streamed
+// stores for the core's misses: [131072, 4096] f32 at 40-47 GB/s against 54-58 with the first 16
+// lines or none, the copy at 62-74; in the slow minutes all three were alike, 35-43 against a
+// 39-48 GB/s copy, the 16 lines ahead of none by 1-2 GB/s (harness, 3-4 interleaved rounds a
+// run, several runs; 4 lines measured alike to none).
+// Intel (Sapphire Rapids VM, 480 MiB L3): {2, 64}. tokamax bench --op layer_norm --spec
+// layer_norm_stream --impl native, 3 interleaved rounds a comparison: all 64 lines during the
+// writes 139.6-142.0 ms (64.7-65.5% of the streaming copy) against 147.0-149.1 with 16 lines and
+// 153.6-156.8 with none (two rows further ahead: 142.5-143.6); then the first 1, 2, 4 or 8 lines
+// during the statistics and the rest during the writes 118-126 ms alike (2 lines 118.1-122.1,
+// 24 lines 136.0-136.4, 32 lines 136.5-138.8).
+struct ForwardPrefetch {
+  int64_t early, late;
+};
+const ForwardPrefetch& forward_prefetch() {
+  static const ForwardPrefetch p =
+      device_info().vendor == "GenuineIntel" ? ForwardPrefetch{2, 64} : ForwardPrefetch{0, 16};
+  return p;
 }
 
 // The config parts both directions share.
@@ -137,12 +145,18 @@ class Native : public NativeBase<NormCall> {
     float* rstds = c.rstd() ? c.rstd()->data_as<float>() : nullptr;
     const bool stream = streams_output(c.y().size() * es);
     const int64_t chunk = kChunkBytes / es;
+    const ForwardPrefetch& pf = forward_prefetch();
     parallel_for(items, c.num_threads, [&](int64_t item, int) {
       const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
       for (int64_t b0 = item * rpi; b0 < r1; b0 += kBlockRows) {
         const int64_t b1 = std::min(r1, b0 + kBlockRows);
         float mean[kBlockRows], rstd[kBlockRows];
         for (int64_t r = b0; r < b1; ++r) {
+          if (pf.early > 0 && r + kAheadRows < c.rows()) {
+            const char* ahead = x + (r + kAheadRows) * c.d * es;
+            for (int64_t c0 = 0; c0 < c.d; c0 += chunk)
+              kernels::prefetch_l2(ahead + c0 * es, 0, std::min(pf.early * 64, (c.d - c0) * es));
+          }
           k.stats(x + r * c.d * es, c.bf16, c.d, c.subtract_mean, static_cast<float>(c.epsilon),
                   &mean[r - b0], &rstd[r - b0]);
           if (means) {
@@ -152,11 +166,11 @@ class Native : public NativeBase<NormCall> {
         }
         for (int64_t c0 = 0; c0 < c.d; c0 += chunk) {
           const int64_t n = std::min(chunk, c.d - c0);
-          const int64_t kick = std::min(kick_lines() * 64, n * es);  // bytes
+          const int64_t lo = pf.early * 64, hi = std::min(pf.late * 64, n * es);  // bytes
           for (int64_t r = b0; r < b1; ++r) {
             const int64_t at = r * c.d + c0;
             if (r + kAheadRows < c.rows())
-              kernels::prefetch_l2(x + (at + kAheadRows * c.d) * es, 0, kick);
+              kernels::prefetch_l2(x + (at + kAheadRows * c.d) * es, lo, hi);
             k.apply(x + at * es, c.bf16, n, mean[r - b0], rstd[r - b0],
                     scale ? scale + c0 : nullptr, offset ? offset + c0 : nullptr, y + at * es,
                     stream);
