@@ -87,6 +87,12 @@ BlasInfo blas_info() {
   c.best = best_core();
   const char* env = std::getenv("OPENBLAS_CORETYPE");
   c.core_from_env = env && *env;
+  // Asked for the best core type (by reexec_with_best_blas) and given an older one: this build
+  // lacks its kernels (Debian's OpenBLAS 0.3.21 on a Sapphire Rapids VM runs Cooperlake's under
+  // OPENBLAS_CORETYPE=SapphireRapids), so the older one is the best it has here.
+  if (c.core_from_env && lower(env) == lower(c.best) && rank_of(c.core) >= 0 &&
+      rank_of(c.core) < rank_of(c.best))
+    c.best = c.core;
   if (const char* d = std::getenv(kDetectedVar); c.core_from_env && d) c.detected = d;
   return c;
 }

@@ -17,9 +17,11 @@ TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 struct BlasInfo {
-  std::string config;          // openblas_get_config()
-  std::string core;            // the core type whose kernels run (openblas_get_corename())
-  std::string best;            // the newest core type this CPU runs ("" where none is known)
+  std::string config;  // openblas_get_config()
+  std::string core;    // the core type whose kernels run (openblas_get_corename())
+  // The newest core type this CPU runs ("" where none is known), or where OpenBLAS was asked
+  // for it and ran an older one (a build without its kernels), that older one.
+  std::string best;
   std::string detected;        // what OpenBLAS took the CPU for, when reexec_with_best_blas set it
   bool core_from_env = false;  // OPENBLAS_CORETYPE chose `core`
   // `core` is a known older core type than `best`.
