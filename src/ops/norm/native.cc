@@ -36,6 +36,20 @@ const kernels::NormKernels& row_kernels() {
   return k;
 }
 
+// What the norms do differently by CPU vendor, each measured where its use says: the forward's
+// prefetch of the block ahead (below kAheadRows) and which outputs are streamed (streams_output).
+struct VendorTuning {
+  // Lines of each 4 KiB chunk (64) of the block ahead that the forward prefetches: [0, early)
+  // during the statistics, [early, late) during the writes.
+  int64_t early, late;
+  bool stream_from_l2s;  // outputs of at least 4 L2s a thread are streamed too
+};
+const VendorTuning& vendor_tuning() {
+  static const VendorTuning t = device_info().vendor == "GenuineIntel" ? VendorTuning{2, 64, true}
+                                                                       : VendorTuning{0, 16, false};
+  return t;
+}
+
 // Outputs of at least the last-level cache's size are written non-temporally (NormKernels:
 // `stream`): they would not stay in the cache, and ordinary stores read every line first. On
 // Intel also those of at least 4 L2s a thread: a Sapphire Rapids VM reports its socket's 480 MiB
@@ -46,7 +60,7 @@ const kernels::NormKernels& row_kernels() {
 bool streams_output(int64_t bytes, int threads) {
   const DeviceInfo& d = device_info();
   int64_t at = d.l3_bytes > 0 ? d.l3_bytes : d.l2_bytes;
-  if (d.vendor == "GenuineIntel" && d.l2_bytes > 0)
+  if (vendor_tuning().stream_from_l2s && d.l2_bytes > 0)
     at = std::min(at, 4 * d.l2_bytes * std::max(threads, 1));
   return at > 0 && bytes >= at;
 }
@@ -58,7 +72,7 @@ bool streams_output(int64_t bytes, int threads) {
 // the block (Zen 4, 2 threads, one-off harness against the streaming copy in the same rounds:
 // row by row 45 GB/s where the blocks reach 56 and the copy 70).
 // The block kAheadRows rows on is prefetched into L2 while this one is worked on, in two parts
-// (ForwardPrefetch): the first lines of each 4 KiB chunk of a row before this block's statistics
+// (VendorTuning): the first lines of each 4 KiB chunk of a row before this block's statistics
 // of the same row, starting memory on every page of the next block early, and more lines of
 // each chunk before this block writes the same chunk of the same row. Nor is the next block read
 // in the same loop as this one is written, although the copy does both at once: the fused forms
@@ -69,8 +83,7 @@ constexpr int64_t kBlockRows = 4;
 constexpr int64_t kChunkBytes = 4096;
 // How many rows ahead both directions prefetch x (and the backward dy): a block.
 constexpr int64_t kAheadRows = kBlockRows;
-// Lines of each 4 KiB chunk (64) of the block ahead that the forward prefetches: [0, early)
-// during the statistics, [early, late) during the writes. Measured per CPU vendor:
+// The forward's prefetch (VendorTuning::early, late), measured per CPU vendor:
 // AMD (Zen 4): {0, 16}. Prefetching the whole chunk during the writes (a line per vector
 // written, the code until 2026-12-05) competed in the memory's fast minutes with the streamed
 // stores for the core's misses: [131072, 4096] f32 at 40-47 GB/s against 54-58 with the first 16
@@ -83,14 +96,6 @@ constexpr int64_t kAheadRows = kBlockRows;
 // 153.6-156.8 with none (two rows further ahead: 142.5-143.6); then the first 1, 2, 4 or 8 lines
 // during the statistics and the rest during the writes 118-126 ms alike (2 lines 118.1-122.1,
 // 24 lines 136.0-136.4, 32 lines 136.5-138.8).
-struct ForwardPrefetch {
-  int64_t early, late;
-};
-const ForwardPrefetch& forward_prefetch() {
-  static const ForwardPrefetch p =
-      device_info().vendor == "GenuineIntel" ? ForwardPrefetch{2, 64} : ForwardPrefetch{0, 16};
-  return p;
-}
 
 // The config parts both directions share.
 template <class CallT>
@@ -157,7 +162,7 @@ class Native : public NativeBase<NormCall> {
     float* rstds = c.rstd() ? c.rstd()->data_as<float>() : nullptr;
     const bool stream = streams_output(c.y().size() * es, c.num_threads);
     const int64_t chunk = kChunkBytes / es;
-    const ForwardPrefetch& pf = forward_prefetch();
+    const VendorTuning& pf = vendor_tuning();
     parallel_for(items, c.num_threads, [&](int64_t item, int) {
       const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
       for (int64_t b0 = item * rpi; b0 < r1; b0 += kBlockRows) {
