@@ -369,6 +369,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     float* m;
     float* l;
     uint32_t* qv;  // Q as vector-dot pairs [H/2][rows] (the vector bf16 dot only)
+    float* qt;     // Q in pack_a_f32's tiles of mr rows [tiles][H][mr] (f32 calls only)
   };
   static int64_t item_floats(const AttentionCall& c, int64_t rows, int64_t block_kv,
                              const k::KernelSet& ks, ItemScratch* at = nullptr,
@@ -376,11 +377,13 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const int64_t rp = k::round_up(std::max<int64_t>(rows, 1), k::kAmxRows);
     const int64_t ldo = k::round_up(std::max<int64_t>(c.hv, 1), ks.nr);
     // Q as vector-dot pairs ([H/2][rows]) only where the vector dot runs: bf16 calls on it.
-    const int64_t qv = !ks.amx && native_uses_bf16_pairs(c) ? rows * ((c.h + 1) / 2) : 0;
-    const int64_t sizes[7] = {
-        rp * c.h, rp * block_kv, rp * (block_kv / 2 + 1), rp * ldo, rows, rows, qv};
-    int64_t off = 0, offs[7];
-    for (int i = 0; i < 7; ++i) {
+    const bool pairs = native_uses_bf16_pairs(c);
+    const int64_t qv = !ks.amx && pairs ? rows * ((c.h + 1) / 2) : 0;
+    const int64_t qt = pairs ? 0 : k::round_up(std::max<int64_t>(rows, 1), ks.max_mr) * c.h;
+    const int64_t sizes[8] = {
+        rp * c.h, rp * block_kv, rp * (block_kv / 2 + 1), rp * ldo, rows, rows, qv, qt};
+    int64_t off = 0, offs[8];
+    for (int i = 0; i < 8; ++i) {
       offs[i] = off;
       off += sizes[i];
     }
@@ -391,7 +394,8 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
              base + offs[3],
              base + offs[4],
              base + offs[5],
-             reinterpret_cast<uint32_t*>(base + offs[6])};
+             reinterpret_cast<uint32_t*>(base + offs[6]),
+             base + offs[7]};
     }
     return off;
   }
@@ -553,6 +557,13 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     const bool vdot = src.pairs && !ks.amx;
     if (!src.pairs || vdot) load_q_rows(c, bb, kh, t0, rows, Q);
     if (vdot) ks.pack_a_bf16(Q, false, c.h, rows, 0, c.h, rows, sc.qv);
+    // f32: Q also in the tile kernel's packed layout, so q k^T runs its unit-stride form (the
+    // broadcasts at constant offsets, the panel and C prefetches) rather than the strided one,
+    // which keeps 14 row offsets live and reloads some from the stack every k.
+    if (!src.pairs) {
+      (ks.pack_a_f32 ? ks.pack_a_f32 : k::pack_a_f32)(Q, c.h, rows, 0, c.h, static_cast<int>(mr),
+                                                      sc.qt);
+    }
     row_ranges(c, bb, t0, rows, 0, c.s, r0, r1, &lo, &hi);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
@@ -597,7 +608,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
             if (c.h == 0) {
               for (int r = 0; r < tile; ++r) std::fill(cp + r * lds, cp + r * lds + nr, 0.0f);
             } else {
-              ks.f32(tile, c.h, Q + i * c.h, c.h, 1, src.kpanels + (sb / nr + p) * c.h * nr, cp,
+              ks.f32(tile, c.h, sc.qt + i * c.h, 1, mr, src.kpanels + (sb / nr + p) * c.h * nr, cp,
                      lds, false);
             }
           }

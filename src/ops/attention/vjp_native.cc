@@ -164,8 +164,10 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     const int64_t rp = k::round_up(rows, 16), lds = cfg.block_kv;
     // Scratch regions (each a multiple of 16 floats: panels stay 64-byte aligned).
     const bool cap = c.logits_soft_cap.has_value();
+    const int64_t rt = k::round_up(rows, mr);  // rows in whole tiles
     float* Q = k::thread_scratch(
-        k::kAttentionSlot, rp * (c.h + c.hv + 2 * hp + 2 * hvp + (cap ? 3 : 2) * lds + 2) + 16);
+        k::kAttentionSlot,
+        rp * (c.h + c.hv + 2 * hp + 2 * hvp + (cap ? 3 : 2) * lds + 2) + rt * (c.h + c.hv) + 16);
     float* dO = Q + rp * c.h;
     float* qpan = dO + rp * c.hv;   // [H/nr][rows][nr]
     float* dopan = qpan + rp * hp;  // [Hv/nr][rows][nr]
@@ -175,6 +177,10 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     float* capg = dS + rp * lds;    // [rows][lds], with a soft cap
     float* D = capg + (cap ? rp * lds : 0);
     float* lse = D + rp;
+    // Q and dO also in the tile kernel's packed layout ([tiles][H][mr]): q k^T and do v^T then
+    // run its unit-stride form, as the forward's q k^T does.
+    float* qt = lse + rp;
+    float* dot = qt + rt * c.h;
     int64_t lo = c.s, hi = 0;
     std::vector<int64_t> r0(static_cast<size_t>(rows)), r1(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
@@ -200,6 +206,9 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
       }
     }
     std::fill(dQ, dQ + rows * hp, 0.0f);
+    const k::PackAF32 pack = ks.pack_a_f32 ? ks.pack_a_f32 : k::pack_a_f32;
+    pack(Q, c.h, rows, 0, c.h, static_cast<int>(mr), qt);
+    pack(dO, c.hv, rows, 0, c.hv, static_cast<int>(mr), dot);
     const bool elementwise = c.bias || c.mask || cap;
     for (int64_t sb = lo / nr * nr; sb < hi; sb += cfg.block_kv) {
       const int64_t se = std::min<int64_t>(sb + cfg.block_kv, hi);
@@ -210,14 +219,14 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         for (int64_t p = 0; p < panels_w; ++p) {
           const int64_t panel = sb / nr + p;
           if (c.h > 0) {
-            ks.f32(tile, c.h, Q + i * c.h, c.h, 1, kt + panel * c.h * nr, P + i * lds + p * nr, lds,
+            ks.f32(tile, c.h, qt + i * c.h, 1, mr, kt + panel * c.h * nr, P + i * lds + p * nr, lds,
                    false);
           } else {
             for (int r = 0; r < tile; ++r) std::fill_n(P + (i + r) * lds + p * nr, nr, 0.0f);
           }
           if (c.hv > 0) {
-            ks.f32(tile, c.hv, dO + i * c.hv, c.hv, 1, vt + panel * c.hv * nr,
-                   dS + i * lds + p * nr, lds, false);
+            ks.f32(tile, c.hv, dot + i * c.hv, 1, mr, vt + panel * c.hv * nr, dS + i * lds + p * nr,
+                   lds, false);
           } else {
             for (int r = 0; r < tile; ++r) std::fill_n(dS + (i + r) * lds + p * nr, nr, 0.0f);
           }
