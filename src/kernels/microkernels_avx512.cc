@@ -1,12 +1,13 @@
 // AVX-512 microkernels (f32 FMA and bf16 vdpbf16ps), nr = 32 (two zmm per row).
 // Compiled with -mavx512f/bw/vl/dq/bf16; called only when the CPU has them. No STL here: an
 // inline template instantiated in this file could otherwise be shared with baseline code.
-// `objdump -d` check: the k-loop of f32_tile_impl<14, true> holds 2 panel loads, 14
-// vbroadcastss at constant offsets from one pointer, 28 vfmadd231ps, 2 prefetcht0 (the panel
-// ahead, below), a few scalar ops and no stack traffic. (f32_tile_impl<14, false>, a row
-// stride at run time, reloads 3 of its 14 row pointers from the stack each k: loads, not
-// FMA-port ops; attention prefill with 14-row tiles ran at 225-230 GFLOP/s against 217-222
-// with 12.)
+// `objdump -d` check: the k-loop of f32_tile_impl<14, 1> (and <14, 256>, offsets 0x400 apart)
+// holds 2 panel loads, 14 vbroadcastss at constant offsets from one pointer, 28 vfmadd231ps, 2
+// prefetcht0 (the panel ahead, below), a few scalar ops and no stack traffic.
+// (f32_tile_impl<14, 0>, a row stride at run time, reloads 3 of its 14 row pointers from the
+// stack each k and prefetches nothing. Attention's f32 prefill on Sapphire Rapids, 3 interleaved
+// pairs of tokamax bench runs: its q k^T on Q packed into tiles instead, 111-114 ms against
+// 121-124; then P v on the fixed stride, 105-110 against 115-116.)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -65,13 +66,15 @@ inline void store_tile(__m512 (&c0)[MR], __m512 (&c1)[MR], float* c, int64_t ldc
   }
 }
 
-// kUnitRs: A's rows are adjacent (rs = 1: a packed A tile, or a transposed block), so the
-// MR broadcasts of one k are constant offsets from one pointer that steps by cs. With rs a run-
-// time stride GCC keeps MR row offsets live, runs out of general registers and reloads them
-// from the stack inside the k-loop: scalar uops that compete with the FMAs for ports 0 and 5.
-template <int MR, bool kUnitRs>
+// RS: A's row stride when fixed at compile time (1: a packed A tile, or a transposed block; or
+// attention's S block, rows block_kv apart), so the MR broadcasts of one k are constant offsets
+// from one pointer that steps by cs. RS = 0: rs at run time, where GCC keeps MR row offsets
+// live, runs out of general registers and reloads them from the stack inside the k-loop:
+// scalar uops that compete with the FMAs for ports 0 and 5.
+template <int MR, int64_t RS>
 void f32_tile_impl(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c,
                    int64_t ldc, bool acc) {
+  constexpr bool kFixedRs = RS != 0;
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
@@ -79,14 +82,14 @@ void f32_tile_impl(int64_t kc, const float* a, int64_t rs, int64_t cs, const flo
   const int64_t c_at = kc > kTileAhead ? kc - kTileAhead : 0;
   for (int64_t k = 0; k < kc; ++k, b += kNr, ak += cs) {
     // (Not with a run-time row stride: that loop is already short of registers, see above.)
-    if constexpr (kUnitRs) {
+    if constexpr (kFixedRs) {
       prefetch_two_lines(b + kPanelAhead * kNr);
       if (k == c_at) prefetch_c_tile<MR>(c, ldc);
     }
     const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const __m512 ai = _mm512_set1_ps(kUnitRs ? ak[i] : ak[i * rs]);
+      const __m512 ai = _mm512_set1_ps(kFixedRs ? ak[i * RS] : ak[i * rs]);
       c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
       c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
     }
@@ -94,13 +97,25 @@ void f32_tile_impl(int64_t kc, const float* a, int64_t rs, int64_t cs, const flo
   store_tile<MR>(c0, c1, c, ldc, acc);
 }
 
+// Full tiles whose rows are one of these strides apart (attention's S and dS blocks: rows
+// block_kv floats apart) run with the stride fixed.
 template <int MR>
 void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c,
               int64_t ldc, bool acc) {
-  if (rs == 1)
-    f32_tile_impl<MR, true>(kc, a, rs, cs, b, c, ldc, acc);
-  else
-    f32_tile_impl<MR, false>(kc, a, rs, cs, b, c, ldc, acc);
+  if (rs == 1) return f32_tile_impl<MR, 1>(kc, a, rs, cs, b, c, ldc, acc);
+  if constexpr (MR == kMaxMr) {
+    switch (rs) {
+      case 128:
+        return f32_tile_impl<MR, 128>(kc, a, rs, cs, b, c, ldc, acc);
+      case 256:
+        return f32_tile_impl<MR, 256>(kc, a, rs, cs, b, c, ldc, acc);
+      case 512:
+        return f32_tile_impl<MR, 512>(kc, a, rs, cs, b, c, ldc, acc);
+      default:
+        break;
+    }
+  }
+  f32_tile_impl<MR, 0>(kc, a, rs, cs, b, c, ldc, acc);
 }
 
 template <int MR>

@@ -115,13 +115,17 @@ TEST(Microkernels, F32AndMultiPanel) {
     const int nr = ks->nr;
     for (int mr = 1; mr <= ks->max_mr; ++mr) {
       for (int64_t kc : {1, 2, 7, 16, 33}) {
-        for (bool trans_a : {false, true}) {
+        // A's layout: rows kc + 3 apart, transposed (1), or rows at the strides the AVX-512
+        // set fixes at compile time (attention's S blocks: block_kv apart).
+        for (int64_t layout : {0, 1, 128, 256, 512}) {
+          const bool trans_a = layout == 1;
           for (bool acc : {false, true}) {
             // Up to 4 panels for the multi-panel kernel, panel_stride past one panel.
             const int np = ks->f32_multi && mr <= k::kMultiMaxMr ? ks->multi_np[mr] : 0;
             const int panels = std::max(1, np);
             const int64_t panel_stride = aligned_stride(kc * nr + 5);
-            const int64_t lda = trans_a ? mr + 3 : kc + 3;  // rows (or columns) of A apart
+            // Rows (or columns) of A apart.
+            const int64_t lda = trans_a ? mr + 3 : layout == 0 ? kc + 3 : layout;
             const int64_t rs = trans_a ? 1 : lda, cs = trans_a ? lda : 1;
             const std::vector<float> a =
                 random_floats(static_cast<size_t>(lda * (trans_a ? kc : mr)), false);
@@ -142,7 +146,7 @@ TEST(Microkernels, F32AndMultiPanel) {
                 });
             const std::string what = std::string(ks->name) + " mr=" + std::to_string(mr) +
                                      " kc=" + std::to_string(kc) + (trans_a ? " A^T" : "") +
-                                     (acc ? " acc" : "");
+                                     " lda=" + std::to_string(lda) + (acc ? " acc" : "");
             // The single-panel kernel, panel by panel.
             std::vector<float> c = c0;
             for (int p = 0; p < panels; ++p) {
