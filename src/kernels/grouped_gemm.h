@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "kernels/microkernels.h"
+#include "tokamax/core/error.h"
 #include "tokamax/core/tensor.h"
 
 namespace tokamax::kernels {
@@ -75,6 +76,17 @@ int64_t balanced_blocks(int64_t tiles, int64_t per_block, int64_t col_blocks, in
 inline constexpr int64_t kMaxBlockFloats = int64_t{1} << 24;
 inline bool blocks_bounded(int mc, int kc, int nc) {
   return int64_t{mc} * kc <= kMaxBlockFloats && int64_t{kc} * nc <= kMaxBlockFloats;
+}
+
+// A blocking config's check against kernel set ks: nothing when valid(ks), else message(ks)
+// thrown, as ConfigForOtherIsa where ks is the running set capped by TOKAMAX_ISA and the CPU's
+// own best set would take the config (tuning data made uncapped), else as InvalidArgument.
+template <class Valid, class Message>
+void check_isa_config(const KernelSet& ks, Valid&& valid, Message&& message) {
+  if (valid(ks)) return;
+  const KernelSet& own = cpu_best_kernels();
+  if (&ks == &best_kernels() && &ks != &own && valid(own)) throw ConfigForOtherIsa(message(ks));
+  throw InvalidArgument(message(ks));
 }
 
 // Elements (floats, or bf16 pairs) of one packed panel of K rows and nr columns.

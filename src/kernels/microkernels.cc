@@ -84,9 +84,26 @@ bool vector_bf16_dot_pays() {
   return bf16_dot_pays() && !best_kernels().amx && best_kernels().dot_stream_t != nullptr;
 }
 
+namespace {
+// The best set of those up to `cap` (0 portable, 1 AVX2, 2 AVX-512, 3 AMX) this CPU runs.
+const KernelSet* best_up_to(int cap) {
+  const IsaFeatures& f = device_info().isa;
+  if (cap >= 3 && f.has_avx512_bf16() && f.amx_bf16) {
+    if (const KernelSet* amx = amx_kernels()) return amx;
+  }
+  if (cap >= 2 && f.has_avx512_bf16()) return avx512_kernels();
+  if (cap >= 1 && f.has_avx2_fma()) return avx2_kernels();
+  return &kPortable;
+}
+}  // namespace
+
+const KernelSet& cpu_best_kernels() {
+  static const KernelSet* best = best_up_to(3);
+  return *best;
+}
+
 const KernelSet& best_kernels() {
   static const KernelSet* best = [] {
-    const IsaFeatures& f = device_info().isa;
     int cap = 3;
     if (const char* env = std::getenv("TOKAMAX_ISA"); env && *env) {
       const std::string s = env;
@@ -101,12 +118,7 @@ const KernelSet& best_kernels() {
       else
         throw InvalidArgument("TOKAMAX_ISA='" + s + "': expected portable, avx2, avx512 or amx");
     }
-    if (cap >= 3 && f.has_avx512_bf16() && f.amx_bf16) {
-      if (const KernelSet* amx = amx_kernels()) return amx;
-    }
-    if (cap >= 2 && f.has_avx512_bf16()) return avx512_kernels();
-    if (cap >= 1 && f.has_avx2_fma()) return avx2_kernels();
-    return &kPortable;
+    return best_up_to(cap);
   }();
   return *best;
 }

@@ -195,6 +195,9 @@ void amx_configure_tiles();
 void amx_release_tiles();
 // The best set this CPU runs; TOKAMAX_ISA=portable|avx2|avx512|amx caps it (tests, comparisons).
 const KernelSet& best_kernels();
+// The best set this CPU runs, whatever TOKAMAX_ISA says: what tuning data for this device kind
+// was made on (check_isa_config).
+const KernelSet& cpu_best_kernels();
 // Whether bf16 weights should go through the bf16 dot (pairs) rather than be widened to f32 for
 // the f32 FMA: only where the dot does more flops per cycle. TOKAMAX_BF16_DOT=0|1 overrides.
 bool bf16_dot_pays();

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "kernels/microkernels.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax {
@@ -26,10 +27,11 @@ class Cli : public ::testing::Test {
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
-  Result run(const std::string& args) {
+  Result run(const std::string& args) { return run_with_env("", args); }
+  Result run_with_env(const std::string& env, const std::string& args) {
     const std::string err_path = (dir_ / "stderr.txt").string();
-    const std::string cmd = "TOKAMAX_CACHE_DIR=" + dir_.string() + "/cache " + TOKAMAX_CLI + " " +
-                            args + " 2>" + err_path;
+    const std::string cmd = env + "TOKAMAX_CACHE_DIR=" + dir_.string() + "/cache " + TOKAMAX_CLI +
+                            " " + args + " 2>" + err_path;
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;
     char buf[4096];
@@ -39,6 +41,10 @@ class Cli : public ::testing::Test {
     std::ifstream ef(err_path);
     const std::string err((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
+  }
+  // run() with the native kernels capped (TOKAMAX_ISA) for the command.
+  Result run_capped(const std::string& isa, const std::string& args) {
+    return run_with_env("TOKAMAX_ISA=" + isa + " ", args);
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::filesystem::path dir_;
@@ -81,6 +87,31 @@ TEST_F(Cli, OpsSpecsExplain) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("unknown spec 'nope'"), std::string::npos) << r.err;
   EXPECT_EQ(run("specs --op nope").code, 2);
+}
+
+// Tuning data made on this CPU's own kernels is good data under a TOKAMAX_ISA cap too: `cache
+// verify` counts the entries whose configs only the wider kernels take apart and succeeds (it
+// called them BAD, and this suite's AutotuneCacheAndBench failed, under TOKAMAX_ISA=avx2 on
+// Sapphire Rapids); a config no kernel set takes stays BAD.
+TEST_F(Cli, CacheVerifyUnderAnIsaCap) {
+  if (kernels::cpu_best_kernels().max_mr < 14) GTEST_SKIP() << "no AVX-512 kernels here";
+  const std::string shipped = std::string(TOKAMAX_SOURCE_DIR) +
+                              "/data/autotuning/intel_xeon_sapphirerapids/ragged_dot_native.json";
+  Result r = run("cache verify " + shipped);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("caps it to"), std::string::npos) << r.out;
+  r = run_capped("avx2", "cache verify " + shipped);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("of them for this CPU's own kernels"), std::string::npos) << r.out;
+  // The same file with one config no kernel set takes (mr = 0).
+  std::string text = read_file(shipped);
+  const size_t at = text.find("\\\"mr\\\":14");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 9, "\\\"mr\\\":0");
+  write_file_atomic(path("bad.json"), text);
+  r = run_capped("avx2", "cache verify " + path("bad.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("BAD"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, AutotuneCacheAndBench) {

@@ -30,6 +30,15 @@ class InvalidArgument : public Error {
   explicit InvalidArgument(const std::string& what) : Error("InvalidArgument: ", what) {}
 };
 
+// A config (from a cache file, say) that suits this CPU's own kernels but not the ones running,
+// which TOKAMAX_ISA caps below them: not bad data, only data for another kernel set. Dispatch
+// ignores such cache entries as it does every invalid one; `tokamax cache verify` counts them
+// apart.
+class ConfigForOtherIsa : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
 class Unsupported : public Error {
  public:
   explicit Unsupported(const std::string& what) : Error("Unsupported: ", what) {}

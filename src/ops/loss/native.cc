@@ -52,17 +52,20 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
   std::string name() const override { return "native"; }
   std::vector<std::string> config_fields() const override { return kFields.names(); }
   void check_config(const LossNativeConfig& c) const override {
-    const auto& ks = k::best_kernels();
-    if (c.mr < 1 || c.mr > ks.max_mr || c.mc < c.mr || c.mc % c.mr != 0 || c.kc < 2 ||
-        c.kc % 2 != 0 || c.nc < ks.nr || c.nc % ks.nr != 0 || c.nc > 8192 || c.block_v < ks.nr ||
-        c.block_v % ks.nr != 0 || !k::blocks_bounded(c.mc, c.kc, c.nc)) {
-      throw InvalidArgument(kFields.to_json(c).dump() + " is invalid for ISA " + ks.name +
-                            ": expected 1 <= mr <= " + std::to_string(ks.max_mr) +
-                            ", mc a multiple of mr, kc even, nc (<= 8192) and block_v multiples"
-                            " of " +
-                            std::to_string(ks.nr) + ", mc * kc and kc * nc at most " +
-                            std::to_string(k::kMaxBlockFloats));
-    }
+    k::check_isa_config(
+        k::best_kernels(),
+        [&](const k::KernelSet& s) {
+          return c.mr >= 1 && c.mr <= s.max_mr && c.mc >= c.mr && c.mc % c.mr == 0 && c.kc >= 2 &&
+                 c.kc % 2 == 0 && c.nc >= s.nr && c.nc % s.nr == 0 && c.nc <= 8192 &&
+                 c.block_v >= s.nr && c.block_v % s.nr == 0 && k::blocks_bounded(c.mc, c.kc, c.nc);
+        },
+        [&](const k::KernelSet& s) {
+          return kFields.to_json(c).dump() + " is invalid for ISA " + s.name +
+                 ": expected 1 <= mr <= " + std::to_string(s.max_mr) +
+                 ", mc a multiple of mr, kc even, nc (<= 8192) and block_v multiples of " +
+                 std::to_string(s.nr) + ", mc * kc and kc * nc at most " +
+                 std::to_string(k::kMaxBlockFloats);
+        });
   }
   // Measured (tokamax autotune --tag primary, B=512, H=2048, V=32000): K blocks of 256,
   // vocabulary blocks of 1024 and chunks of 2048 columns won by 1.12-1.13x over K blocks of 512
