@@ -76,7 +76,7 @@ int pool_threads(int threads) { return std::clamp(threads, 1, ThreadPool::global
 // range is a pack of rows w apart.
 void pack_a_from_panels(const KernelSet& ks, const float* a, int64_t total, int64_t w, int64_t m0,
                         int64_t rows, int64_t k0, int64_t kc, int mr, float* dst) {
-  const auto pack = ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32;
+  const PackAF32 pack = f32_lhs_packer(ks);
   for (int64_t t = 0; t * mr < rows; ++t) {
     const int64_t tile_rows = std::min<int64_t>(mr, rows - t * mr);
     for (int64_t k = k0; k < k0 + kc;) {
@@ -134,8 +134,7 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
         pack_a_from_panels(ks, A, p.offsets[p.groups], p.a_panel, m0, item_rows, kb, kcur, blk.mr,
                            af);
       else
-        (ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32)(A + m0 * lda, lda, item_rows, kb, kcur, blk.mr,
-                                                     af);
+        f32_lhs_packer(ks)(A + m0 * lda, lda, item_rows, kb, kcur, blk.mr, af);
       for (int64_t q = 0; q < np;) {
         const float* bp = static_cast<const float*>(b) + q * panel_stride + kb * ks.nr;
         if (const int step = multi_panels(ks, false, item_rows, blk.mr, np - q); step > 1) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "kernels/microkernels.h"
 #include "tokamax/core/error.h"
@@ -76,6 +77,18 @@ int64_t balanced_blocks(int64_t tiles, int64_t per_block, int64_t col_blocks, in
 inline constexpr int64_t kMaxBlockFloats = int64_t{1} << 24;
 inline bool blocks_bounded(int mc, int kc, int nc) {
   return int64_t{mc} * kc <= kMaxBlockFloats && int64_t{kc} * nc <= kMaxBlockFloats;
+}
+
+// Whether blocking (mr, mc, kc, nc) suits kernel set s, with nc a multiple of nc_step, and the
+// rules it breaks otherwise, for the error ("1 <= mr <= 14, mc a multiple of mr, ...").
+inline bool blocking_fits(const KernelSet& s, int mr, int mc, int kc, int nc, int nc_step) {
+  return mr >= 1 && mr <= s.max_mr && mc >= mr && mc % mr == 0 && kc >= 2 && kc % 2 == 0 &&
+         nc >= nc_step && nc % nc_step == 0 && blocks_bounded(mc, kc, nc);
+}
+inline std::string blocking_rules(const KernelSet& s, int nc_step) {
+  return "1 <= mr <= " + std::to_string(s.max_mr) +
+         ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(nc_step) +
+         ", mc * kc and kc * nc at most " + std::to_string(kMaxBlockFloats);
 }
 
 // A blocking config's check against kernel set ks: nothing when valid(ks), else message(ks)

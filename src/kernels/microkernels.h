@@ -223,6 +223,10 @@ void pack_panels_bf16(const void* src, bool is_bf16, bool src_trans, int64_t K, 
 // 1024 a dozen of them fall into one L1 set (4 KiB aliasing) if read in place.
 void pack_a_f32(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,
                 float* dst);
+// The set's vector pack_a_f32 where it has one, else the scalar one (same layout).
+inline PackAF32 f32_lhs_packer(const KernelSet& ks) {
+  return ks.pack_a_f32 ? ks.pack_a_f32 : pack_a_f32;
+}
 // pack_a_f32's tiles from A stored transposed (element (r, k) at a[k * lda + r]): each tile's
 // row k is a copy of min(mr, rows left) contiguous floats.
 void pack_a_f32_t(const float* a, int64_t lda, int64_t rows, int64_t k0, int64_t kc, int mr,

@@ -561,8 +561,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // broadcasts at constant offsets, the panel and C prefetches) rather than the strided one,
     // which keeps 14 row offsets live and reloads some from the stack every k.
     if (!src.pairs) {
-      (ks.pack_a_f32 ? ks.pack_a_f32 : k::pack_a_f32)(Q, c.h, rows, 0, c.h, static_cast<int>(mr),
-                                                      sc.qt);
+      k::f32_lhs_packer(ks)(Q, c.h, rows, 0, c.h, static_cast<int>(mr), sc.qt);
     }
     row_ranges(c, bb, t0, rows, 0, c.s, r0, r1, &lo, &hi);
     for (int64_t r = 0; r < rows; ++r) {

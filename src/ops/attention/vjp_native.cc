@@ -206,7 +206,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
       }
     }
     std::fill(dQ, dQ + rows * hp, 0.0f);
-    const k::PackAF32 pack = ks.pack_a_f32 ? ks.pack_a_f32 : k::pack_a_f32;
+    const k::PackAF32 pack = k::f32_lhs_packer(ks);
     pack(Q, c.h, rows, 0, c.h, static_cast<int>(mr), qt);
     pack(dO, c.hv, rows, 0, c.hv, static_cast<int>(mr), dot);
     const bool elementwise = c.bias || c.mask || cap;

@@ -77,17 +77,10 @@ k::Blocking blocking(const GluNativeConfig& c) { return {c.mr, c.mc, c.kc, c.nc}
 void check(const GluNativeConfig& c, const k::KernelSet& ks) {
   k::check_isa_config(
       ks,
-      [&](const k::KernelSet& s) {
-        return c.mr >= 1 && c.mr <= s.max_mr && c.mc >= c.mr && c.mc % c.mr == 0 && c.kc >= 2 &&
-               c.kc % 2 == 0 && c.nc >= 2 * s.nr && c.nc % (2 * s.nr) == 0 &&
-               k::blocks_bounded(c.mc, c.kc, c.nc);
-      },
+      [&](const k::KernelSet& s) { return k::blocking_fits(s, c.mr, c.mc, c.kc, c.nc, 2 * s.nr); },
       [&](const k::KernelSet& s) {
         return "gated_linear_unit native config " + canonical_dump(c.to_json()) +
-               " is invalid for ISA " + s.name +
-               ": expected 1 <= mr <= " + std::to_string(s.max_mr) +
-               ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(2 * s.nr) +
-               ", mc * kc and kc * nc at most " + std::to_string(k::kMaxBlockFloats);
+               " is invalid for ISA " + s.name + ": expected " + k::blocking_rules(s, 2 * s.nr);
       });
 }
 

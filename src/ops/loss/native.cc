@@ -55,9 +55,8 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
     k::check_isa_config(
         k::best_kernels(),
         [&](const k::KernelSet& s) {
-          return c.mr >= 1 && c.mr <= s.max_mr && c.mc >= c.mr && c.mc % c.mr == 0 && c.kc >= 2 &&
-                 c.kc % 2 == 0 && c.nc >= s.nr && c.nc % s.nr == 0 && c.nc <= 8192 &&
-                 c.block_v >= s.nr && c.block_v % s.nr == 0 && k::blocks_bounded(c.mc, c.kc, c.nc);
+          return k::blocking_fits(s, c.mr, c.mc, c.kc, c.nc, s.nr) && c.nc <= 8192 &&
+                 c.block_v >= s.nr && c.block_v % s.nr == 0;
         },
         [&](const k::KernelSet& s) {
           return kFields.to_json(c).dump() + " is invalid for ISA " + s.name +

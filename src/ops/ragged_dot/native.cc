@@ -123,17 +123,10 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
   static void check(const RaggedDotNativeConfig& c, const k::KernelSet& ks) {
     k::check_isa_config(
         ks,
-        [&](const k::KernelSet& s) {
-          return c.mr >= 1 && c.mr <= s.max_mr && c.mc >= c.mr && c.mc % c.mr == 0 && c.kc >= 2 &&
-                 c.kc % 2 == 0 && c.nc >= s.nr && c.nc % s.nr == 0 &&
-                 k::blocks_bounded(c.mc, c.kc, c.nc);
-        },
+        [&](const k::KernelSet& s) { return k::blocking_fits(s, c.mr, c.mc, c.kc, c.nc, s.nr); },
         [&](const k::KernelSet& s) {
           return "ragged_dot native config " + canonical_dump(c.to_json()) +
-                 " is invalid for ISA " + s.name +
-                 ": expected 1 <= mr <= " + std::to_string(s.max_mr) +
-                 ", mc a multiple of mr, kc even >= 2, nc a multiple of " + std::to_string(s.nr) +
-                 ", mc * kc and kc * nc at most " + std::to_string(k::kMaxBlockFloats);
+                 " is invalid for ISA " + s.name + ": expected " + k::blocking_rules(s, s.nr);
         });
   }
 
