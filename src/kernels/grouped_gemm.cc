@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/prefetch.h"
 #include "kernels/scratch.h"
 #include "tokamax/core/error.h"
 
@@ -154,7 +155,7 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
         for (int64_t i = 0, t = 0; i < item_rows; i += blk.mr, ++t) {
           if (next) {
             const int64_t end = std::min(panel_bytes, (t + 1) * slice);
-            for (int64_t o = t * slice; o < end; o += 64) _mm_prefetch(next + o, _MM_HINT_T1);
+            for (int64_t o = t * slice; o < end; o += 64) prefetch_t1(next + o);
           }
           const int rows = static_cast<int>(std::min<int64_t>(blk.mr, item_rows - i));
           ks.f32(rows, kcur, af + i * kcur, 1, blk.mr, bp, C + i * ldc + q * ks.nr, ldc, acc);

@@ -11,6 +11,7 @@
 #include "autotuning/roofline_kernels.h"
 #include "kernels/activation.h"
 #include "kernels/exp_sum.h"
+#include "kernels/prefetch.h"
 #include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/dtype.h"
@@ -246,7 +247,7 @@ void pack_a_t_tiles(const float* a, int64_t lda, int64_t rows, int64_t k0, int64
     const float* src = a + (k0 + k) * lda;
     if (k + kPackAhead < kc) {
       const char* ahead = reinterpret_cast<const char*>(src + kPackAhead * lda);
-      for (int64_t off = 0; off < rows * 4; off += 64) __builtin_prefetch(ahead + off);
+      for (int64_t off = 0; off < rows * 4; off += 64) prefetch_t0(ahead + off);
     }
     for (int64_t t = 0; t < full; ++t)
       std::memcpy(dst + t * m * kc + k * m, src + t * m, static_cast<size_t>(m) * sizeof(float));

@@ -189,8 +189,7 @@ inline void stream_chunk(const float* a, int64_t lda, int64_t k0, const void* b,
     __m256 w[V];
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, (k0 + s) * ldb + j + 8 * v, n);
-    _mm_prefetch(static_cast<const char*>(b) + ((k0 + S + s) * ldb + j) * (BF16 ? 2 : 4),
-                 _MM_HINT_T1);
+    prefetch_t1(static_cast<const char*>(b) + ((k0 + S + s) * ldb + j) * (BF16 ? 2 : 4));
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 x = _mm256_broadcast_ss(a + i * lda + k0 + s);
@@ -311,7 +310,7 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
   auto prefetch_rows = [&](int64_t j0, int64_t n) {
     for (int64_t j = j0; j < cols && j < j0 + n; ++j) {
       const char* row = static_cast<const char*>(b) + j * ldb * (BF16 ? 2 : 4);
-      for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+      for (int64_t off = 0; off < row_bytes; off += 64) prefetch_t0(row + off);
     }
   };
   prefetch_rows(0, kAhead);

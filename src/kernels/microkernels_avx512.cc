@@ -41,8 +41,8 @@ constexpr int64_t kPanelAhead = 16;
 constexpr int64_t kTileAhead = 24;
 
 inline void prefetch_two_lines(const void* b) {
-  _mm_prefetch(static_cast<const char*>(b), _MM_HINT_T0);
-  _mm_prefetch(static_cast<const char*>(b) + 64, _MM_HINT_T0);
+  prefetch_t0(b);
+  prefetch_t0(static_cast<const char*>(b) + 64);
 }
 template <int MR>
 inline void prefetch_c_tile(const float* c, int64_t ldc) {
@@ -417,8 +417,7 @@ inline void stream_chunk(const float* a, int64_t lda, int64_t k0, const void* b,
       // 1.03-1.11, bf16 the same).
 #pragma GCC unroll 2
     for (int v = 0; v < V; v += BF16 ? 2 : 1)
-      _mm_prefetch(static_cast<const char*>(b) + ((k0 + S + s) * ldb + j + 16 * v) * (BF16 ? 2 : 4),
-                   _MM_HINT_T1);
+      prefetch_t1(static_cast<const char*>(b) + ((k0 + S + s) * ldb + j + 16 * v) * (BF16 ? 2 : 4));
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 x = _mm512_set1_ps(a[i * lda + k0 + s]);
@@ -594,7 +593,7 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
   auto prefetch_rows = [&](int64_t j0, int64_t n) {
     for (int64_t j = j0; j < std::min(cols, j0 + n); ++j) {
       const char* row = static_cast<const char*>(b) + j * ldb * (BF16 ? 2 : 4);
-      for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+      for (int64_t off = 0; off < row_bytes; off += 64) prefetch_t0(row + off);
     }
   };
   prefetch_rows(0, kAhead);
@@ -708,11 +707,12 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
 // JB adjacent logits. One position at a time (a reloaded for each, the MR sums of one position
 // reduced together), decode S=8192 from a flushed cache, 2 threads, interleaved pairs: f32
 // 1.13x the time (median of 8, range 0.96-1.34), bf16 on the dot 0.98x (10 pairs, 0.71-1.21).
-// The prefetches (HeadsPrefetch) are what make it fast from memory: the next positions' K rows
-// of the head a share at each step of the K loop (stream_t_cols' and dot_t_cols' pf), not all
-// before it. Issued at once (32 lines a head on f32), decode S=8192 from a flushed cache, 2
-// threads, 3 interleaved runs of tokamax bench: f32 67-74% of the read ceiling, bf16 on the dot
-// 55-58%; spread, 75-84% and 73-76%. KIND: 0 f32 b, 1 bf16 b
+// The prefetches (HeadsPrefetch): the next positions' K rows of the head a share at each step
+// of the K loop (stream_t_cols' and dot_t_cols' pf), not all before it. Issued at once (32 lines
+// a head on f32), decode S=8192 from a flushed cache, 2 threads, 3 interleaved runs of tokamax
+// bench, Zen 4: f32 67-74% of the read ceiling, bf16 on the dot 55-58%; "spread", 75-84% and
+// 73-76%, but the spread lines were then compiled away (see kernels/stream_prefetch.h): the
+// bursts cost that much against none. KIND: 0 f32 b, 1 bf16 b
 // widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
 template <int MR, int KIND>
 void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "kernels/norm.h"
+#include "kernels/prefetch.h"
 
 namespace tokamax::kernels {
 namespace {
@@ -208,8 +209,8 @@ struct NormRows {
     const int64_t es = bf16 ? 2 : 4;
     i = write_row(dx, bf16, n, stream, [&](int64_t j) {
       if (x_next) {  // into L2
-        __builtin_prefetch(static_cast<const char*>(x_next) + j * es, 0, 2);
-        __builtin_prefetch(static_cast<const char*>(dy_next) + j * es, 0, 2);
+        prefetch_t1(static_cast<const char*>(x_next) + j * es);
+        prefetch_t1(static_cast<const char*>(dy_next) + j * es);
       }
       const vf xh = (load(x, bf16, j) - mean) * rstd, d = load(dy, bf16, j);
       const vf g = scale ? d * load_f32(scale + j) : d;

@@ -11,18 +11,27 @@
 // interleaved pairs of bench runs, than with the same lines issued in one burst before each
 // head's work; the AVX2 one, whose bursts were a position's 8 lines, measured alike under
 // TOKAMAX_ISA=avx2 here, 7 interleaved pairs).
+//
+// A correction to those pairs: until 2026-12-05 GCC 12 compiled SpreadPrefetch::step and P v's
+// prefetch_row to nothing (loops of prefetches only; kernels/prefetch.h), so the "spread" side
+// of them issued no next-row prefetches at all, and it was the bursts that lost. With the
+// prefetches issued (the asm helpers), Sapphire Rapids, decode S=8192 from a flushed cache,
+// 3 interleaved pairs of tokamax bench runs: f32 2.97-3.00 ms against 3.00-3.05 without, bf16
+// 1.94-2.01 against 1.97-2.00: alike. That VM adds a stream's compute to its read time whether
+// or not lines are prefetched ahead (tokamax_overlap_bench), so there the prefetches neither
+// help nor hurt; they stay for the machines where memory runs on during compute (Zen 4 above).
 #pragma once
 
-#include <immintrin.h>
-
 #include <cstdint>
+
+#include "kernels/prefetch.h"
 
 namespace tokamax::kernels {
 
 // [p + begin, p + end) into L2, one prefetch per 64-byte line (prefetcht1: SSE, so baseline
 // code may call it too; the layer norm's forward does).
 inline void prefetch_l2(const char* p, int64_t begin, int64_t end) {
-  for (int64_t off = begin; off < end; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+  for (int64_t off = begin; off < end; off += 64) prefetch_t1(p + off);
 }
 
 // Columns [j, j + n) of row `row` of a row-major matrix b (rows ld elements of es bytes apart)

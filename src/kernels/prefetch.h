@@ -1,0 +1,33 @@
+// Software prefetch instructions the compiler cannot drop.
+//
+// Why not _mm_prefetch / __builtin_prefetch: GCC 12 (Debian 12's compiler, the one CI builds
+// with) deletes loops whose only effect is prefetching, in whole or all but the first
+// iteration (intel/ScalableVectorSearch#361 met the same). Here it had compiled the decode
+// kernels' spread prefetches (SpreadPrefetch::step, P v's next-block rows), the grouped GEMM's
+// next-panel slices and the norms' partial prefetches to nothing or to one line (objdump: no
+// prefetch instruction left in stream_t_cols or the P v kernel; one in grouped_gemm.o). An asm
+// statement is kept as written; it has no memory clobber, so it does not stop the compiler
+// from keeping values in registers around it.
+#pragma once
+
+#include <cstdint>
+
+namespace tokamax::kernels {
+
+// The line holding p into every cache level (T0) or into L2 and below (T1).
+inline void prefetch_t0(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+inline void prefetch_t1(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+}  // namespace tokamax::kernels
