@@ -1,0 +1,164 @@
+// Does this machine overlap a memory read stream with arithmetic on the data read? Memory-bound
+// kernels (attention decode, the norms) read a stream and compute on each piece of it; their
+// share of the read ceiling depends on whether the compute hides under the reads (time = max)
+// or adds to them (time = sum). A plain program, interleaved rounds, every thread streaming its
+// own buffer (larger than the last-level cache) at once:
+//   read      the stream alone (vector loads summed), GB/s over all threads;
+//   compute   the same loop over an L1-resident KiB, ns per KiB per thread;
+//   both      the stream with the compute after each KiB, without software prefetch;
+//   both+pf   the same, each KiB also prefetching (prefetcht1) the KiB 16 KiB ahead;
+// for several amounts of compute per KiB (--work: groups of 12 FMAs that use the data). It
+// prints per round-median ns per KiB a thread, the stream's share of the read rate, and the
+// overlap: (read + compute - both) / compute, 1 when the compute hides entirely under the
+// reads, 0 when the two add up.
+// Usage: tokamax_overlap_bench [--rounds N] [--threads T] [--work W[,W...]]
+#include <immintrin.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tokamax/core/device.h"
+#include "tokamax/core/tensor.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kChunkFloats = 256;  // 1 KiB
+
+enum class Mode { kRead, kCompute, kBoth, kBothPrefetch, kBatch };
+
+// Reads `chunks` KiB from p (or the same KiB again and again for kCompute) and after each
+// runs `work` groups of 12 FMAs on accumulators that depend on the chunk's sum (as decode's
+// q k^T does on K). AVX2 + FMA: runs on every CPU the library's vector kernels run on.
+__attribute__((target("avx2,fma"))) float stream(const float* p, int64_t chunks, int work,
+                                                 Mode mode) {
+  __m256 acc[12];
+  for (__m256& a : acc) a = _mm256_set1_ps(1.0f);
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  const bool compute = mode != Mode::kRead;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* q = mode == Mode::kCompute ? p : p + c * kChunkFloats;
+    if (mode == Mode::kBatch && c % 16 == 0) {
+      // Touch the next 16 KiB with loads alone (one per line), then compute on it from cache.
+      __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+      for (int64_t i = 0; i < 16 * kChunkFloats && c * kChunkFloats + i < chunks * kChunkFloats;
+           i += 64) {
+        t0 = _mm256_add_ps(t0, _mm256_load_ps(q + i));
+        t1 = _mm256_add_ps(t1, _mm256_load_ps(q + i + 16));
+        t2 = _mm256_add_ps(t2, _mm256_load_ps(q + i + 32));
+        t3 = _mm256_add_ps(t3, _mm256_load_ps(q + i + 48));
+      }
+      s2 = _mm256_add_ps(s2, _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3)));
+    }
+    if (mode == Mode::kBothPrefetch) {
+      const char* f = reinterpret_cast<const char*>(q) + (16 << 10);
+      for (int l = 0; l < 16; ++l) _mm_prefetch(f + 64 * l, _MM_HINT_T1);
+    }
+    for (int64_t i = 0; i < kChunkFloats; i += 32) {
+      s0 = _mm256_add_ps(s0, _mm256_load_ps(q + i));
+      s1 = _mm256_add_ps(s1, _mm256_load_ps(q + i + 8));
+      s2 = _mm256_add_ps(s2, _mm256_load_ps(q + i + 16));
+      s3 = _mm256_add_ps(s3, _mm256_load_ps(q + i + 24));
+    }
+    if (compute) {
+      for (int w = 0; w < work; ++w) {
+        for (__m256& a : acc) a = _mm256_fmadd_ps(a, s0, s1);
+      }
+    }
+  }
+  __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  for (const __m256& a : acc) t = _mm256_add_ps(t, a);
+  alignas(32) float v[8];
+  _mm256_store_ps(v, t);
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tokamax;
+  int rounds = 7;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> works = {0, 2, 4, 8, 16};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--work" && i + 1 < argc) {
+      works.clear();
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        works.push_back(std::max(0, std::atoi(list.substr(at, comma - at).c_str())));
+        at = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--rounds N] [--threads T] [--work W[,W...]]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    std::printf("this CPU has no AVX2 + FMA: nothing to measure\n");
+    return 0;
+  }
+  // Each thread's buffer: at least 256 MiB and, all threads together, four times the last-level
+  // cache (as ReadProbe sizes its own), so no pass finds its data cached.
+  const int64_t l3 = device_info().l3_bytes;
+  const int64_t bytes = std::max<int64_t>(256 << 20, 4 * l3 / threads) / 1024 * 1024;
+  const int64_t chunks = bytes / 1024;
+  std::vector<Tensor> bufs;
+  for (int t = 0; t < threads; ++t) {
+    // 16 KiB past the end: the prefetch row's reach (never read).
+    bufs.push_back(Tensor::full({(bytes + (16 << 10)) / 4}, DType::kF32, 1.0));
+  }
+  std::printf("%d threads, %lld MiB a thread, %d rounds (medians over rounds; per thread)\n",
+              threads, static_cast<long long>(bytes >> 20), rounds);
+  std::printf("%6s %10s %12s %10s %12s %10s %12s %10s %12s %10s\n", "work", "read GB/s",
+              "compute ns", "both ns", "read share", "overlap", "both+pf ns", "overlap", "batch ns",
+              "overlap");
+  volatile float sink = 0;
+  for (int work : works) {
+    const Mode modes[] = {Mode::kRead, Mode::kCompute, Mode::kBoth, Mode::kBothPrefetch,
+                          Mode::kBatch};
+    std::vector<double> ns[5];  // per mode: ns per KiB a thread, one a round
+    for (int r = 0; r < rounds; ++r) {
+      for (int m = 0; m < 5; ++m) {
+        std::barrier sync(threads);
+        std::vector<double> took(threads);
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            sync.arrive_and_wait();
+            const auto t0 = Clock::now();
+            const float s = stream(bufs[t].data_as<float>(), chunks, work, modes[m]);
+            took[t] = std::chrono::duration<double>(Clock::now() - t0).count();
+            if (s == 12345.0f) sink = s;
+          });
+        }
+        for (std::thread& th : pool) th.join();
+        ns[m].push_back(*std::max_element(took.begin(), took.end()) * 1e9 / chunks);
+      }
+    }
+    const double read = median(ns[0]), compute = median(ns[1]);
+    const double both = median(ns[2]), both_pf = median(ns[3]), batch = median(ns[4]);
+    auto overlap = [&](double t) { return compute > 0 ? (read + compute - t) / compute : 0.0; };
+    std::printf("%6d %10.1f %12.1f %10.1f %11.0f%% %10.2f %12.1f %10.2f %12.1f %10.2f\n", work,
+                1024.0 * threads / read, compute, both, 100 * read / std::min(both, both_pf),
+                overlap(both), both_pf, overlap(both_pf), batch, overlap(batch));
+  }
+  return 0;
+}
