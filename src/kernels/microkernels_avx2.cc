@@ -325,18 +325,15 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
 // q k^T for every kv head, position by position (StreamHeadsKernel; see the AVX-512 kernel):
 // one (position, head) at a time, each step one load of b and MR of a (from L1); two sets of
 // accumulators on alternate steps where the 16 registers hold them (MR <= 4), so 8 FMAs are in
-// flight; the MR sums reduced four at a time. Prefetches as the AVX-512 kernel's, one position
-// ahead, spread over the K loop.
+// flight; the MR sums reduced four at a time. Prefetches as the AVX-512 kernel's.
 template <int MR, bool BF16>
 void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
                 float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
   constexpr int kSets = MR <= 4 ? 2 : 1;
-  constexpr int64_t es = BF16 ? 2 : 4;
-  const HeadsPrefetch prefetch(b, ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes);
+  const HeadsPrefetch prefetch(heads, pf, pf_ld, pf_bytes);
   for (int64_t j = 0; j < cols; ++j) {
     for (int h = 0; h < heads; ++h) {
       prefetch.extra(j, 1, h);
-      const SpreadPrefetch next = prefetch.next_rows(j, 1, h);
       __m256 acc[kSets][MR];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
@@ -354,10 +351,7 @@ void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb
         }
       };
       int64_t k = 0;
-      const int64_t steps = K / (8 * kSets);
-      if (steps == 0) next.step(0, 1);
       for (; k + 8 * kSets <= K; k += 8 * kSets) {
-        next.step(k / (8 * kSets), steps);
 #pragma GCC unroll 2
         for (int t = 0; t < kSets; ++t) step.template operator()<false>(t, k + 8 * t, 8);
       }

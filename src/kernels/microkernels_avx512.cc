@@ -540,11 +540,9 @@ inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 // Transposed weights: JB output columns are JB rows of b, each a contiguous stream along K.
-// pf: rows prefetched a share at each step of the K loop.
 template <int MR, int JB, bool BF16>
 void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j0,
-                   float* c, int64_t ldc, const SpreadPrefetch& pf = {}) {
-  const int64_t steps = (K + 15) / 16;
+                   float* c, int64_t ldc) {
   __m512 acc[MR][JB];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -552,7 +550,6 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
     for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_setzero_ps();
   }
   auto step = [&]<bool MASKED>(int64_t k, __mmask16 m) {
-    pf.step(k / 16, steps);
     __m512 w[JB];
 #pragma GCC unroll 4
     for (int jj = 0; jj < JB; ++jj) w[jj] = load_w<BF16, MASKED>(b, (j0 + jj) * ldb + k, m);
@@ -636,8 +633,7 @@ inline void round_rows(const float* a, int64_t lda, int64_t k0, int64_t n, uint1
 // written.
 template <int MR, int JB, bool ACC>
 void dot_t_cols(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                int64_t j0, float* c, int64_t ldc, const SpreadPrefetch& pf = {}) {
-  const int64_t steps = (K + 31) / 32;
+                int64_t j0, float* c, int64_t ldc) {
   __m512 acc[MR][JB];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -645,7 +641,6 @@ void dot_t_cols(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, in
     for (int jj = 0; jj < JB; ++jj) acc[i][jj] = _mm512_setzero_ps();
   }
   auto step = [&](int64_t k, int64_t n) {
-    pf.step(k / 32, steps);
     __m512bh w[JB];
 #pragma GCC unroll 4
     for (int jj = 0; jj < JB; ++jj) w[jj] = load_pairs(b + (j0 + jj) * ldb + k, n);
@@ -707,12 +702,13 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
 // JB adjacent logits. One position at a time (a reloaded for each, the MR sums of one position
 // reduced together), decode S=8192 from a flushed cache, 2 threads, interleaved pairs: f32
 // 1.13x the time (median of 8, range 0.96-1.34), bf16 on the dot 0.98x (10 pairs, 0.71-1.21).
-// The prefetches (HeadsPrefetch): the next positions' K rows of the head a share at each step
-// of the K loop (stream_t_cols' and dot_t_cols' pf), not all before it. Issued at once (32 lines
-// a head on f32), decode S=8192 from a flushed cache, 2 threads, 3 interleaved runs of tokamax
-// bench, Zen 4: f32 67-74% of the read ceiling, bf16 on the dot 55-58%; "spread", 75-84% and
-// 73-76%, but the spread lines were then compiled away (see kernels/stream_prefetch.h): the
-// bursts cost that much against none. KIND: 0 f32 b, 1 bf16 b
+// Its own next positions' K rows are not prefetched (only the caller's `prefetch` rows are,
+// HeadsPrefetch): issued in bursts (32 lines a head on f32) before each head's work, decode
+// S=8192 from a flushed cache, 2 threads, 3 interleaved runs of tokamax bench, Zen 4: f32 67-74%
+// of the read ceiling, bf16 on the dot 55-58%, against 75-84% and 73-76% without them (a form
+// that spread them over the K loop had been compiled away: kernels/prefetch.h); really spread
+// (Sapphire Rapids, 3 interleaved pairs): f32 decode 2.93-2.99 ms without them against
+// 2.97-3.00 with, and q k^T with its data in cache 1.4x the time with them. KIND: 0 f32 b, 1 bf16 b
 // widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
 template <int MR, int KIND>
 void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
@@ -725,18 +721,16 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
     for (int h = 0; h < heads; ++h) round_rows<MR>(a + h * MR * K, K, 0, K, ab + h * MR * ld, ld);
   }
   constexpr int64_t es = KIND == 0 ? 4 : 2;
-  const HeadsPrefetch prefetch(b, ldb * es, K * es, cols, heads, pf, pf_ld, pf_bytes);
+  const HeadsPrefetch prefetch(heads, pf, pf_ld, pf_bytes);
   auto positions = [&]<int N>(int64_t j) {
     for (int h = 0; h < heads; ++h) {
       prefetch.extra(j, N, h);
-      const SpreadPrefetch next = prefetch.next_rows(j, N, h);
       const char* bh = static_cast<const char*>(b) + h * K * es;
       if constexpr (kDot) {
         dot_t_cols<MR, N, false>(K, ab + h * MR * ld, ld, reinterpret_cast<const uint16_t*>(bh),
-                                 ldb, j, c + h * MR * ldc, ldc, next);
+                                 ldb, j, c + h * MR * ldc, ldc);
       } else {
-        stream_t_cols<MR, N, KIND == 1>(K, a + h * MR * K, K, bh, ldb, j, c + h * MR * ldc, ldc,
-                                        next);
+        stream_t_cols<MR, N, KIND == 1>(K, a + h * MR * K, K, bh, ldb, j, c + h * MR * ldc, ldc);
       }
     }
   };

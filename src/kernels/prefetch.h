@@ -1,13 +1,14 @@
 // Software prefetch instructions the compiler cannot drop.
 //
 // Why not _mm_prefetch / __builtin_prefetch: GCC 12 (Debian 12's compiler, the one CI builds
-// with) deletes loops whose only effect is prefetching, in whole or all but the first
-// iteration (intel/ScalableVectorSearch#361 met the same). Here it had compiled the decode
-// kernels' spread prefetches (SpreadPrefetch::step, P v's next-block rows), the grouped GEMM's
-// next-panel slices and the norms' partial prefetches to nothing or to one line (objdump: no
-// prefetch instruction left in stream_t_cols or the P v kernel; one in grouped_gemm.o). An asm
-// statement is kept as written; it has no memory clobber, so it does not stop the compiler
-// from keeping values in registers around it.
+// with) may delete loops whose only effect is prefetching, in whole or all but the first
+// iteration (intel/ScalableVectorSearch#361 met the same). Here it had compiled q k^T's spread
+// prefetch of its next positions (a loop over rows of a loop over lines, with the line range
+// divided out per step) to nothing: no prefetch instruction in stream_t_cols or dot_t_cols, and
+// a stand-alone call of it compiled to a bare `ret`. The other prefetch loops (P v's next
+// rows, the grouped GEMM's next panel, the norms') had survived, by luck of their shape. An asm
+// statement is kept as written; it has no memory clobber, so it does not stop the compiler from
+// keeping values in registers around it.
 #pragma once
 
 #include <cstdint>

@@ -5,21 +5,19 @@
 // sat idle while the kernels computed. A plain sequential read with ~500 FMA cycles of work per
 // 4 KiB, 2 threads, 4 interleaved rounds: 20-29 GB/s without software prefetches, 33-38 GB/s
 // (the pure read's rate) with prefetcht1 one page ahead spread over the work, 25-32 GB/s at 16
-// or 64 KiB ahead, 23-32 with prefetcht0. So each kernel prefetches the next rows of its own
-// stream a little at a time, as it computes: a few lines at each step of its inner loop (the
-// AVX-512 heads kernels: decode 1.01-1.36x (f32) and 1.25-1.33x (bf16) faster, 6 and 3
-// interleaved pairs of bench runs, than with the same lines issued in one burst before each
-// head's work; the AVX2 one, whose bursts were a position's 8 lines, measured alike under
-// TOKAMAX_ISA=avx2 here, 7 interleaved pairs).
+// or 64 KiB ahead, 23-32 with prefetcht0.
 //
-// A correction to those pairs: until 2026-12-05 GCC 12 compiled SpreadPrefetch::step and P v's
-// prefetch_row to nothing (loops of prefetches only; kernels/prefetch.h), so the "spread" side
-// of them issued no next-row prefetches at all, and it was the bursts that lost. With the
-// prefetches issued (the asm helpers), Sapphire Rapids, decode S=8192 from a flushed cache,
-// 3 interleaved pairs of tokamax bench runs: f32 2.97-3.00 ms against 3.00-3.05 without, bf16
-// 1.94-2.01 against 1.97-2.00: alike. That VM adds a stream's compute to its read time whether
-// or not lines are prefetched ahead (tokamax_overlap_bench), so there the prefetches neither
-// help nor hurt; they stay for the machines where memory runs on during compute (Zen 4 above).
+// What the kernels prefetch: q k^T, as its caller asks (HeadsPrefetch: the first sub-block's V
+// rows, then the next sub-block's K rows, a block ahead), and P v the next sub-block's V rows,
+// one row for each row it reads (prefetch_row). Not q k^T's own next positions: until
+// 2026-12-05 GCC 12 compiled that spread prefetch to nothing (kernels/prefetch.h), so the
+// measurements that had kept it compared bursts of it with none (none won: decode f32 75-84% of
+// the read ceiling against 67-74%, Zen 4); issued for real it cost q k^T 1.4x the time with its
+// data in cache and nothing from memory (Sapphire Rapids, decode S=8192 from a flushed cache, 6
+// interleaved pairs of tokamax bench runs against the library before: f32 2.93-3.25 ms against
+// 3.04-3.15, bf16 1.94-2.06 against 1.93-2.06). P v's prefetch is what counts there: without it
+// (3 interleaved rounds) f32 decode took 3.06-3.24 ms against 2.93-2.99, bf16 2.45-2.57 against
+// 1.94-1.96.
 #pragma once
 
 #include <cstdint>
@@ -40,33 +38,14 @@ inline void prefetch_row(const void* b, int64_t es, int64_t row, int64_t ld, int
   prefetch_l2(static_cast<const char*>(b) + (row * ld + j) * es, 0, n * es);
 }
 
-// Rows of a stream prefetched into L2 a share at a time over the steps of a kernel's loop
-// rather than all before it: step s of `steps` takes lines [s L / steps, (s + 1) L / steps) of
-// each row (L lines a row). Empty (rows 0): nothing.
-struct SpreadPrefetch {
-  const char* p = nullptr;
-  int64_t rows = 0, ld_bytes = 0, lines = 0;
-  void step(int64_t s, int64_t steps) const {
-    const int64_t lo = s * lines / steps, hi = (s + 1) * lines / steps;
-    for (int64_t r = 0; r < rows; ++r) prefetch_l2(p + r * ld_bytes, lo * 64, hi * 64);
-  }
-};
-
 // A heads kernel's prefetches, head by head: when it computes positions [j, j + n) of head h,
-// the same head's K rows of the next n positions (within the block's cols; rows ld_bytes apart,
-// head_bytes long and apart), spread over its K loop (next_rows), and before it head h's share
-// of the caller's `extra` rows j..j + n - 1 (extra_bytes per row, extra_ld apart: decode passes
-// the first sub-block's V rows, which P v reads next, then the next sub-block's K rows, a block
-// ahead; P v prefetches the later V rows itself).
+// head h's share of the caller's `extra` rows j..j + n - 1 (extra_bytes per row, extra_ld
+// apart: decode passes the first sub-block's V rows, which P v reads next, then the next
+// sub-block's K rows, a block ahead; P v prefetches the later V rows itself).
 class HeadsPrefetch {
  public:
-  HeadsPrefetch(const void* b, int64_t ld_bytes, int64_t head_bytes, int64_t cols, int heads,
-                const char* extra, int64_t extra_ld, int64_t extra_bytes)
-      : b_(static_cast<const char*>(b)),
-        ld_bytes_(ld_bytes),
-        head_bytes_(head_bytes),
-        cols_(cols),
-        extra_(extra),
+  HeadsPrefetch(int heads, const char* extra, int64_t extra_ld, int64_t extra_bytes)
+      : extra_(extra),
         extra_ld_(extra_ld),
         extra_bytes_(extra_bytes),
         share_(heads > 0 ? (extra_bytes / heads + 63) / 64 * 64 : 0) {}
@@ -76,16 +55,8 @@ class HeadsPrefetch {
     const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
     for (int64_t jj = j; jj < j + n; ++jj) prefetch_l2(extra_ + jj * extra_ld_, lo, hi);
   }
-  // Head h's K rows of the n positions after [j, j + n) (within the block).
-  SpreadPrefetch next_rows(int64_t j, int64_t n, int h) const {
-    const int64_t end = j + 2 * n < cols_ ? j + 2 * n : cols_;
-    return {b_ + h * head_bytes_ + (j + n) * ld_bytes_, end > j + n ? end - (j + n) : 0, ld_bytes_,
-            (head_bytes_ + 63) / 64};
-  }
 
  private:
-  const char* b_;
-  int64_t ld_bytes_, head_bytes_, cols_;
   const char* extra_;
   int64_t extra_ld_, extra_bytes_;
   int64_t share_;  // bytes of an extra row per head, whole lines
