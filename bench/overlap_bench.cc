@@ -7,10 +7,13 @@
 //   compute   the same loop over an L1-resident KiB, ns per KiB per thread;
 //   both      the stream with the compute after each KiB, without software prefetch;
 //   both+pf   the same, each KiB also prefetching (prefetcht1) the KiB 16 KiB ahead;
+//   batch     each 16 KiB read first with loads alone (one a line), then the compute of its
+//             KiBs from cache: the serial schedule, for comparison;
 // for several amounts of compute per KiB (--work: groups of 12 FMAs that use the data). It
-// prints per round-median ns per KiB a thread, the stream's share of the read rate, and the
-// overlap: (read + compute - both) / compute, 1 when the compute hides entirely under the
-// reads, 0 when the two add up.
+// prints per round-median ns per KiB a thread, the stream's share of the read rate (the faster
+// of both and both+pf), and for each schedule the overlap: (read + compute - time) / compute, 1
+// when the compute hides entirely under the reads, 0 when the two add up, below 0 when together
+// they take longer than one after the other.
 // Usage: tokamax_overlap_bench [--rounds N] [--threads T] [--work W[,W...]]
 #include <immintrin.h>
 
@@ -24,11 +27,13 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/prefetch.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/tensor.h"
 
 namespace {
 
+namespace kernels = tokamax::kernels;
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kChunkFloats = 256;  // 1 KiB
 
@@ -59,7 +64,7 @@ __attribute__((target("avx2,fma"))) float stream(const float* p, int64_t chunks,
     }
     if (mode == Mode::kBothPrefetch) {
       const char* f = reinterpret_cast<const char*>(q) + (16 << 10);
-      for (int l = 0; l < 16; ++l) _mm_prefetch(f + 64 * l, _MM_HINT_T1);
+      for (int l = 0; l < 16; ++l) kernels::prefetch_t1(f + 64 * l);
     }
     for (int64_t i = 0; i < kChunkFloats; i += 32) {
       s0 = _mm256_add_ps(s0, _mm256_load_ps(q + i));
