@@ -4,7 +4,8 @@
 // or adds to them (time = sum). A plain program, interleaved rounds, every thread streaming its
 // own buffer (larger than the last-level cache) at once:
 //   read      the stream alone (vector loads summed), GB/s over all threads;
-//   compute   the same loop over an L1-resident KiB, ns per KiB per thread;
+//   compute   the same loop over an L1-resident KiB, ns per KiB per thread, less the same loop
+//             without the FMAs (its loads and sums, which the read pays too);
 //   both      the stream with the compute after each KiB, without software prefetch;
 //   both+pf   the same, each KiB also prefetching (prefetcht1) the KiB 16 KiB ahead;
 //   batch     each 16 KiB read first with loads alone (one a line), then the compute of its
@@ -20,9 +21,9 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,7 +94,6 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace tokamax;
   int rounds = 7;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> works = {0, 2, 4, 8, 16};
@@ -122,48 +122,58 @@ int main(int argc, char** argv) {
   }
   // Each thread's buffer: at least 256 MiB and, all threads together, four times the last-level
   // cache (as ReadProbe sizes its own), so no pass finds its data cached.
-  const int64_t l3 = device_info().l3_bytes;
+  const int64_t l3 = tokamax::device_info().l3_bytes;
   const int64_t bytes = std::max<int64_t>(256 << 20, 4 * l3 / threads) / 1024 * 1024;
   const int64_t chunks = bytes / 1024;
-  std::vector<Tensor> bufs;
+  std::vector<tokamax::Tensor> bufs;
   for (int t = 0; t < threads; ++t) {
     // 16 KiB past the end: the prefetch row's reach (never read).
-    bufs.push_back(Tensor::full({(bytes + (16 << 10)) / 4}, DType::kF32, 1.0));
+    bufs.push_back(tokamax::Tensor::full({(bytes + (16 << 10)) / 4}, tokamax::DType::kF32, 1.0));
   }
   std::printf("%d threads, %lld MiB a thread, %d rounds (medians over rounds; per thread)\n",
               threads, static_cast<long long>(bytes >> 20), rounds);
   std::printf("%6s %10s %12s %10s %12s %10s %12s %10s %12s %10s\n", "work", "read GB/s",
               "compute ns", "both ns", "read share", "overlap", "both+pf ns", "overlap", "batch ns",
               "overlap");
-  volatile float sink = 0;
+  volatile float sink = 0;  // keeps the sums (and so the loads) alive
   for (int work : works) {
-    const Mode modes[] = {Mode::kRead, Mode::kCompute, Mode::kBoth, Mode::kBothPrefetch,
-                          Mode::kBatch};
-    std::vector<double> ns[5];  // per mode: ns per KiB a thread, one a round
+    // Each round: the read, the compute, its floor (the compute loop without FMAs), both, both
+    // with the prefetch, the batch schedule.
+    const Mode modes[] = {Mode::kRead, Mode::kCompute,      Mode::kCompute,
+                          Mode::kBoth, Mode::kBothPrefetch, Mode::kBatch};
+    const int works_of[] = {work, work, 0, work, work, work};
+    std::vector<double> ns[6];  // per row: ns per KiB a thread, one a round
     for (int r = 0; r < rounds; ++r) {
-      for (int m = 0; m < 5; ++m) {
+      for (int m = 0; m < 6; ++m) {
         std::barrier sync(threads);
         std::vector<double> took(threads);
+        std::vector<float> sums(threads);
         std::vector<std::thread> pool;
         for (int t = 0; t < threads; ++t) {
           pool.emplace_back([&, t] {
             sync.arrive_and_wait();
             const auto t0 = Clock::now();
-            const float s = stream(bufs[t].data_as<float>(), chunks, work, modes[m]);
+            sums[t] = stream(bufs[t].data_as<float>(), chunks, works_of[m], modes[m]);
             took[t] = std::chrono::duration<double>(Clock::now() - t0).count();
-            if (s == 12345.0f) sink = s;
           });
         }
         for (std::thread& th : pool) th.join();
+        for (float s : sums) sink = sink + s;
         ns[m].push_back(*std::max_element(took.begin(), took.end()) * 1e9 / chunks);
       }
     }
-    const double read = median(ns[0]), compute = median(ns[1]);
-    const double both = median(ns[2]), both_pf = median(ns[3]), batch = median(ns[4]);
-    auto overlap = [&](double t) { return compute > 0 ? (read + compute - t) / compute : 0.0; };
-    std::printf("%6d %10.1f %12.1f %10.1f %11.0f%% %10.2f %12.1f %10.2f %12.1f %10.2f\n", work,
+    const double read = median(ns[0]);
+    const double compute = std::max(0.0, median(ns[1]) - median(ns[2]));
+    const double both = median(ns[3]), both_pf = median(ns[4]), batch = median(ns[5]);
+    // Without FMAs (W = 0) there is no compute to hide: no overlap printed.
+    auto overlap = [&](double t) {
+      return work > 0 && compute > 0 ? std::to_string((read + compute - t) / compute).substr(0, 5)
+                                     : std::string("-");
+    };
+    std::printf("%6d %10.1f %12.1f %10.1f %11.0f%% %10s %12.1f %10s %12.1f %10s\n", work,
                 1024.0 * threads / read, compute, both, 100 * read / std::min(both, both_pf),
-                overlap(both), both_pf, overlap(both_pf), batch, overlap(batch));
+                overlap(both).c_str(), both_pf, overlap(both_pf).c_str(), batch,
+                overlap(batch).c_str());
   }
   return 0;
 }

@@ -1,8 +1,6 @@
 // Grouped GEMM: work items, blocking and scratch around the microkernels (see grouped_gemm.h).
 #include "kernels/grouped_gemm.h"
 
-#include <xmmintrin.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>

@@ -108,10 +108,10 @@ using DotStreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t l
 //   c[(h*mr + i)*ldc + j] = sum_{k<K} a[(h*mr + i)*K + k] * b[j*ldb + h*K + k].
 // stream_heads_t: b f32 or bf16 (b_bf16, widened exactly), f32 FMAs. dot_heads_t: b bf16, a
 // rounded to bf16 inside, the bf16 dot; requires heads * mr * round_up(K, 32) <=
-// kDotHeadsMaxValues (the rounded rows live on the stack). As they read they prefetch the next
-// positions' K rows, head by head (kernels/stream_prefetch.h); when `prefetch` is not null, also
-// the prefetch_bytes bytes at prefetch + j * prefetch_ld as position j is read (decode: the first
-// sub-block's V rows, before P v reads them head by head, then the next sub-block's K rows).
+// kDotHeadsMaxValues (the rounded rows live on the stack). When `prefetch` is not null they
+// prefetch the prefetch_bytes bytes at prefetch + j * prefetch_ld as position j is read, head by
+// head (decode: the first sub-block's V rows, before P v reads them, then the next sub-block's K
+// rows; kernels/stream_prefetch.h).
 inline constexpr int64_t kDotHeadsMaxValues = 8192;
 using StreamHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const void* b,
                                    bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,

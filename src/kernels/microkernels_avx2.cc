@@ -8,6 +8,7 @@
 
 #include "kernels/exp_sum.h"
 #include "kernels/microkernels.h"
+#include "kernels/prefetch.h"
 #include "kernels/stream_prefetch.h"
 
 namespace tokamax::kernels {

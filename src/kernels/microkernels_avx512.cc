@@ -14,6 +14,7 @@
 
 #include "kernels/exp_sum.h"
 #include "kernels/microkernels.h"
+#include "kernels/prefetch.h"
 #include "kernels/stream_prefetch.h"
 
 namespace tokamax::kernels {
@@ -705,11 +706,11 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
 // Its own next positions' K rows are not prefetched (only the caller's `prefetch` rows are,
 // HeadsPrefetch): issued in bursts (32 lines a head on f32) before each head's work, decode
 // S=8192 from a flushed cache, 2 threads, 3 interleaved runs of tokamax bench, Zen 4: f32 67-74%
-// of the read ceiling, bf16 on the dot 55-58%, against 75-84% and 73-76% without them (a form
-// that spread them over the K loop had been compiled away: kernels/prefetch.h); really spread
-// (Sapphire Rapids, 3 interleaved pairs): f32 decode 2.93-2.99 ms without them against
-// 2.97-3.00 with, and q k^T with its data in cache 1.4x the time with them. KIND: 0 f32 b, 1 bf16 b
-// widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
+// of the read ceiling, bf16 on the dot 55-58%, against 75-84% and 73-76% for a form that spread
+// them over the K loop, which had in fact been compiled to nothing (kernels/prefetch.h). Issued
+// for real, spread (Sapphire Rapids): this kernel with its data in L2 1.4x the time (rdtsc, one
+// thread), decode from a flushed cache alike (see kernels/stream_prefetch.h). KIND: 0 f32 b, 1 bf16
+// b widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
 template <int MR, int KIND>
 void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
                 float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {

@@ -9,15 +9,16 @@
 //
 // What the kernels prefetch: q k^T, as its caller asks (HeadsPrefetch: the first sub-block's V
 // rows, then the next sub-block's K rows, a block ahead), and P v the next sub-block's V rows,
-// one row for each row it reads (prefetch_row). Not q k^T's own next positions: until
-// 2026-12-05 GCC 12 compiled that spread prefetch to nothing (kernels/prefetch.h), so the
-// measurements that had kept it compared bursts of it with none (none won: decode f32 75-84% of
-// the read ceiling against 67-74%, Zen 4); issued for real it cost q k^T 1.4x the time with its
-// data in cache and nothing from memory (Sapphire Rapids, decode S=8192 from a flushed cache, 6
-// interleaved pairs of tokamax bench runs against the library before: f32 2.93-3.25 ms against
-// 3.04-3.15, bf16 1.94-2.06 against 1.93-2.06). P v's prefetch is what counts there: without it
-// (3 interleaved rounds) f32 decode took 3.06-3.24 ms against 2.93-2.99, bf16 2.45-2.57 against
-// 1.94-1.96.
+// one row for each row it reads (prefetch_row). Not q k^T's own next positions. A form that
+// spread those over its K loop was kept on 2026-12-05 (decode f32 75-84% of the read ceiling
+// against 67-74% for bursts of them, Zen 4), but GCC 12 had compiled it to nothing
+// (kernels/prefetch.h): bursts had lost to no prefetch, and every measurement since (the block
+// ahead, the shipped tuning) ran without it. Issued for real on Sapphire Rapids: q k^T with its
+// data in L2 1.4x the time (rdtsc, one thread), and decode S=8192 from a flushed cache 2.97-3.00
+// ms against 3.00-3.05 without it (f32; bf16 1.94-2.01 against 1.97-2.00; 3 interleaved pairs of
+// tokamax bench runs). So it is gone, which leaves the compiled kernels as they were. P v's
+// prefetch is the one that counts there: removed, f32 decode took 3.06-3.24 ms against 2.93-2.99
+// and bf16 2.45-2.57 against 1.94-1.96 (3 interleaved rounds).
 #pragma once
 
 #include <cstdint>

@@ -179,9 +179,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // q k^T over all kv heads position by position, K read as one stream. Zen 4, 2 threads,
     // reading alone (no compute, 64 MiB): head by head over a sub-block 0.49x a sequential
     // read, position by position 0.98x. The memory stream must not stop while the kernels
-    // compute (kernels/stream_prefetch.h): q k^T prefetches K a few positions and a sub-block
-    // ahead, P v the next sub-block's V rows as it reads this one's (the first sub-block's V
-    // rows come with q k^T). Against the kernels before (q k^T one position at a time, prefetching
+    // compute (kernels/stream_prefetch.h): q k^T prefetches the first sub-block's V rows, then
+    // the next sub-block's K a block ahead, P v the next sub-block's V rows as it reads this
+    // one's. Against the kernels before (q k^T one position at a time, prefetching
     // only the same positions' V rows), warm: 0.81x the time f32 (S=8192), 0.83x bf16 (S=16384; 20
     // interleaved pairs each, medians); tokamax bench (cold): f32 0.91x, bf16 0.98-1.08x. The
     // dot's kernel needs q rounded on the stack.
@@ -216,10 +216,10 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         // The next sub-block's positions: P v prefetches its V rows as it reads this one's.
         const int64_t next = std::min(width, hi - sb - width);
         if (heads_t) {  // position by position: K in memory order
-          // Besides its own next positions (a few ahead, spread over its K loop), q k^T
-          // prefetches the first sub-block's V rows, which P v reads next, and from then on the
-          // next sub-block's K rows, a whole block ahead (P v prefetches the next V rows). With
-          // only the near prefetch, decode S=8192 from a flushed cache (tokamax bench, 2
+          // q k^T prefetches the first sub-block's V rows, which P v reads next, and from then
+          // on the next sub-block's K rows, a whole block ahead (P v prefetches the next V rows).
+          // With no K prefetch (the near one it then had compiled to nothing:
+          // kernels/prefetch.h), decode S=8192 from a flushed cache (tokamax bench, 2
           // threads, 5 interleaved rounds, slow memory state): f32 2.52-2.98 ms, 63-72% of the
           // read ceiling, bf16 1.44-1.65 ms, 57-64%; with the block ahead 2.32-2.56 ms, 72-80%,
           // and 1.15-1.30 ms, 71-77%. Two blocks ahead measured alike.
