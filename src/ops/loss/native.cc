@@ -59,11 +59,9 @@ class NativeBase : public TypedImplementation<CallT, LossNativeConfig> {
                  c.block_v >= s.nr && c.block_v % s.nr == 0;
         },
         [&](const k::KernelSet& s) {
-          return kFields.to_json(c).dump() + " is invalid for ISA " + s.name +
-                 ": expected 1 <= mr <= " + std::to_string(s.max_mr) +
-                 ", mc a multiple of mr, kc even, nc (<= 8192) and block_v multiples of " +
-                 std::to_string(s.nr) + ", mc * kc and kc * nc at most " +
-                 std::to_string(k::kMaxBlockFloats);
+          return kFields.to_json(c).dump() + " is invalid for ISA " + s.name + ": expected " +
+                 k::blocking_rules(s, s.nr) + ", nc at most 8192, block_v a multiple of " +
+                 std::to_string(s.nr);
         });
   }
   // Measured (tokamax autotune --tag primary, B=512, H=2048, V=32000): K blocks of 256,
