@@ -9,10 +9,10 @@
 //      columns together) at the blockings given, as a fraction of threads x the one-core peak, and
 //      each blocking against the first, paired per round.
 // Usage: tokamax_gemm_bench [--rounds N] [--threads T] [--blocking mr,mc,kc,nc]...
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -62,32 +62,31 @@ struct Series {
 
 int main(int argc, char** argv) {
   int rounds = 7, threads = num_threads();
-  std::vector<k::Blocking> blockings;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--threads" && i + 1 < argc) {
-      threads = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--blocking" && i + 1 < argc) {
-      k::Blocking b;
-      if (std::sscanf(argv[++i], "%d,%d,%d,%d", &b.mr, &b.mc, &b.kc, &b.nc) != 4) {
-        std::fprintf(stderr, "--blocking takes mr,mc,kc,nc\n");
-        return 2;
-      }
-      blockings.push_back(b);
-    } else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--threads T] [--blocking mr,mc,kc,nc]...\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  std::vector<std::string> blocking_args;
+  CLI::App app{"the f32 GEMM loop's pieces against the FMA ceiling timed in the same rounds"};
+  app.add_option("--rounds", rounds, "interleaved rounds")->check(CLI::Range(1, 1000));
+  app.add_option("--threads", threads, "threads of the whole GEMM")->check(CLI::Range(1, 1024));
+  app.add_option("--blocking", blocking_args,
+                 "mr,mc,kc,nc (repeatable; the first is the baseline)");
+  CLI11_PARSE(app, argc, argv);
   const k::KernelSet& ks = k::best_kernels();
   const bool avx512 = ks.isa == k::Isa::kAvx512;
   if (!avx512 && ks.isa != k::Isa::kAvx2) {
     std::fprintf(stderr, "this bench times the AVX-512 or AVX2 kernels; this CPU runs %s\n",
                  ks.name);
     return 77;
+  }
+  std::vector<k::Blocking> blockings;
+  for (const std::string& arg : blocking_args) {
+    k::Blocking b;
+    char end = 0;
+    if (std::sscanf(arg.c_str(), "%d,%d,%d,%d%c", &b.mr, &b.mc, &b.kc, &b.nc, &end) != 4 ||
+        !k::blocking_fits(ks, b.mr, b.mc, b.kc, b.nc, ks.nr)) {
+      std::fprintf(stderr, "--blocking '%s': expected mr,mc,kc,nc with %s\n", arg.c_str(),
+                   k::blocking_rules(ks, ks.nr).c_str());
+      return 2;
+    }
+    blockings.push_back(b);
   }
   const int low_mr = std::min(12, ks.max_mr);
   if (blockings.empty()) {

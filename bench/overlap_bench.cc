@@ -15,15 +15,16 @@
 // of both and both+pf), and for each schedule the overlap: (read + compute - time) / compute, 1
 // when the compute hides entirely under the reads, 0 when the two add up, below 0 when together
 // they take longer than one after the other.
-// Usage: tokamax_overlap_bench [--rounds N] [--threads T] [--work W[,W...]]
+// Usage: tokamax_overlap_bench [--rounds N (1-1000)] [--threads T (1 to the cores)] [--work
+// W[,W...] (0-1024)]
 #include <immintrin.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,27 +96,17 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int rounds = 7;
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // One thread a core at most: the measurement is of each core's own stream.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = cores;
   std::vector<int> works = {0, 2, 4, 8, 16};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--threads" && i + 1 < argc) {
-      threads = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--work" && i + 1 < argc) {
-      works.clear();
-      std::string list = argv[++i];
-      for (size_t at = 0; at <= list.size();) {
-        const size_t comma = std::min(list.find(',', at), list.size());
-        works.push_back(std::max(0, std::atoi(list.substr(at, comma - at).c_str())));
-        at = comma + 1;
-      }
-    } else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--threads T] [--work W[,W...]]\n", argv[0]);
-      return 2;
-    }
-  }
+  CLI::App app{"whether a memory read stream overlaps the arithmetic on the data it reads"};
+  app.add_option("--rounds", rounds, "interleaved rounds")->check(CLI::Range(1, 1000));
+  app.add_option("--threads", threads, "streaming threads")->check(CLI::Range(1, cores));
+  app.add_option("--work", works, "groups of 12 FMAs per KiB (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1024));
+  CLI11_PARSE(app, argc, argv);
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
     std::printf("this CPU has no AVX2 + FMA: nothing to measure\n");
     return 0;
