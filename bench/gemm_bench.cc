@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < kCalls; ++i) {
           const int64_t t = i % 16;
           ks.f32(mr, kc, a.data_as<float>() + t * 16 * kc, 1, mr, b.data_as<float>(),
-                 c.data_as<float>() + t * 16 * 64, 64, true);
+                 c.data_as<float>() + t * 16 * 64, 64, true, {});
         }
       });
       tiles[h].values.push_back(kCalls * 2.0 * mr * ks.nr * kc / s / 1e9 / peak);

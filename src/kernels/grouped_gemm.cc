@@ -145,18 +145,19 @@ void compute_block(const GroupedGemm& p, const Blocking& blk, const KernelSet& k
         // The next panel's K block into L2 a slice per tile, while this panel's tiles compute:
         // the first tile on a panel otherwise waits on the L3 (one thread each on both cores,
         // 12 x 32 tiles, kc = 512, 16 tiles a panel: 196 vs 182 GFLOP/s a core; the f32 GLU at
-        // M=4096, K=2048, N=5632, pre-packed, interleaved calls: 582 vs 624 ms).
+        // M=4096, K=2048, N=5632, pre-packed, interleaved calls: 582 vs 624 ms). The tile
+        // issues its slice over its k steps (L2Ahead).
         const char* next = q + 1 < np ? reinterpret_cast<const char*>(bp + panel_stride) : nullptr;
         const int64_t tiles = (item_rows + blk.mr - 1) / blk.mr;
         const int64_t panel_bytes = kcur * ks.nr * 4;
         const int64_t slice = round_up((panel_bytes + tiles - 1) / tiles, 64);
         for (int64_t i = 0, t = 0; i < item_rows; i += blk.mr, ++t) {
-          if (next) {
-            const int64_t end = std::min(panel_bytes, (t + 1) * slice);
-            for (int64_t o = t * slice; o < end; o += 64) prefetch_t1(next + o);
-          }
+          L2Ahead ahead;
+          if (next && t * slice < panel_bytes)
+            ahead = {next + t * slice, std::min(panel_bytes, (t + 1) * slice) - t * slice};
           const int rows = static_cast<int>(std::min<int64_t>(blk.mr, item_rows - i));
-          ks.f32(rows, kcur, af + i * kcur, 1, blk.mr, bp, C + i * ldc + q * ks.nr, ldc, acc);
+          ks.f32(rows, kcur, af + i * kcur, 1, blk.mr, bp, C + i * ldc + q * ks.nr, ldc, acc,
+                 ahead);
         }
         ++q;
       }

@@ -15,8 +15,15 @@ namespace tokamax::kernels {
 
 enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
+// Bytes an f32 tile prefetches into L2 while it computes (the grouped GEMM's next weight panel,
+// a slice per tile); none when bytes is 0. The AVX-512 tile spreads them over its k steps (see
+// there why); the AVX2 and portable tiles prefetch them all at their start.
+struct L2Ahead {
+  const char* p = nullptr;
+  int64_t bytes = 0;
+};
 using F32Kernel = void (*)(int mr, int64_t kc, const float* a, int64_t rs_a, int64_t cs_a,
-                           const float* b, float* c, int64_t ldc, bool accumulate);
+                           const float* b, float* c, int64_t ldc, bool accumulate, L2Ahead ahead);
 using Bf16Kernel = void (*)(int mr, int64_t kp, const uint32_t* a, int64_t a_stride,
                             const uint32_t* b, float* c, int64_t ldc, bool accumulate);
 

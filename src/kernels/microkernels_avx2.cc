@@ -34,7 +34,8 @@ constexpr int kNr = 16;
 
 template <int MR>
 void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c,
-              int64_t ldc, bool acc) {
+              int64_t ldc, bool acc, L2Ahead ahead) {
+  prefetch_t1_range(ahead.p, ahead.bytes);
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
@@ -61,8 +62,8 @@ void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b
 }
 
 void f32_kernel(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
-                float* c, int64_t ldc, bool acc) {
-  with_tile_rows<6>(mr, [&]<int MR>() { f32_tile<MR>(kc, a, rs, cs, b, c, ldc, acc); });
+                float* c, int64_t ldc, bool acc, L2Ahead ahead) {
+  with_tile_rows<6>(mr, [&]<int MR>() { f32_tile<MR>(kc, a, rs, cs, b, c, ldc, acc, ahead); });
 }
 
 // Decode on pre-packed panels: MR rows (1..4) against NP panels at once, 2 * MR * NP

@@ -12,6 +12,8 @@
 // names the address (nothing is loaded, and a prefetch never faults).
 #pragma once
 
+#include <cstdint>
+
 namespace tokamax::kernels {
 
 // The line holding p into every cache level (T0) or into L2 and below (T1).
@@ -28,6 +30,11 @@ inline void prefetch_t1(const void* p) {
 #else
   __builtin_prefetch(p, 0, 2);
 #endif
+}
+
+// Every line of [p, p + bytes) into L2, at once.
+inline void prefetch_t1_range(const char* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) prefetch_t1(p + o);
 }
 
 }  // namespace tokamax::kernels

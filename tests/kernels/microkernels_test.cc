@@ -149,8 +149,13 @@ TEST(Microkernels, F32AndMultiPanel) {
                                      " lda=" + std::to_string(lda) + (acc ? " acc" : "");
             // The single-panel kernel, panel by panel.
             std::vector<float> c = c0;
+            // (Each call also prefetching the next panel, as the grouped GEMM has it do.)
             for (int p = 0; p < panels; ++p) {
-              ks->f32(mr, kc, a.data(), rs, cs, bp + p * panel_stride, c.data() + p * nr, ldc, acc);
+              kernels::L2Ahead ahead;
+              if (p + 1 < panels)
+                ahead = {reinterpret_cast<const char*>(bp + (p + 1) * panel_stride), kc * nr * 4};
+              ks->f32(mr, kc, a.data(), rs, cs, bp + p * panel_stride, c.data() + p * nr, ldc, acc,
+                      ahead);
             }
             expect_tile(c, want, mr, panels * nr, ldc, mr + 1, what + " f32");
             if (np > 1) {

@@ -608,7 +608,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
               for (int r = 0; r < tile; ++r) std::fill(cp + r * lds, cp + r * lds + nr, 0.0f);
             } else {
               ks.f32(tile, c.h, sc.qt + i * c.h, 1, mr, src.kpanels + (sb / nr + p) * c.h * nr, cp,
-                     lds, false);
+                     lds, false, {});
             }
           }
         }
@@ -641,7 +641,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
           const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
           for (int64_t q = 0; q < ldo / nr; ++q) {
             ks.f32(tile, width, S + i * lds, lds, 1, src.vpanels + q * c.s * nr + sb * nr,
-                   O + i * ldo + q * nr, ldo, true);
+                   O + i * ldo + q * nr, ldo, true, {});
           }
         }
       }

@@ -220,13 +220,13 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
           const int64_t panel = sb / nr + p;
           if (c.h > 0) {
             ks.f32(tile, c.h, qt + i * c.h, 1, mr, kt + panel * c.h * nr, P + i * lds + p * nr, lds,
-                   false);
+                   false, {});
           } else {
             for (int r = 0; r < tile; ++r) std::fill_n(P + (i + r) * lds + p * nr, nr, 0.0f);
           }
           if (c.hv > 0) {
             ks.f32(tile, c.hv, dot + i * c.hv, 1, mr, vt + panel * c.hv * nr, dS + i * lds + p * nr,
-                   lds, false);
+                   lds, false, {});
           } else {
             for (int r = 0; r < tile; ++r) std::fill_n(dS + (i + r) * lds + p * nr, nr, 0.0f);
           }
@@ -267,7 +267,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         const int tile = static_cast<int>(std::min<int64_t>(mr, rows - i));
         for (int64_t q = 0; q < hp / nr; ++q) {
           ks.f32(tile, width, dS + i * lds, lds, 1, kf + q * c.s * nr + sb * nr,
-                 dQ + i * hp + q * nr, hp, true);
+                 dQ + i * hp + q * nr, hp, true, {});
         }
       }
       // dv += P^T do and dk += dS^T q for the block's positions (A read transposed).
@@ -276,11 +276,11 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
           const int tile = static_cast<int>(std::min<int64_t>(mr, width - i));
           for (int64_t q = 0; q < hvp / nr; ++q) {
             ks.f32(tile, rows, P + i, 1, lds, dopan + q * rows * nr,
-                   dv_acc + (sb + i) * hvp + q * nr, hvp, true);
+                   dv_acc + (sb + i) * hvp + q * nr, hvp, true, {});
           }
           for (int64_t q = 0; q < hp / nr; ++q) {
             ks.f32(tile, rows, dS + i, 1, lds, qpan + q * rows * nr,
-                   dk_acc + (sb + i) * hp + q * nr, hp, true);
+                   dk_acc + (sb + i) * hp + q * nr, hp, true, {});
           }
         }
       }
