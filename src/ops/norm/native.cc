@@ -40,13 +40,15 @@ const kernels::NormKernels& row_kernels() {
 // prefetch of the block ahead (below kAheadRows) and which outputs are streamed (streams_output).
 struct VendorTuning {
   // Lines of each 4 KiB chunk (64) of the block ahead that the forward prefetches: [0, early)
-  // during the statistics, [early, late) during the writes.
-  int64_t early, late;
+  // during the statistics, [early, late) during the writes, in `parts` bursts: a chunk's writes
+  // in parts of kChunkBytes / parts bytes of x, each after the prefetches of its own lines.
+  int64_t early, late, parts;
   bool stream_from_l2s;  // outputs of at least 4 L2s a thread are streamed too
 };
 const VendorTuning& vendor_tuning() {
-  static const VendorTuning t = device_info().vendor == "GenuineIntel" ? VendorTuning{2, 64, true}
-                                                                       : VendorTuning{0, 16, false};
+  static const VendorTuning t = device_info().vendor == "GenuineIntel"
+                                    ? VendorTuning{2, 64, 8, true}
+                                    : VendorTuning{0, 16, 1, false};
   return t;
 }
 
@@ -95,7 +97,12 @@ constexpr int64_t kAheadRows = kBlockRows;
 // writes 139.6-142.0 ms (64.7-65.5% of the streaming copy) against 147.0-149.1 with 16 lines and
 // 153.6-156.8 with none (two rows further ahead: 142.5-143.6); then the first 1, 2, 4 or 8 lines
 // during the statistics and the rest during the writes 118-126 ms alike (2 lines 118.1-122.1,
-// 24 lines 136.0-136.4, 32 lines 136.5-138.8).
+// 24 lines 136.0-136.4, 32 lines 136.5-138.8). And those 62 lines in 8 bursts, each before the
+// 512 bytes of the chunk written next, rather than all before the chunk (2026-12-06, 3-4
+// interleaved runs of `--tag stream`): layer_norm 117.8-120.8 ms against 121.6-128.6, rms_norm
+// 112.2-116.7 against 121.0-125.3 (0.90-0.97x the time, paired by run); in 4 parts 0.93-0.99x,
+// in 2 or 16 alike to one. A burst of 62 misses holds the core's fill buffers, which the
+// streamed stores write through too (the grouped GEMM's next-panel prefetch, likewise).
 
 // The config parts both directions share.
 template <class CallT>
@@ -186,11 +193,17 @@ class Native : public NativeBase<NormCall> {
           const int64_t lo = pf.early * 64, hi = std::min(pf.late * 64, n * es);  // bytes
           for (int64_t r = b0; r < b1; ++r) {
             const int64_t at = r * c.d + c0;
-            if (r + kAheadRows < c.rows())
-              kernels::prefetch_l2(x + (at + kAheadRows * c.d) * es, lo, hi);
-            k.apply(x + at * es, c.bf16, n, mean[r - b0], rstd[r - b0],
-                    scale ? scale + c0 : nullptr, offset ? offset + c0 : nullptr, y + at * es,
-                    stream);
+            const int64_t sub = kChunkBytes / pf.parts / es;
+            for (int64_t s0 = 0; s0 < n; s0 += sub) {
+              const int64_t sn = std::min(sub, n - s0);
+              if (r + kAheadRows < c.rows()) {
+                const int64_t plo = std::max(lo, s0 * es), phi = std::min(hi, (s0 + sn) * es);
+                if (plo < phi) kernels::prefetch_l2(x + (at + kAheadRows * c.d) * es, plo, phi);
+              }
+              k.apply(x + (at + s0) * es, c.bf16, sn, mean[r - b0], rstd[r - b0],
+                      scale ? scale + c0 + s0 : nullptr, offset ? offset + c0 + s0 : nullptr,
+                      y + (at + s0) * es, stream);
+            }
           }
         }
       }
