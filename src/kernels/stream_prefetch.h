@@ -39,6 +39,34 @@ inline void prefetch_row(const void* b, int64_t es, int64_t row, int64_t ld, int
   prefetch_l2(static_cast<const char*>(b) + (row * ld + j) * es, 0, n * es);
 }
 
+// Lines [lo, hi) of `rows` rows ld bytes apart into L2, issued a few at a time over a kernel's
+// steps (issue(per_step(steps)) each step, then issue of what is left) rather than in a burst,
+// which holds the core's fill buffers while the kernel's own loads wait (the grouped GEMM's
+// L2Ahead, kernels/microkernels.h).
+struct RowLines {
+  const char* p = nullptr;
+  int64_t ld = 0, lo = 0, hi = 0;
+  int64_t rows = 0;
+  int64_t off = 0;  // cursor: the row p points at, bytes into it
+  int64_t per_step(int64_t steps) const {
+    if (rows <= 0 || hi <= lo) return 0;
+    const int64_t lines = rows * ((hi - lo + 63) / 64);
+    return (lines + steps - 1) / steps;
+  }
+  void issue(int64_t n) {
+    if (hi <= lo) return;
+    for (; n > 0 && rows > 0; --n) {
+      prefetch_t1(p + lo + off);
+      off += 64;
+      if (lo + off >= hi) {
+        off = 0;
+        p += ld;
+        --rows;
+      }
+    }
+  }
+};
+
 // A heads kernel's prefetches, head by head: when it computes positions [j, j + n) of head h,
 // head h's share of the caller's `extra` rows j..j + n - 1 (extra_bytes per row, extra_ld
 // apart: decode passes the first sub-block's V rows, which P v reads next, then the next
@@ -51,6 +79,12 @@ class HeadsPrefetch {
         extra_bytes_(extra_bytes),
         share_(heads > 0 ? (extra_bytes / heads + 63) / 64 * 64 : 0) {}
 
+  // The same rows and lines as extra(j, n, h), to issue over a kernel's steps.
+  RowLines lines(int64_t j, int64_t n, int h) const {
+    if (!extra_) return {};
+    const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
+    return {extra_ + j * extra_ld_, extra_ld_, lo, hi, n, 0};
+  }
   void extra(int64_t j, int64_t n, int h) const {
     if (!extra_) return;
     const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
