@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "kernels/prefetch.h"
 #include "kernels/scratch.h"
 #include "tokamax/core/error.h"
 

@@ -24,7 +24,7 @@ constexpr int kPortableNr = 16;
 
 void portable_f32(int mr, int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b,
                   float* c, int64_t ldc, bool acc, L2Ahead ahead) {
-  prefetch_t1_range(ahead.p, ahead.bytes);
+  prefetch_l2(ahead.p, 0, ahead.bytes);
   for (int i = 0; i < mr; ++i) {
     float row[kPortableNr] = {};
     for (int64_t k = 0; k < kc; ++k) {

@@ -16,8 +16,10 @@ namespace tokamax::kernels {
 enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
 // Bytes an f32 tile prefetches into L2 while it computes (the grouped GEMM's next weight panel,
-// a slice per tile); none when bytes is 0. The AVX-512 tile spreads them over its k steps (see
-// there why); the AVX2 and portable tiles prefetch them all at their start.
+// a slice per tile); none when bytes is 0. p should be 64-byte aligned and bytes whole lines
+// (each 64 bytes from p is one prefetch). The AVX-512 tile with a fixed row stride spreads them
+// over its k steps (a line every other step, the rest after its loop; see there why); with a
+// run-time stride it, and the AVX2 and portable tiles, prefetch them all at their start.
 struct L2Ahead {
   const char* p = nullptr;
   int64_t bytes = 0;

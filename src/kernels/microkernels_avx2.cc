@@ -35,7 +35,7 @@ constexpr int kNr = 16;
 template <int MR>
 void f32_tile(int64_t kc, const float* a, int64_t rs, int64_t cs, const float* b, float* c,
               int64_t ldc, bool acc, L2Ahead ahead) {
-  prefetch_t1_range(ahead.p, ahead.bytes);
+  prefetch_l2(ahead.p, 0, ahead.bytes);
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();

@@ -3,11 +3,13 @@
 // inline template instantiated in this file could otherwise be shared with baseline code.
 // `objdump -d` check: the k-loop of f32_tile_impl<14, 1> (and <14, 256>, offsets 0x400 apart)
 // holds 2 panel loads, 14 vbroadcastss at constant offsets from one pointer, 28 vfmadd231ps, 2
-// prefetcht0 (the panel ahead, below), a few scalar ops and no stack traffic.
+// prefetcht0 (the panel ahead, below), the every-other-step prefetcht1 of `ahead`, a few scalar
+// ops and no stack traffic (checked again 2026-12-06).
 // (f32_tile_impl<14, 0>, a row stride at run time, reloads 3 of its 14 row pointers from the
-// stack each k and prefetches nothing. Attention's f32 prefill on Sapphire Rapids, 3 interleaved
-// pairs of tokamax bench runs: its q k^T on Q packed into tiles instead, 111-114 ms against
-// 121-124; then P v on the fixed stride, 105-110 against 115-116.)
+// stack each k and prefetches in the loop nothing: its `ahead` goes at its start. Attention's f32
+// prefill on Sapphire Rapids, 3 interleaved pairs of tokamax bench runs: its q k^T on Q packed into
+// tiles instead, 111-114 ms against 121-124; then P v on the fixed stride, 105-110 against
+// 115-116.)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -88,17 +90,16 @@ void f32_tile_impl(int64_t kc, const float* a, int64_t rs, int64_t cs, const flo
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
   const float* ak = a;
   const int64_t c_at = kc > kTileAhead ? kc - kTileAhead : 0;
-  const char* pf = ahead.p;
-  const char* const pf_end = ahead.p + ahead.bytes;
+  int64_t pf = 0;  // bytes of `ahead` issued
   if constexpr (!kFixedRs) {
-    prefetch_t1_range(pf, ahead.bytes);
-    pf = pf_end;
+    prefetch_l2(ahead.p, 0, ahead.bytes);
+    pf = ahead.bytes;
   }
   for (int64_t k = 0; k < kc; ++k, b += kNr, ak += cs) {
     // (Not with a run-time row stride: that loop is already short of registers, see above.)
     if constexpr (kFixedRs) {
-      if ((k & 1) == 0 && pf < pf_end) {
-        prefetch_t1(pf);
+      if ((k & 1) == 0 && pf < ahead.bytes) {
+        prefetch_t1(ahead.p + pf);
         pf += 64;
       }
       prefetch_two_lines(b + kPanelAhead * kNr);
@@ -113,7 +114,7 @@ void f32_tile_impl(int64_t kc, const float* a, int64_t rs, int64_t cs, const flo
     }
   }
   // What a short k loop left (items of fewer than 4 tiles take more than kc / 2 lines each).
-  if (pf < pf_end) prefetch_t1_range(pf, pf_end - pf);
+  prefetch_l2(ahead.p, pf, ahead.bytes);
   store_tile<MR>(c0, c1, c, ldc, acc);
 }
 
@@ -587,7 +588,7 @@ void stream_t_cols(int64_t K, const float* a, int64_t lda, const void* b, int64_
 #pragma GCC unroll 8
   for (; k + 16 <= K; k += 16) step.template operator()<false>(k, 0xFFFF);
   if (k < K) step.template operator()<true>(k, static_cast<__mmask16>((1u << (K - k)) - 1));
-  pfl.issue(1 << 30);
+  pfl.rest();
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     if constexpr (JB == 4) {
@@ -751,7 +752,7 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
       // there), spread over the FMA kernel's K steps (RowLines: on Sapphire Rapids bf16 decode
       // 0.96-1.00x the time of the burst, 52.9-54.5% of the read ceiling against 50.2-52.3, f32
       // alike; 6 interleaved pairs of tokamax bench --tag decode runs).
-      if (kDot) prefetch.extra(j, N, h);
+      if constexpr (kDot) prefetch.extra(j, N, h);
       const char* bh = static_cast<const char*>(b) + h * K * es;
       if constexpr (kDot) {
         dot_t_cols<MR, N, false>(K, ab + h * MR * ld, ld, reinterpret_cast<const uint16_t*>(bh),

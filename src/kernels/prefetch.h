@@ -32,9 +32,10 @@ inline void prefetch_t1(const void* p) {
 #endif
 }
 
-// Every line of [p, p + bytes) into L2, at once.
-inline void prefetch_t1_range(const char* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) prefetch_t1(p + o);
+// [p + begin, p + end) into L2 at once, one prefetch per 64-byte line (SSE, so baseline code
+// may call it too; the layer norm's forward does).
+inline void prefetch_l2(const char* p, int64_t begin, int64_t end) {
+  for (int64_t off = begin; off < end; off += 64) prefetch_t1(p + off);
 }
 
 }  // namespace tokamax::kernels

@@ -27,44 +27,45 @@
 
 namespace tokamax::kernels {
 
-// [p + begin, p + end) into L2, one prefetch per 64-byte line (prefetcht1: SSE, so baseline
-// code may call it too; the layer norm's forward does).
-inline void prefetch_l2(const char* p, int64_t begin, int64_t end) {
-  for (int64_t off = begin; off < end; off += 64) prefetch_t1(p + off);
-}
-
 // Columns [j, j + n) of row `row` of a row-major matrix b (rows ld elements of es bytes apart)
 // into L2: the P v kernels' next block, one row per row they read.
 inline void prefetch_row(const void* b, int64_t es, int64_t row, int64_t ld, int64_t j, int64_t n) {
   prefetch_l2(static_cast<const char*>(b) + (row * ld + j) * es, 0, n * es);
 }
 
-// Lines [lo, hi) of `rows` rows ld bytes apart into L2, issued a few at a time over a kernel's
-// steps (issue(per_step(steps)) each step, then issue of what is left) rather than in a burst,
-// which holds the core's fill buffers while the kernel's own loads wait (the grouped GEMM's
-// L2Ahead, kernels/microkernels.h).
-struct RowLines {
-  const char* p = nullptr;
-  int64_t ld = 0, lo = 0, hi = 0;
-  int64_t rows = 0;
-  int64_t off = 0;  // cursor: the row p points at, bytes into it
+// Bytes [lo, hi) of `rows` rows ld bytes apart into L2, a few lines at a time over a kernel's
+// steps (issue(per_step(steps)) each step, then rest()) rather than in a burst, which holds the
+// core's fill buffers while the kernel's own loads wait (as the grouped GEMM's L2Ahead,
+// kernels/microkernels.h). Default-constructed: nothing to issue.
+class RowLines {
+ public:
+  RowLines() = default;
+  RowLines(const char* p, int64_t ld, int64_t lo, int64_t hi, int64_t rows)
+      : p_(p), ld_(ld), lo_(lo), hi_(hi), rows_(hi > lo && p ? rows : 0) {}
+
+  // Lines a step issues to finish within `steps` steps (all of them when steps <= 0).
   int64_t per_step(int64_t steps) const {
-    if (rows <= 0 || hi <= lo) return 0;
-    const int64_t lines = rows * ((hi - lo + 63) / 64);
-    return (lines + steps - 1) / steps;
+    const int64_t lines = rows_ * ((hi_ - lo_ + 63) / 64);
+    return steps > 0 ? (lines + steps - 1) / steps : lines;
   }
   void issue(int64_t n) {
-    if (hi <= lo) return;
-    for (; n > 0 && rows > 0; --n) {
-      prefetch_t1(p + lo + off);
-      off += 64;
-      if (lo + off >= hi) {
-        off = 0;
-        p += ld;
-        --rows;
+    for (; n > 0 && rows_ > 0; --n) {
+      prefetch_t1(p_ + lo_ + off_);
+      off_ += 64;
+      if (lo_ + off_ >= hi_) {
+        off_ = 0;
+        p_ += ld_;
+        --rows_;
       }
     }
   }
+  void rest() { issue(rows_ * ((hi_ - lo_ + 63) / 64)); }
+
+ private:
+  const char* p_ = nullptr;
+  int64_t ld_ = 0, lo_ = 0, hi_ = 0;
+  int64_t rows_ = 0;  // rows left, the first at p_
+  int64_t off_ = 0;   // bytes past lo_ in that row
 };
 
 // A heads kernel's prefetches, head by head: when it computes positions [j, j + n) of head h,
@@ -79,17 +80,13 @@ class HeadsPrefetch {
         extra_bytes_(extra_bytes),
         share_(heads > 0 ? (extra_bytes / heads + 63) / 64 * 64 : 0) {}
 
-  // The same rows and lines as extra(j, n, h), to issue over a kernel's steps.
+  // Those rows' lines, to issue over a kernel's steps (the FMA kernels) or at once (extra).
   RowLines lines(int64_t j, int64_t n, int h) const {
     if (!extra_) return {};
     const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
-    return {extra_ + j * extra_ld_, extra_ld_, lo, hi, n, 0};
+    return RowLines(extra_ + j * extra_ld_, extra_ld_, lo, hi, n);
   }
-  void extra(int64_t j, int64_t n, int h) const {
-    if (!extra_) return;
-    const int64_t lo = h * share_, hi = lo + share_ < extra_bytes_ ? lo + share_ : extra_bytes_;
-    for (int64_t jj = j; jj < j + n; ++jj) prefetch_l2(extra_ + jj * extra_ld_, lo, hi);
-  }
+  void extra(int64_t j, int64_t n, int h) const { lines(j, n, h).rest(); }
 
  private:
   const char* extra_;

@@ -151,7 +151,7 @@ TEST(Microkernels, F32AndMultiPanel) {
             std::vector<float> c = c0;
             // (Each call also prefetching the next panel, as the grouped GEMM has it do.)
             for (int p = 0; p < panels; ++p) {
-              kernels::L2Ahead ahead;
+              k::L2Ahead ahead;
               if (p + 1 < panels)
                 ahead = {reinterpret_cast<const char*>(bp + (p + 1) * panel_stride), kc * nr * 4};
               ks->f32(mr, kc, a.data(), rs, cs, bp + p * panel_stride, c.data() + p * nr, ldc, acc,

@@ -169,6 +169,9 @@ class Native : public NativeBase<NormCall> {
     float* rstds = c.rstd() ? c.rstd()->data_as<float>() : nullptr;
     const bool stream = streams_output(c.y().size() * es, c.num_threads);
     const int64_t chunk = kChunkBytes / es;
+    // A part of a chunk's writes: 512 bytes of x on Intel, whole lines and vectors (the kernels'
+    // widths divide it), so each prefetched line belongs to one part.
+    const int64_t sub = kChunkBytes / vendor_tuning().parts / es;
     const VendorTuning& pf = vendor_tuning();
     parallel_for(items, c.num_threads, [&](int64_t item, int) {
       const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
@@ -193,7 +196,6 @@ class Native : public NativeBase<NormCall> {
           const int64_t lo = pf.early * 64, hi = std::min(pf.late * 64, n * es);  // bytes
           for (int64_t r = b0; r < b1; ++r) {
             const int64_t at = r * c.d + c0;
-            const int64_t sub = kChunkBytes / pf.parts / es;
             for (int64_t s0 = 0; s0 < n; s0 += sub) {
               const int64_t sn = std::min(sub, n - s0);
               if (r + kAheadRows < c.rows()) {

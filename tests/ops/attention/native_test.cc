@@ -43,6 +43,19 @@ TEST(AttentionNative, DecodeHeadsAtOnceAndOneByOne) {
   }
 }
 
+// Decode with no key head dim (H = 0: every logit 0, a uniform softmax over the positions; q k^T
+// runs no K steps while it prefetches the first sub-block's V rows), f32 and bf16.
+TEST(AttentionNative, DecodeWithoutKeyDims) {
+  const int nr = kernels::best_kernels().nr;
+  const Config cfg = Config::make(AttentionNativeConfig{1, 2 * nr});
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Case d{1, 1, 3 * nr + 5, 16, 8, 0, 24};
+    d.dtype = dtype;
+    d.scale = 1.0;  // (the default 1 / sqrt(H) has no value at H = 0)
+    check_case("native", d, cfg);
+  }
+}
+
 // The decode specs' search space: every sub-block the kernels stream (1, 2, 4 and 8 panels of
 // positions) at block_q 1 (T = 1 once left the tuner nothing but the heuristics config).
 TEST(AttentionNative, DecodeSearchSpaceHasEverySubBlock) {

@@ -34,7 +34,8 @@ TEST(RaggedDotNative, PackedWeightsAndAllIsas) {
       Tensor bp({K * nr}, DType::kF32);
       k::pack_panels_f32(b.data(), false, false, K, nr, ks->nr, bp.data_as<float>(), 0, 1);
       Tensor c = Tensor::zeros({mr, nr}, DType::kF32);
-      // With a range to prefetch (more lines than the k loop spreads: the rest after it).
+      // With a range to prefetch (A's rows K apart: the AVX-512 tile's run-time stride, which
+      // issues it at its start; microkernels_test covers the spread form).
       const k::L2Ahead ahead{static_cast<const char*>(b.data()), K * nr * 4};
       ks->f32(mr, K, a.data_as<float>(), K, 1, bp.data_as<float>(), c.data_as<float>(), nr, false,
               ahead);
