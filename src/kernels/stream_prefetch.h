@@ -45,7 +45,7 @@ class RowLines {
 
   // Lines a step issues to finish within `steps` steps (all of them when steps <= 0).
   int64_t per_step(int64_t steps) const {
-    const int64_t lines = rows_ * ((hi_ - lo_ + 63) / 64);
+    const int64_t lines = rows_ * row_lines();
     return steps > 0 ? (lines + steps - 1) / steps : lines;
   }
   void issue(int64_t n) {
@@ -59,9 +59,11 @@ class RowLines {
       }
     }
   }
-  void rest() { issue(rows_ * ((hi_ - lo_ + 63) / 64)); }
+  void rest() { issue(rows_ * row_lines()); }
 
  private:
+  int64_t row_lines() const { return (hi_ - lo_ + 63) / 64; }
+
   const char* p_ = nullptr;
   int64_t ld_ = 0, lo_ = 0, hi_ = 0;
   int64_t rows_ = 0;  // rows left, the first at p_
