@@ -1,9 +1,13 @@
 // The f32 GEMM loop's pieces against the FMA ceiling timed in the same rounds (a plain program:
 // interleaved rounds, medians and ranges of per-round ratios, so a busy neighbour slows the
 // ceiling and the row alike):
-//   1. the microkernel with its data in L1, per tile height (12, or the set's tallest if
+//   1. the microkernel with its panel in L1 (its 16 A tiles, 16 KiB each, come from L2 as in the
+//      GEMM), per tile height (12, or the set's tallest if
 //      lower, and the tallest), as a fraction of the one-core FMA peak on the set's vector
 //      width (8 lanes for the AVX2 set, also where a CPU with AVX-512 runs it);
+//      With the AVX-512 set also the same k loop written by hand (below: hand_tile_14x32), on the
+//      same data: what a loop of this shape reaches on this machine, so the compiled tile's
+//      distance to the peak splits into the compiler's part and the machine's;
 //   2. the lhs packing (pack_a_f32, scalar and the set's vector one), ns per value;
 //   3. the whole pre-packed grouped GEMM (M=4096, K=2048, N=11264: the GLU's gate and up
 //      columns together) at the blockings given, as a fraction of threads x the one-core peak, and
@@ -34,6 +38,60 @@ double seconds(const std::function<void()>& f) {
   f();
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TOKAMAX_HAND_TILE 1
+// The AVX-512 f32 tile's k loop for a packed A (14 rows, 56 bytes a step) against a 32-column
+// panel (128 bytes a step), scheduled by hand: the 2 panel loads, 14 broadcasts each feeding 2
+// FMAs, the 2 prefetcht0 of the panel 16 steps ahead that the compiled loop issues, and one
+// counter; none of the compiled loop's tests (the next-panel and C-tile prefetches' conditions)
+// and no C tile written (the compiled tile adds its 28 vectors into C once a call: about 1% at
+// kc = 256). The accumulators stay in registers and are dropped: the asm is volatile.
+// clang-format off
+#define TOKAMAX_ROW(i, r0, r1)                          \
+  "vbroadcastss " #i "*4(%[a]), %%zmm30\n\t"            \
+  "vfmadd231ps %%zmm28, %%zmm30, %%zmm" #r0 "\n\t"      \
+  "vfmadd231ps %%zmm29, %%zmm30, %%zmm" #r1 "\n\t"
+// clang-format on
+__attribute__((target("avx512f"))) void hand_tile_14x32(int64_t kc, const float* a,
+                                                        const float* b) {
+  if (kc <= 0) return;
+  asm volatile(
+      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vmovaps %%zmm0, %%zmm1\n\tvmovaps %%zmm0, %%zmm2\n\tvmovaps %%zmm0, %%zmm3\n\t"
+      "vmovaps %%zmm0, %%zmm4\n\tvmovaps %%zmm0, %%zmm5\n\tvmovaps %%zmm0, %%zmm6\n\t"
+      "vmovaps %%zmm0, %%zmm7\n\tvmovaps %%zmm0, %%zmm8\n\tvmovaps %%zmm0, %%zmm9\n\t"
+      "vmovaps %%zmm0, %%zmm10\n\tvmovaps %%zmm0, %%zmm11\n\tvmovaps %%zmm0, %%zmm12\n\t"
+      "vmovaps %%zmm0, %%zmm13\n\tvmovaps %%zmm0, %%zmm14\n\tvmovaps %%zmm0, %%zmm15\n\t"
+      "vmovaps %%zmm0, %%zmm16\n\tvmovaps %%zmm0, %%zmm17\n\tvmovaps %%zmm0, %%zmm18\n\t"
+      "vmovaps %%zmm0, %%zmm19\n\tvmovaps %%zmm0, %%zmm20\n\tvmovaps %%zmm0, %%zmm21\n\t"
+      "vmovaps %%zmm0, %%zmm22\n\tvmovaps %%zmm0, %%zmm23\n\tvmovaps %%zmm0, %%zmm24\n\t"
+      "vmovaps %%zmm0, %%zmm25\n\tvmovaps %%zmm0, %%zmm26\n\tvmovaps %%zmm0, %%zmm27\n\t"
+      ".p2align 5\n"
+      "1:\n\t"
+      "prefetcht0 2048(%[b])\n\t"
+      "prefetcht0 2112(%[b])\n\t"
+      "vmovaps (%[b]), %%zmm28\n\t"
+      "vmovaps 64(%[b]), %%zmm29\n\t"
+      // clang-format off
+      TOKAMAX_ROW(0, 0, 1) TOKAMAX_ROW(1, 2, 3) TOKAMAX_ROW(2, 4, 5) TOKAMAX_ROW(3, 6, 7)
+      TOKAMAX_ROW(4, 8, 9) TOKAMAX_ROW(5, 10, 11) TOKAMAX_ROW(6, 12, 13) TOKAMAX_ROW(7, 14, 15)
+      TOKAMAX_ROW(8, 16, 17) TOKAMAX_ROW(9, 18, 19) TOKAMAX_ROW(10, 20, 21)
+      TOKAMAX_ROW(11, 22, 23) TOKAMAX_ROW(12, 24, 25) TOKAMAX_ROW(13, 26, 27)
+      // clang-format on
+      "add $56, %[a]\n\t"
+      "sub $-128, %[b]\n\t"
+      "dec %[k]\n\t"
+      "jnz 1b\n\t"
+      : [a] "+r"(a), [b] "+r"(b), [k] "+r"(kc)
+      :
+      : "cc", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+        "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18",
+        "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28",
+        "xmm29", "xmm30");
+}
+#undef TOKAMAX_ROW
+#endif
 
 // One-core FMA rate of this round (GFLOP/s), on the vector width of the kernel set timed.
 double fma_peak(bool avx512) {
@@ -96,7 +154,7 @@ int main(int argc, char** argv) {
   }
   set_num_threads(threads);
 
-  // 1. Microkernel in L1: kc = 256, 16 A tiles against one panel, accumulating.
+  // 1. Microkernel, panel in L1: kc = 256, 16 A tiles (L2) against one 32 KiB panel, accumulating.
   const int64_t kc = 256;
   std::vector<int> heights = {low_mr};
   if (ks.max_mr != low_mr) heights.push_back(ks.max_mr);
@@ -108,7 +166,13 @@ int main(int argc, char** argv) {
   std::vector<Series> tiles;
   for (int mr : heights)
     tiles.push_back(
-        {"f32 tile " + std::to_string(mr) + " x " + std::to_string(ks.nr) + ", in L1", {}});
+        {"f32 tile " + std::to_string(mr) + " x " + std::to_string(ks.nr) + ", panel in L1", {}});
+#ifdef TOKAMAX_HAND_TILE
+  const bool hand = avx512 && ks.nr == 32 && ks.max_mr == 14;
+#else
+  const bool hand = false;
+#endif
+  Series hand_tile{"  its k loop by hand (asm), same data", {}};
 
   // 2. Packing: 192 rows, kc = 512 of a [192, 2048] lhs.
   Tensor lhs = Tensor::randn({192, 2048}, DType::kF32, 1), packed({192 * 512}, DType::kF32);
@@ -157,6 +221,16 @@ int main(int argc, char** argv) {
       });
       tiles[h].values.push_back(kCalls * 2.0 * mr * ks.nr * kc / s / 1e9 / peak);
     }
+#ifdef TOKAMAX_HAND_TILE
+    if (hand) {
+      constexpr int64_t kCalls = 20000;
+      const double s = seconds([&] {
+        for (int64_t i = 0; i < kCalls; ++i)
+          hand_tile_14x32(kc, a.data_as<float>() + (i % 16) * 16 * kc, b.data_as<float>());
+      });
+      hand_tile.values.push_back(kCalls * 2.0 * 14 * 32 * kc / s / 1e9 / peak);
+    }
+#endif
     constexpr int kPacks = 200;
     const double values = kPacks * 192.0 * 512;
     pack_scalar.values.push_back(seconds([&] {
@@ -182,6 +256,7 @@ int main(int argc, char** argv) {
   std::printf("fraction of the one-core %d-lane FMA peak timed in the same round:\n",
               avx512 ? 16 : 8);
   for (const Series& t : tiles) t.report("");
+  if (hand) hand_tile.report("");
   std::printf("ns per packed value:\n");
   pack_scalar.report("ns");
   if (!pack_vector.values.empty()) pack_vector.report("ns");
