@@ -174,8 +174,8 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
   // Bounded so that a typo cannot run for days: 1000 of each, an hour of measuring a row.
   constexpr int kMaxCount = 1000;
   constexpr double kMaxSeconds = 3600;
-  if (opts.rounds < 1 || opts.rounds > kMaxCount || opts.samples < 1 ||
-      opts.samples > kMaxCount || opts.warmup < 0 || opts.warmup > kMaxCount ||
+  if (opts.rounds < 1 || opts.rounds > kMaxCount || opts.samples < 1 || opts.samples > kMaxCount ||
+      opts.warmup < 0 || opts.warmup > kMaxCount ||
       !(opts.min_time_s >= 0 && opts.min_time_s <= kMaxSeconds))
     throw InvalidArgument(fmt::format(
         "bench: --rounds {} and --samples {} must be in [1, {}], --warmup {} in [0, {}] and "
@@ -190,11 +190,13 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
     for (const std::string& name : impls_in)
       fam.implementation(RowVariant::parse(fam, name).implementation);
   }
-  const Roofline& roof = cached_roofline();
   // The read ceiling for memory-bound specs is timed in the same rounds as their rows (below);
   // the process-wide roofline figure can be minutes old, and this machine's bandwidth is not
-  // steady over minutes.
-  std::unique_ptr<ReadProbe> probe;
+  // steady over minutes. The probe exists before the roofline is measured, which then streams
+  // the same buffers: first touching them took most of a run's time (a smoke spec: 79 s, 69 of
+  // them in the kernel zeroing pages, on a VM reporting a 480 MiB L3).
+  const auto probe = std::make_unique<ReadProbe>(num_threads());  // clamped to the pool
+  const Roofline& roof = cached_roofline();
   std::vector<BenchRow> rows;
   for (const ArgSpec& s : specs) {
     const OpFamily& fam = find_family(s.family);
@@ -266,7 +268,6 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         run.impl = nullptr;
       }
     }
-    if (mem && !probe) probe = std::make_unique<ReadProbe>(roof.threads);
     const bool probing = mem && probe->available();
     std::vector<double> probe_samples;
     auto round_timing = [&](int round) {

@@ -43,40 +43,74 @@ double rate(int threads, double work_per_thread, Body body) {
 }  // namespace
 
 struct ReadProbe::Buffer {
-  int64_t floats_per_thread = 0;
+  int64_t floats = 0;  // in all; 0 where no read loop exists (no AVX2)
   Tensor data;
   Tensor copy_dst;  // run_copy_pass's destination
   std::once_flag copy_once;
   std::atomic<float> sink{0};  // keeps the sums (and so the reads) alive
 };
 
+namespace {
+// The buffer's floats for `threads` threads: four times the last-level cache in all, at least
+// 64 MiB a thread: no pass finds its data cached. With only twice the L3 a one-thread pass read
+// 3-20% faster here than over 256 MiB (the L3's replacement keeps part of a buffer across passes);
+// with four it did not. In all, not a thread: the threads share the L3, and a VM may report its
+// socket's (480 MiB on a Sapphire Rapids VM: 3.8 GB a pass on 2 threads and as much again for the
+// copy's destination when it was four L3s a thread, first touching them most of a minute; on a
+// 64-thread server 80 GB).
+int64_t probe_floats(int threads) {
+  const int64_t bytes =
+      std::max<int64_t>((int64_t{64} << 20) * threads, 4 * device_info().l3_bytes);
+  return (bytes + 255) / 256 * 64;  // whole 64-float blocks
+}
+}  // namespace
+
 // Clamped like ThreadPool::run, so bytes_per_pass counts only the threads that read.
 ReadProbe::ReadProbe(int threads)
-    : threads_(std::clamp(threads, 1, ThreadPool::global().size())), buf_(new Buffer) {
-  if (!device_info().isa.has_avx2_fma()) return;
-  // Four times the last-level cache per thread (at least 64 MiB): no pass finds its data
-  // cached. With only twice the L3 a one-thread pass read 3-20% faster here than over 256 MiB
-  // (the L3's replacement keeps part of a buffer across passes); with four it did not.
-  buf_->floats_per_thread = std::max<int64_t>(64 << 20, 4 * device_info().l3_bytes) / 4;
-  buf_->data = Tensor::full({buf_->floats_per_thread * threads_}, DType::kF32, 1.0);
+    : threads_(std::clamp(threads, 1, ThreadPool::global().size())), buf_(buffer_for(threads_)) {}
+
+std::shared_ptr<ReadProbe::Buffer> ReadProbe::buffer_for(int threads) {
+  // The buffers of the live probes (none when no probe is alive: they are not kept past it).
+  static std::mutex mu;
+  static std::weak_ptr<Buffer> live;
+  const bool can_read = device_info().isa.has_avx2_fma();
+  const int64_t floats = can_read ? probe_floats(threads) : 0;
+  std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<Buffer> buf = live.lock();
+  if (buf && buf->floats >= floats) return buf;
+  buf = std::make_shared<Buffer>();
+  live = buf;
+  buf->floats = floats;
+  if (floats > 0) buf->data = Tensor::full({floats}, DType::kF32, 1.0);
+  return buf;
 }
+
 ReadProbe::~ReadProbe() = default;
 
-bool ReadProbe::available() const { return buf_->floats_per_thread > 0; }
+bool ReadProbe::available() const { return buf_->floats > 0; }
+
+double ReadProbe::whole_bytes() const { return static_cast<double>(buf_->floats) * 4; }
+
+// The whole buffer split among this probe's threads (in whole 16-float vectors).
+int64_t ReadProbe::floats_per_thread() const { return buf_->floats / threads_ / 16 * 16; }
 
 double ReadProbe::bytes_per_pass() const {
-  return static_cast<double>(buf_->floats_per_thread) * 4 * threads_;
+  return static_cast<double>(floats_per_thread()) * 4 * threads_;
 }
 
-int64_t ReadProbe::floats_per_thread() const { return buf_->floats_per_thread; }
-
 const float* ReadProbe::thread_buffer(int t) const {
-  return buf_->data.data_as<float>() + buf_->floats_per_thread * t;
+  return buf_->data.data_as<float>() + floats_per_thread() * t;
 }
 
 void ReadProbe::run_pass_on(int thread) const {
   if (!available()) return;
-  buf_->sink.store(roofline::read_f32_avx2(thread_buffer(thread), buf_->floats_per_thread),
+  buf_->sink.store(roofline::read_f32_avx2(thread_buffer(thread), floats_per_thread()),
+                   std::memory_order_relaxed);
+}
+
+void ReadProbe::run_whole_pass_on_one_thread() const {
+  if (!available()) return;
+  buf_->sink.store(roofline::read_f32_avx2(buf_->data.data_as<float>(), buf_->floats),
                    std::memory_order_relaxed);
 }
 
@@ -84,14 +118,16 @@ void ReadProbe::run_pass() const {
   ThreadPool::global().run(threads_, [&](int t) { run_pass_on(t); });
 }
 
-void ReadProbe::run_copy_pass() const {
+void ReadProbe::run_copy_pass_on(int thread) const {
   if (!available()) return;
-  const int64_t n = buf_->floats_per_thread;
   std::call_once(buf_->copy_once,
-                 [&] { buf_->copy_dst = Tensor::zeros({n * threads_}, DType::kF32); });
-  float* dst = buf_->copy_dst.data_as<float>();
-  ThreadPool::global().run(
-      threads_, [&](int t) { roofline::copy_f32_avx2(thread_buffer(t), dst + n * t, n); });
+                 [&] { buf_->copy_dst = Tensor::zeros({buf_->floats}, DType::kF32); });
+  const int64_t n = floats_per_thread();
+  roofline::copy_f32_avx2(thread_buffer(thread), buf_->copy_dst.data_as<float>() + n * thread, n);
+}
+
+void ReadProbe::run_copy_pass() const {
+  ThreadPool::global().run(threads_, [&](int t) { run_copy_pass_on(t); });
 }
 
 Json Roofline::to_json() const {
@@ -147,9 +183,9 @@ Roofline measure_roofline() {
   const ReadProbe probe(r.threads);
   if (probe.available()) {
     const double per_thread_bytes = 4.0 * static_cast<double>(probe.floats_per_thread());
-    r.read_gbps_1core = rate(1, per_thread_bytes,
+    r.read_gbps_1core = rate(1, probe.whole_bytes(),
                              [&](int) {
-                               probe.run_pass_on(0);
+                               probe.run_whole_pass_on_one_thread();
                                return 0.f;
                              }) /
                         1e9;
@@ -159,17 +195,12 @@ Roofline measure_roofline() {
                              return 0.f;
                            }) /
                       1e9;
-    // The copy reads the probe's buffers; only the destination is allocated.
-    const int64_t per_thread = probe.floats_per_thread();
-    Tensor dst = Tensor::zeros({per_thread * r.threads}, DType::kF32);
-    float* d = dst.data_as<float>();
-    r.copy_gbps_all =
-        rate(r.threads, 2 * per_thread_bytes,
-             [&](int t) {
-               roofline::copy_f32_avx2(probe.thread_buffer(t), d + per_thread * t, per_thread);
-               return 0.f;
-             }) /
-        1e9;
+    r.copy_gbps_all = rate(r.threads, 2 * per_thread_bytes,
+                           [&](int t) {
+                             probe.run_copy_pass_on(t);
+                             return 0.f;
+                           }) /
+                      1e9;
   }
   return r;
 }
@@ -178,6 +209,8 @@ const Roofline& cached_roofline() {
   // Two measurements, the larger median of each: on a shared machine a neighbour's burst
   // lowers a measurement and never raises it, so the larger one is nearer the ceiling.
   static const Roofline r = [] {
+    // One probe held across both: they share its buffers instead of first touching their own.
+    const ReadProbe shared(std::min(num_threads(), ThreadPool::global().size()));
     const Roofline a = measure_roofline(), b = measure_roofline();
     Roofline m = a;
     m.f32_gflops_1core = std::max(a.f32_gflops_1core, b.f32_gflops_1core);

@@ -69,10 +69,23 @@ TEST(Device, ReadProbeStreamsItsBuffer) {
   }
   ASSERT_TRUE(probe.available());
   EXPECT_EQ(probe.threads(), std::min(2, ThreadPool::global().size()));
-  // Larger than the last-level cache on every thread, so no pass is served from the cache.
-  EXPECT_GE(probe.bytes_per_pass(),
-            probe.threads() * 4.0 * static_cast<double>(device_info().l3_bytes));
-  probe.run_pass();  // in-bounds on every thread (ASan checks it in `make asan`)
+  // Four times the (shared) last-level cache in all, so no pass is served from the cache, and at
+  // least 64 MiB a thread.
+  EXPECT_GE(probe.bytes_per_pass(), 4.0 * static_cast<double>(device_info().l3_bytes));
+  EXPECT_GE(probe.bytes_per_pass(), probe.threads() * 64.0 * (1 << 20));
+  EXPECT_GE(probe.whole_bytes(), probe.bytes_per_pass());
+  // In bounds on every thread (ASan checks it in `make asan`), the copy too.
+  probe.run_pass();
+  probe.run_copy_pass();
+  probe.run_whole_pass_on_one_thread();
+  // Other live probes share the first one's buffer, each pass still over all of it.
+  const ReadProbe again(2);
+  EXPECT_EQ(again.thread_buffer(0), probe.thread_buffer(0));
+  const ReadProbe one(1);
+  EXPECT_EQ(one.thread_buffer(0), probe.thread_buffer(0));
+  EXPECT_EQ(one.bytes_per_pass(), one.whole_bytes());
+  EXPECT_GE(one.bytes_per_pass(), 4.0 * static_cast<double>(device_info().l3_bytes));
+  one.run_copy_pass();
 }
 
 TEST(Device, CliPrintsDeviceAndHonoursKindOverride) {

@@ -33,6 +33,11 @@ Roofline measure_roofline();
 // machine the bandwidth drifts by tens of percent within a minute (a neighbour's traffic), so
 // "percent of bandwidth" is only meaningful against a ceiling measured in the same minute.
 // `threads` is clamped to the threads the process's pool has.
+// Probes alive at the same time share their buffer (four times the last-level cache in all, at
+// least 64 MiB a thread, and as much again for a copy's destination: gigabytes where a VM
+// reports its socket's L3), each splitting it among its own threads: first touching it is most
+// of the time a benchmark run spends outside its rows, so a caller that times several ceilings
+// in a row (cached_roofline, `tokamax bench`) holds one probe across them.
 class ReadProbe {
  public:
   explicit ReadProbe(int threads);
@@ -44,7 +49,9 @@ class ReadProbe {
   bool available() const;
   int threads() const { return threads_; }
   double bytes_per_pass() const;  // all threads together
-  // Thread t's buffer (floats_per_thread() floats of 1.0), e.g. the source of a copy loop.
+  // Thread t's share of the probe's buffer (floats_per_thread() floats of 1.0; the threads'
+  // shares together are the buffer, four times the last-level cache or more), e.g. the source
+  // of a copy loop.
   const float* thread_buffer(int t) const;
   int64_t floats_per_thread() const;
   void run_pass() const;  // one read of every thread's buffer, threads in parallel
@@ -52,13 +59,20 @@ class ReadProbe {
   // use), threads in parallel: the ceiling of ops that read and write (bytes_per_pass() read
   // and as many written).
   void run_copy_pass() const;
-  // One thread's pass over its own buffer (for a one-core measurement).
+  // One thread's pass over its own buffer, and its copy.
   void run_pass_on(int thread) const;
+  void run_copy_pass_on(int thread) const;
+  // The calling thread reads every thread's buffer (whole_bytes(), at least four times the
+  // last-level cache): the one-core read ceiling.
+  void run_whole_pass_on_one_thread() const;
+  double whole_bytes() const;
 
  private:
   struct Buffer;
+  // The live probes' buffer if it is large enough for `threads` threads, else a new one.
+  static std::shared_ptr<Buffer> buffer_for(int threads);
   int threads_;
-  std::unique_ptr<Buffer> buf_;
+  std::shared_ptr<Buffer> buf_;  // shared with the other live probes
 };
 
 // Measured once per process (the larger of two measurements per ceiling), then reused.
