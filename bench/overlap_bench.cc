@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   // Each thread's buffer: at least 256 MiB and, all threads together, four times the last-level
-  // cache (as ReadProbe sizes its own), so no pass finds its data cached.
+  // cache (as ReadProbe sizes its buffer where one L3 serves every CPU), so no pass finds its
+  // data cached.
   const int64_t l3 = tokamax::device_info().l3_bytes;
   const int64_t bytes = std::max<int64_t>(256 << 20, 4 * l3 / threads) / 1024 * 1024;
   const int64_t chunks = bytes / 1024;

@@ -2,9 +2,15 @@
 // far larger than the last-level cache.
 #include "tokamax/autotuning/roofline.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "autotuning/roofline_kernels.h"
@@ -45,24 +51,53 @@ double rate(int threads, double work_per_thread, Body body) {
 struct ReadProbe::Buffer {
   int64_t floats = 0;  // in all; 0 where no read loop exists (no AVX2)
   Tensor data;
-  Tensor copy_dst;  // run_copy_pass's destination
+  Tensor copy_dst;  // run_copy_pass's destination, never read
   std::once_flag copy_once;
   std::atomic<float> sink{0};  // keeps the sums (and so the reads) alive
 };
 
 namespace {
-// The buffer's floats for `threads` threads: four times the last-level cache in all, at least
-// 64 MiB a thread: no pass finds its data cached. With only twice the L3 a one-thread pass read
-// 3-20% faster here than over 256 MiB (the L3's replacement keeps part of a buffer across passes);
-// with four it did not. In all, not a thread: the threads share the L3, and a VM may report its
-// socket's (480 MiB on a Sapphire Rapids VM: 3.8 GB a pass on 2 threads and as much again for the
-// copy's destination when it was four L3s a thread, first touching them most of a minute; on a
-// 64-thread server 80 GB).
+// Whether cpu0's last-level cache serves every online CPU (one L3 instance: a desktop chip, a
+// VM), from sysfs; false where that cannot be read.
+bool one_l3_for_all_cpus() {
+  for (int idx = 0; idx < 8; ++idx) {
+    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(idx) + "/";
+    std::ifstream lf(base + "level"), cf(base + "shared_cpu_list");
+    int level = 0;
+    std::string list;
+    if (!(lf >> level) || level != 3 || !(cf >> list)) continue;
+    int64_t cpus = 0;  // "0-7,16-23" -> 16
+    std::stringstream ss(list);
+    for (std::string part; std::getline(ss, part, ',');) {
+      const size_t dash = part.find('-');
+      cpus += dash == std::string::npos
+                  ? 1
+                  : std::atoll(part.c_str() + dash + 1) - std::atoll(part.c_str()) + 1;
+    }
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 && cpus >= online;
+  }
+  return false;
+}
+
+// The buffer's floats for `threads` threads: four times the last-level cache for each L3 the
+// threads may stream through, and at least 64 MiB a thread, so no pass finds its data cached.
+// With only twice the L3 a one-thread pass read 3-20% faster here than over 256 MiB (the L3's
+// replacement keeps part of a buffer across passes); with four it did not. Where one L3 serves
+// every CPU, four of it in all, not a thread: a VM may report its host socket's (480 MiB on a
+// Sapphire Rapids VM: 3.8 GB a pass on 2 threads at four a thread, and as much again for the
+// copy's destination, first touching them most of a minute). Elsewhere (a Zen chip's L3 per
+// 8-core die, a server's per socket) the threads may each run on their own L3: four a thread.
 int64_t probe_floats(int threads) {
-  const int64_t bytes =
-      std::max<int64_t>((int64_t{64} << 20) * threads, 4 * device_info().l3_bytes);
+  static const bool one_l3 = one_l3_for_all_cpus();
+  const int64_t l3 = device_info().l3_bytes;
+  const int64_t bytes = one_l3 ? std::max<int64_t>((int64_t{64} << 20) * threads, 4 * l3)
+                               : std::max<int64_t>(int64_t{64} << 20, 4 * l3) * threads;
   return (bytes + 255) / 256 * 64;  // whole 64-float blocks
 }
+
+// The threads the roofline's all-thread rows and the bench's probe run on.
+int roofline_threads() { return std::min(num_threads(), ThreadPool::global().size()); }
 }  // namespace
 
 // Clamped like ThreadPool::run, so bytes_per_pass counts only the threads that read.
@@ -81,7 +116,16 @@ std::shared_ptr<ReadProbe::Buffer> ReadProbe::buffer_for(int threads) {
   buf = std::make_shared<Buffer>();
   live = buf;
   buf->floats = floats;
-  if (floats > 0) buf->data = Tensor::full({floats}, DType::kF32, 1.0);
+  if (floats == 0) return buf;
+  // Filled by `threads` threads, each its own share: first touching a page is the kernel's
+  // (and on a VM the host's) work, which the threads do side by side.
+  buf->data = Tensor({floats}, DType::kF32);
+  float* data = buf->data.data_as<float>();
+  const int64_t share = (floats + threads - 1) / threads;
+  ThreadPool::global().run(threads, [&](int t) {
+    const int64_t begin = std::min(floats, share * t);
+    std::fill(data + begin, data + std::min(floats, begin + share), 1.0f);
+  });
   return buf;
 }
 
@@ -120,8 +164,9 @@ void ReadProbe::run_pass() const {
 
 void ReadProbe::run_copy_pass_on(int thread) const {
   if (!available()) return;
-  std::call_once(buf_->copy_once,
-                 [&] { buf_->copy_dst = Tensor::zeros({buf_->floats}, DType::kF32); });
+  // Not zeroed: each pass writes all of it, the first one touching its pages (the threads'
+  // shares side by side; the measurements discard a first pass as warm-up).
+  std::call_once(buf_->copy_once, [&] { buf_->copy_dst = Tensor({buf_->floats}, DType::kF32); });
   const int64_t n = floats_per_thread();
   roofline::copy_f32_avx2(thread_buffer(thread), buf_->copy_dst.data_as<float>() + n * thread, n);
 }
@@ -145,7 +190,7 @@ Json Roofline::to_json() const {
 Roofline measure_roofline() {
   const DeviceInfo& dev = device_info();
   Roofline r;
-  r.threads = std::min(num_threads(), ThreadPool::global().size());
+  r.threads = roofline_threads();
   const int64_t iters = 4'000'000;  // ~50 ms per run at peak
   if (dev.isa.has_avx512()) {
     const double flops = static_cast<double>(iters) * 12 * 16 * 2;
@@ -210,7 +255,7 @@ const Roofline& cached_roofline() {
   // lowers a measurement and never raises it, so the larger one is nearer the ceiling.
   static const Roofline r = [] {
     // One probe held across both: they share its buffers instead of first touching their own.
-    const ReadProbe shared(std::min(num_threads(), ThreadPool::global().size()));
+    const ReadProbe shared(roofline_threads());
     const Roofline a = measure_roofline(), b = measure_roofline();
     Roofline m = a;
     m.f32_gflops_1core = std::max(a.f32_gflops_1core, b.f32_gflops_1core);

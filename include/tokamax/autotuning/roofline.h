@@ -33,11 +33,13 @@ Roofline measure_roofline();
 // machine the bandwidth drifts by tens of percent within a minute (a neighbour's traffic), so
 // "percent of bandwidth" is only meaningful against a ceiling measured in the same minute.
 // `threads` is clamped to the threads the process's pool has.
-// Probes alive at the same time share their buffer (four times the last-level cache in all, at
-// least 64 MiB a thread, and as much again for a copy's destination: gigabytes where a VM
-// reports its socket's L3), each splitting it among its own threads: first touching it is most
-// of the time a benchmark run spends outside its rows, so a caller that times several ceilings
-// in a row (cached_roofline, `tokamax bench`) holds one probe across them.
+// Probes alive at the same time share their buffer (four times the last-level cache for each
+// L3 the threads may use, at least 64 MiB a thread, and as much again for a copy's destination:
+// gigabytes where a VM reports its socket's L3), each splitting it among its own threads: first
+// touching it is most of the time a benchmark run spends outside its rows, so a caller that
+// times several ceilings in a row (cached_roofline, `tokamax bench`) holds one probe across
+// them. Probes sharing a buffer share the copy's destination too: copy passes of two such
+// probes at the same time write the same floats (all 1.0; nothing reads them).
 class ReadProbe {
  public:
   explicit ReadProbe(int threads);
