@@ -2,18 +2,13 @@
 // far larger than the last-level cache.
 #include "tokamax/autotuning/roofline.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <fstream>
 #include <mutex>
-#include <sstream>
-#include <string>
 #include <vector>
 
 #include "autotuning/roofline_kernels.h"
+#include "core/cache_topology.h"
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
 #include "tokamax/autotuning/measurement.h"
@@ -57,29 +52,6 @@ struct ReadProbe::Buffer {
 };
 
 namespace {
-// Whether cpu0's last-level cache serves every online CPU (one L3 instance: a desktop chip, a
-// VM), from sysfs; false where that cannot be read.
-bool one_l3_for_all_cpus() {
-  for (int idx = 0; idx < 8; ++idx) {
-    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(idx) + "/";
-    std::ifstream lf(base + "level"), cf(base + "shared_cpu_list");
-    int level = 0;
-    std::string list;
-    if (!(lf >> level) || level != 3 || !(cf >> list)) continue;
-    int64_t cpus = 0;  // "0-7,16-23" -> 16
-    std::stringstream ss(list);
-    for (std::string part; std::getline(ss, part, ',');) {
-      const size_t dash = part.find('-');
-      cpus += dash == std::string::npos
-                  ? 1
-                  : std::atoll(part.c_str() + dash + 1) - std::atoll(part.c_str()) + 1;
-    }
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return online > 0 && cpus >= online;
-  }
-  return false;
-}
-
 // The buffer's floats for `threads` threads: four times the last-level cache for each L3 the
 // threads may stream through, and at least 64 MiB a thread, so no pass finds its data cached.
 // With only twice the L3 a one-thread pass read 3-20% faster here than over 256 MiB (the L3's
@@ -89,10 +61,10 @@ bool one_l3_for_all_cpus() {
 // copy's destination, first touching them most of a minute). Elsewhere (a Zen chip's L3 per
 // 8-core die, a server's per socket) the threads may each run on their own L3: four a thread.
 int64_t probe_floats(int threads) {
-  static const bool one_l3 = one_l3_for_all_cpus();
   const int64_t l3 = device_info().l3_bytes;
-  const int64_t bytes = one_l3 ? std::max<int64_t>((int64_t{64} << 20) * threads, 4 * l3)
-                               : std::max<int64_t>(int64_t{64} << 20, 4 * l3) * threads;
+  const int64_t bytes = last_level_cache_serves_all_cpus()
+                            ? std::max<int64_t>((int64_t{64} << 20) * threads, 4 * l3)
+                            : std::max<int64_t>(int64_t{64} << 20, 4 * l3) * threads;
   return (bytes + 255) / 256 * 64;  // whole 64-float blocks
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/cache_topology.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/limits.h"
 
@@ -52,22 +53,29 @@ std::string trim(std::string s) {
   return s.substr(i);
 }
 
-int64_t read_cache_size(int level, bool data) {
+// The first word of file `name` of cpu0's cache at `level` (data: the data or unified one, else
+// the unified one), from sysfs; "" where there is none.
+std::string read_cache_file(int level, bool data, const char* name) {
   for (int idx = 0; idx < 8; ++idx) {
     const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(idx) + "/";
-    std::ifstream lf(base + "level"), tf(base + "type"), sf(base + "size");
+    std::ifstream lf(base + "level"), tf(base + "type"), vf(base + name);
     int lvl = 0;
-    std::string type, size;
-    if (!(lf >> lvl) || !(tf >> type) || !(sf >> size)) continue;
+    std::string type, value;
+    if (!(lf >> lvl) || !(tf >> type) || !(vf >> value)) continue;
     if (lvl != level) continue;
     if (data && type == "Instruction") continue;
     if (!data && type != "Unified") continue;
-    int64_t v = std::atoll(size.c_str());
-    if (!size.empty() && (size.back() == 'K')) v *= 1024;
-    if (!size.empty() && (size.back() == 'M')) v *= 1024 * 1024;
-    return v;
+    return value;
   }
-  return 0;
+  return "";
+}
+
+int64_t read_cache_size(int level, bool data) {
+  const std::string size = read_cache_file(level, data, "size");
+  int64_t v = std::atoll(size.c_str());
+  if (!size.empty() && (size.back() == 'K')) v *= 1024;
+  if (!size.empty() && (size.back() == 'M')) v *= 1024 * 1024;
+  return v;
 }
 
 int count_physical_cores() {
@@ -254,6 +262,24 @@ DeviceInfo detect() {
 std::atomic<int> g_num_threads{0};
 
 }  // namespace
+
+bool last_level_cache_serves_all_cpus() {
+  static const bool all = [] {
+    const std::string list = read_cache_file(3, false, "shared_cpu_list");
+    if (list.empty()) return false;
+    int64_t cpus = 0;  // "0-7,16-23" -> 16
+    std::stringstream ss(list);
+    for (std::string part; std::getline(ss, part, ',');) {
+      const size_t dash = part.find('-');
+      cpus += dash == std::string::npos
+                  ? 1
+                  : std::atoll(part.c_str() + dash + 1) - std::atoll(part.c_str()) + 1;
+    }
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 && cpus >= online;
+  }();
+  return all;
+}
 
 nlohmann::json DeviceInfo::to_json() const {
   nlohmann::json isa_json = {{"sse4.2", isa.sse42},
