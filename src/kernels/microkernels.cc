@@ -72,14 +72,14 @@ void act_grad_portable(int act, const float* g, const float* u, const float* dou
 RowKernels row_kernels(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
-      return {exp_shift_sum_avx512, scale_max_avx512, act_mul_avx512, act_grad_avx512};
+      return {exp_shift_sum_avx512, scale_max_avx512, max_avx512, act_mul_avx512, act_grad_avx512};
     case Isa::kAvx2:
-      return {exp_shift_sum_avx2, scale_max_avx2, act_mul_avx2, act_grad_avx2};
+      return {exp_shift_sum_avx2, scale_max_avx2, max_avx2, act_mul_avx2, act_grad_avx2};
     case Isa::kPortable:
       break;
   }
-  return {expf_poly::exp_shift_sum_portable, expf_poly::scale_max_portable, act_mul_portable,
-          act_grad_portable};
+  return {expf_poly::exp_shift_sum_portable, expf_poly::scale_max_portable, expf_poly::max_portable,
+          act_mul_portable, act_grad_portable};
 }
 
 bool vector_bf16_dot_pays() {

@@ -156,8 +156,13 @@ struct KernelSet {
 inline constexpr int kAmxRows = 16;
 
 // The softmax's row loops (kernels/exp_sum.h) at an ISA's width:
-//   exp_shift_sum: x[i] = exp(x[i] - shift) for i < n, returning the sum;
-//   scale_max:     x[i] *= scale for i < n, returning the max (-inf when n = 0).
+//   exp_shift_sum: x[i] = exp(x[i] * scale - shift) for i < n (one rounding before the exp:
+//                  x[i] - shift exactly for scale 1), returning the sum; arguments at most
+//                  about 88 (the softmax's are <= 0, or a rounding above it);
+//   scale_max:     x[i] *= scale for i < n, returning the max (-inf when n = 0);
+//   max:           the max of x[0..n) (-inf when n = 0), x untouched. For scale > 0, scale times
+//                  it is the max of the x[i] * scale as scale_max rounds them (rounding is
+//                  monotone), so the softmax scales inside the exp with no pass of its own.
 //   act_mul:       out[i] = activation(g[i]) * u[i] for i < n (the gated linear unit's
 //                  epilogue); the AVX-512 and AVX2 loops take sigmoid, silu, gelu_tanh, relu and
 //                  none on the polynomial exp (~2 ulp from libm's), gelu (erf) element by element.
@@ -165,8 +170,9 @@ inline constexpr int kAmxRows = 16;
 //                  (the gated linear unit's backward, dh from h and dout); the same activations
 //                  on the AVX-512 and AVX2 loops, gelu element by element.
 struct RowKernels {
-  float (*exp_shift_sum)(float* x, int64_t n, float shift);
+  float (*exp_shift_sum)(float* x, int64_t n, float scale, float shift);
   float (*scale_max)(float* x, int64_t n, float scale);
+  float (*max)(const float* x, int64_t n);
   void (*act_mul)(int act, const float* g, const float* u, float* out, int64_t n);
   void (*act_grad)(int act, const float* g, const float* u, const float* dout, float* dg, float* du,
                    int64_t n);
@@ -182,13 +188,17 @@ void act_grad_portable(int act, const float* g, const float* u, const float* dou
                        float* du, int64_t n);
 void act_grad_avx512(int act, const float* g, const float* u, const float* dout, float* dg,
                      float* du, int64_t n);
-float exp_shift_sum_avx2(float* x, int64_t n, float shift);  // microkernels_avx2.cc
+float exp_shift_sum_avx2(float* x, int64_t n, float scale,
+                         float shift);  // microkernels_avx2.cc
 float scale_max_avx2(float* x, int64_t n, float scale);
+float max_avx2(const float* x, int64_t n);
 void act_mul_avx2(int act, const float* g, const float* u, float* out, int64_t n);
 void act_grad_avx2(int act, const float* g, const float* u, const float* dout, float* dg, float* du,
                    int64_t n);
-float exp_shift_sum_avx512(float* x, int64_t n, float shift);  // microkernels_avx512.cc
+float exp_shift_sum_avx512(float* x, int64_t n, float scale,
+                           float shift);  // microkernels_avx512.cc
 float scale_max_avx512(float* x, int64_t n, float scale);
+float max_avx512(const float* x, int64_t n);
 
 const KernelSet& portable_kernels();
 const KernelSet* avx2_kernels();    // defined in microkernels_avx2.cc

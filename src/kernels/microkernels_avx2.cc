@@ -432,8 +432,9 @@ inline __m256 exp8(__m256 v, __m256 m) {
   __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(ep::kLn2Hi), v);
   r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(ep::kLn2Lo), r);
   __m256 p = _mm256_set1_ps(ep::kP[0]);
-  for (int j = 1; j < 6; ++j) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ep::kP[j]));
-  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  for (int j = 1; j < 5; ++j) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ep::kP[j]));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  p = _mm256_fmadd_ps(_mm256_fmadd_ps(p, r, one), r, one);
   const __m256i bits =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
@@ -441,12 +442,14 @@ inline __m256 exp8(__m256 v, __m256 m) {
 
 }  // namespace
 
-float exp_shift_sum_avx2(float* x, int64_t n, float shift) {
-  const __m256 vs = _mm256_set1_ps(shift);
+// x[i] = exp(x[i] * scale - shift), one rounding before the exp (an FMA; exact for scale 1).
+float exp_shift_sum_avx2(float* x, int64_t n, float scale, float shift) {
+  const __m256 vs = _mm256_set1_ps(shift), vc = _mm256_set1_ps(scale);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i m = tail_mask8(n - i);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), vs), _mm256_castsi256_ps(m));
+    const __m256 e =
+        exp8(_mm256_fmsub_ps(_mm256_maskload_ps(x + i, m), vc, vs), _mm256_castsi256_ps(m));
     _mm256_maskstore_ps(x + i, m, e);
     acc = _mm256_add_ps(acc, e);
   }
@@ -579,6 +582,17 @@ float scale_max_avx2(float* x, int64_t n, float scale) {
     const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs);
     _mm256_maskstore_ps(x + i, m, v);
     mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(m)));
+  }
+  return hmax(mx);
+}
+
+float max_avx2(const float* x, int64_t n) {
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 mx = ninf;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i m = tail_mask8(n - i);
+    mx = _mm256_max_ps(
+        mx, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m)));
   }
   return hmax(mx);
 }

@@ -952,27 +952,33 @@ __mmask16 tail_mask(int64_t left) {
 }
 }  // namespace
 
-// exp(v) on the lanes of `m`, 0 elsewhere and where v <= kLo (-inf, NaN included).
+// exp(v) on the lanes of `m`, 0 elsewhere and where v <= kLo (-inf, NaN included). CLAMP: v
+// first clamped to [kLo, kHi], so e^88 stands for anything larger (sigmoid16 relies on it); the
+// softmax's arguments (x - max <= 0, or barely above it) skip those two operations, and 2^n by
+// scalef needs no range (-inf and far below are masked to 0 by `keep`).
+template <bool CLAMP = true>
 inline __m512 exp16(__m512 v, __mmask16 m) {
   const __m512 lo = _mm512_set1_ps(ep::kLo), hi = _mm512_set1_ps(ep::kHi);
   const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, v, lo, _CMP_GT_OQ);
-  v = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi);
+  if constexpr (CLAMP) v = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi);
   const __m512 kf = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(ep::kLog2e)),
                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Hi), v);
   r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Lo), r);
   __m512 p = _mm512_set1_ps(ep::kP[0]);
-  for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ep::kP[j]));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  for (int j = 1; j < 5; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ep::kP[j]));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  p = _mm512_fmadd_ps(_mm512_fmadd_ps(p, r, one), r, one);
   return _mm512_maskz_scalef_ps(keep, p, kf);
 }
 
-float exp_shift_sum_avx512(float* x, int64_t n, float shift) {
-  const __m512 vs = _mm512_set1_ps(shift);
+// x[i] = exp(x[i] * scale - shift), one rounding before the exp (an FMA; exact for scale 1).
+float exp_shift_sum_avx512(float* x, int64_t n, float scale, float shift) {
+  const __m512 vs = _mm512_set1_ps(shift), vc = _mm512_set1_ps(scale);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vs), m);
+    const __m512 e = exp16<false>(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, x + i), vc, vs), m);
     _mm512_mask_storeu_ps(x + i, m, e);
     acc = _mm512_add_ps(acc, e);
   }
@@ -1109,6 +1115,27 @@ float scale_max_avx512(float* x, int64_t n, float scale) {
     mx = _mm512_mask_max_ps(mx, m, mx, v);
   }
   return hmax(mx);
+}
+
+// Four running maxima: one chains every vector's max on the last (4 cycles each), the whole
+// cost of a softmax row (one-off timing, 84 rows of 256 in L2: 0.049 ns an element against
+// 0.070 with one).
+float max_avx512(const float* x, int64_t n) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    m0 = _mm512_maskz_max_ps(0xFFFF, m0, _mm512_loadu_ps(x + i));
+    m1 = _mm512_maskz_max_ps(0xFFFF, m1, _mm512_loadu_ps(x + i + 16));
+    m2 = _mm512_maskz_max_ps(0xFFFF, m2, _mm512_loadu_ps(x + i + 32));
+    m3 = _mm512_maskz_max_ps(0xFFFF, m3, _mm512_loadu_ps(x + i + 48));
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    m0 = _mm512_mask_max_ps(m0, m, m0, _mm512_maskz_loadu_ps(m, x + i));
+  }
+  return hmax(_mm512_maskz_max_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, m0, m1),
+                                  _mm512_maskz_max_ps(0xFFFF, m2, m3)));
 }
 
 }  // namespace tokamax::kernels

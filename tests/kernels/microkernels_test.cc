@@ -462,8 +462,10 @@ TEST(Microkernels, VectorBf16WeightPackingMatchesScalar) {
 namespace tokamax {
 namespace {
 
-// The softmax's row loops of every ISA: exp within a few ulp of double precision, exactly 0 for
-// -inf and far below, the sum of what was stored; scale_max's max; every length up to 3 vectors.
+// The softmax's row loops of every ISA: exp within a few ulp of double precision (of the f32
+// argument x * scale - shift, rounded once), exactly 0 for -inf and far below, the sum of what
+// was stored, for scale 1 (x - shift exactly) and another; scale_max's max and stores; max's
+// max, nothing written; every length up to 3 vectors.
 TEST(Microkernels, SoftmaxRowLoops) {
   for (const kernels::KernelSet* ks : testing::runnable_sets()) {
     const kernels::RowKernels rk = kernels::row_kernels(ks->isa);
@@ -471,20 +473,26 @@ TEST(Microkernels, SoftmaxRowLoops) {
       Tensor t = Tensor::uniform({n + 1}, DType::kF32, fresh_seed(), -90.0, 12.0);
       std::vector<float> x(t.data_as<float>(), t.data_as<float>() + n + 1);
       if (n > 2) x[1] = -INFINITY;
-      std::vector<float> y = x;
-      const float sum = rk.exp_shift_sum(y.data(), n, 1.5f);
-      double want_sum = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const double want = std::exp(static_cast<double>(x[i] - 1.5f));  // the f32 argument
-        if (x[i] - 1.5f <= -87.0f) {
-          ASSERT_EQ(y[i], 0.0f) << ks->name << " n=" << n << " x=" << x[i];
-        } else {
-          ASSERT_NEAR(y[i], want, 4e-7 * want) << ks->name << " n=" << n << " x=" << x[i];
+      for (const float scale : {1.0f, 0.7f}) {
+        std::vector<float> y = x;
+        const float sum = rk.exp_shift_sum(y.data(), n, scale, 1.5f);
+        double want_sum = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          // The portable loop may round the product and the difference apart (no FMA there):
+          // 2 ulp more of an argument up to ~90 is 1.1e-5 relative in the exp.
+          const float arg = std::fma(x[i], scale, -1.5f);
+          const double want = std::exp(static_cast<double>(arg));
+          const double tol = (scale == 1.0f ? 4e-7 : 1.6e-5) * want;
+          if (arg <= -87.0f) {
+            ASSERT_EQ(y[i], 0.0f) << ks->name << " n=" << n << " x=" << x[i];
+          } else if (arg > -86.9f) {
+            ASSERT_NEAR(y[i], want, tol) << ks->name << " n=" << n << " x=" << x[i];
+          }
+          want_sum += y[i];
         }
-        want_sum += y[i];
+        ASSERT_EQ(y[n], x[n]) << ks->name << ": wrote past n";
+        ASSERT_NEAR(sum, want_sum, 1e-5 * (1 + want_sum)) << ks->name << " n=" << n;
       }
-      ASSERT_EQ(y[n], x[n]) << ks->name << ": wrote past n";
-      ASSERT_NEAR(sum, want_sum, 1e-5 * (1 + want_sum)) << ks->name << " n=" << n;
       std::vector<float> z = x;
       const float mx = rk.scale_max(z.data(), n, 0.25f);
       float want_max = -INFINITY;
@@ -493,6 +501,10 @@ TEST(Microkernels, SoftmaxRowLoops) {
         want_max = std::max(want_max, z[i]);
       }
       ASSERT_EQ(mx, want_max) << ks->name << " n=" << n;
+      const std::vector<float> before = x;
+      const float raw = rk.max(x.data(), n);
+      ASSERT_EQ(x, before) << ks->name << ": max wrote";
+      ASSERT_EQ(raw * 0.25f, want_max) << ks->name << " n=" << n;
       ASSERT_EQ(z[n], x[n]);
     }
   }

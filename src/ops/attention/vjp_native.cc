@@ -245,15 +245,18 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         }
         std::fill(pr, pr + (a - sb), kNegInf);
         std::fill(pr + (b - sb), pr + wp, kNegInf);
-        if (!elementwise) {
-          rk.scale_max(pr + (a - sb), b - a, c.scale_value);
-        } else {
+        // As the forward: a positive scale is applied inside the exp (the same rounding as the
+        // forward's, so P matches the log-sum-exp it saved).
+        const bool scale_in_exp = !elementwise && c.scale_value > 0;
+        if (elementwise) {
           c.logits_row(pr + (a - sb), bb, nn, tt, a, b - a);
           if (cap) {
             for (int64_t ss = a; ss < b; ++ss) capg[r * lds + ss - sb] = c.cap_grad(pr[ss - sb]);
           }
+        } else if (!scale_in_exp) {
+          rk.scale_max(pr + (a - sb), b - a, c.scale_value);
         }
-        rk.exp_shift_sum(pr, wp, lse[r]);
+        rk.exp_shift_sum(pr, wp, scale_in_exp ? c.scale_value : 1.0f, lse[r]);
         for (int64_t j = 0; j < wp; ++j) {
           ds[j] = pr[j] * (ds[j] - D[r]);
           if (cap && pr[j] != 0.0f) ds[j] *= capg[r * lds + j];

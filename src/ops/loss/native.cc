@@ -186,10 +186,10 @@ class Native : public NativeBase<LossCall> {
               const int64_t r = r0 + i, lab = c.label(r) - v0 - n0;
               std::memcpy(row, C + i * ldc, static_cast<size_t>(cols) * 4);
               if (lab >= 0 && lab < cols) L[r] = row[lab];
-              const float m = rk.scale_max(row, cols, 1.0f);
+              const float m = rk.max(row, cols);
               float* pr = P + (r * blocks + (v0 + n0) / nc) * 2;
               pr[0] = m;
-              pr[1] = rk.exp_shift_sum(row, cols, m);
+              pr[1] = rk.exp_shift_sum(row, cols, 1.0f, m);
             }
           });
     }
@@ -269,7 +269,7 @@ class VjpNative : public NativeBase<LossVjpCall> {
               const float wgt = c.row_weight(r), l = lse[r];
               const float* ci = C + i * ldc;
               std::memcpy(dr, ci, static_cast<size_t>(cols) * 4);
-              rk.exp_shift_sum(dr, cols, l);  // the SIMD exp, as the forward's
+              rk.exp_shift_sum(dr, cols, 1.0f, l);  // the SIMD exp, as the forward's
               // (Denormal products flush to 0 under the scope above.) A NaN logit stays NaN
               // (the SIMD exp gives 0 for it).
               for (int64_t j = 0; j < cols; ++j) dr[j] = ci[j] == ci[j] ? dr[j] * wgt : ci[j];
