@@ -7,7 +7,8 @@
 //   compute   the same loop over an L1-resident KiB, ns per KiB per thread, less the same loop
 //             without the FMAs (its loads and sums, which the read pays too);
 //   both      the stream with the compute after each KiB, without software prefetch;
-//   both+pf   the same, each KiB also prefetching (prefetcht1) the KiB 16 KiB ahead;
+//   both+pf   the same, each KiB also prefetching the KiB --ahead KiB on (default 16) with
+//             --hint (t1, into L2, by default; t0 into L1);
 //   batch     each 16 KiB read first with loads alone (one a line), then the compute of its
 //             KiBs from cache: the serial schedule, for comparison;
 // for several amounts of compute per KiB (--work: groups of 12 FMAs that use the data). It
@@ -16,7 +17,12 @@
 // when the compute hides entirely under the reads, 0 when the two add up, below 0 when together
 // they take longer than one after the other.
 // Usage: tokamax_overlap_bench [--rounds N (1-1000)] [--threads T (1 to the cores)] [--work
-// W[,W...] (0-1024)]
+// W[,W...] (0-1024)] [--hint t0|t1] [--ahead KiB (1-1024)]
+// What it showed on a Sapphire Rapids VM (2 threads, 5 rounds, two runs each, 2026-12-06): the
+// hint matters where the compute is small. At W = 8 (compute 11-12 ns a KiB against a 72-74 ns
+// read), t0 16 KiB ahead took 79-83 ns a KiB (88-92% of the read rate) against 97-98 for t1; at
+// W = 12 96-101 against 103-105; at W = 16 t1 was ahead (105 against 121). t1 at 4, 16 or 64
+// KiB ahead measured alike, t0 at 4 or 64 KiB slower than at 16 (64 KiB does not stay in L1).
 #include <immintrin.h>
 
 #include <CLI/CLI.hpp>
@@ -41,11 +47,17 @@ constexpr int64_t kChunkFloats = 256;  // 1 KiB
 
 enum class Mode { kRead, kCompute, kBoth, kBothPrefetch, kBatch };
 
+// both+pf's prefetch: the hint (into L1, or into L2 and below) and how far ahead, in KiB.
+struct Prefetch {
+  bool l1 = false;
+  int64_t ahead_kib = 16;
+};
+
 // Reads `chunks` KiB from p (or the same KiB again and again for kCompute) and after each
 // runs `work` groups of 12 FMAs on accumulators that depend on the chunk's sum (as decode's
 // q k^T does on K). AVX2 + FMA: runs on every CPU the library's vector kernels run on.
 __attribute__((target("avx2,fma"))) float stream(const float* p, int64_t chunks, int work,
-                                                 Mode mode) {
+                                                 Mode mode, Prefetch pf) {
   __m256 acc[12];
   for (__m256& a : acc) a = _mm256_set1_ps(1.0f);
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -65,8 +77,14 @@ __attribute__((target("avx2,fma"))) float stream(const float* p, int64_t chunks,
       s2 = _mm256_add_ps(s2, _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3)));
     }
     if (mode == Mode::kBothPrefetch) {
-      const char* f = reinterpret_cast<const char*>(q) + (16 << 10);
-      for (int l = 0; l < 16; ++l) kernels::prefetch_t1(f + 64 * l);
+      const char* f = reinterpret_cast<const char*>(q) + (pf.ahead_kib << 10);
+      for (int l = 0; l < 16; ++l) {
+        if (pf.l1) {
+          kernels::prefetch_t0(f + 64 * l);
+        } else {
+          kernels::prefetch_t1(f + 64 * l);
+        }
+      }
     }
     for (int64_t i = 0; i < kChunkFloats; i += 32) {
       s0 = _mm256_add_ps(s0, _mm256_load_ps(q + i));
@@ -100,13 +118,20 @@ int main(int argc, char** argv) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int threads = cores;
   std::vector<int> works = {0, 2, 4, 8, 16};
+  Prefetch pf;
+  std::string hint = "t1";
   CLI::App app{"whether a memory read stream overlaps the arithmetic on the data it reads"};
   app.add_option("--rounds", rounds, "interleaved rounds")->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "streaming threads")->check(CLI::Range(1, cores));
   app.add_option("--work", works, "groups of 12 FMAs per KiB (comma-separated)")
       ->delimiter(',')
       ->check(CLI::Range(0, 1024));
+  app.add_option("--hint", hint, "both+pf's prefetch: t1 (into L2) or t0 (into L1)")
+      ->check(CLI::IsMember({"t0", "t1"}));
+  app.add_option("--ahead", pf.ahead_kib, "both+pf's prefetch distance in KiB")
+      ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
+  pf.l1 = hint == "t0";
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
     std::printf("this CPU has no AVX2 + FMA: nothing to measure\n");
     return 0;
@@ -119,11 +144,15 @@ int main(int argc, char** argv) {
   const int64_t chunks = bytes / 1024;
   std::vector<tokamax::Tensor> bufs;
   for (int t = 0; t < threads; ++t) {
-    // 16 KiB past the end: the prefetch row's reach (never read).
-    bufs.push_back(tokamax::Tensor::full({(bytes + (16 << 10)) / 4}, tokamax::DType::kF32, 1.0));
+    // --ahead KiB past the end: the prefetch's reach (never read).
+    bufs.push_back(
+        tokamax::Tensor::full({(bytes + (pf.ahead_kib << 10)) / 4}, tokamax::DType::kF32, 1.0));
   }
-  std::printf("%d threads, %lld MiB a thread, %d rounds (medians over rounds; per thread)\n",
-              threads, static_cast<long long>(bytes >> 20), rounds);
+  std::printf(
+      "%d threads, %lld MiB a thread, %d rounds (medians over rounds; per thread); both+pf: "
+      "prefetch%s %lld KiB ahead\n",
+      threads, static_cast<long long>(bytes >> 20), rounds, hint.c_str(),
+      static_cast<long long>(pf.ahead_kib));
   std::printf("%6s %10s %12s %10s %12s %10s %12s %10s %12s %10s\n", "work", "read GB/s",
               "compute ns", "both ns", "read share", "overlap", "both+pf ns", "overlap", "batch ns",
               "overlap");
@@ -145,7 +174,7 @@ int main(int argc, char** argv) {
           pool.emplace_back([&, t] {
             sync.arrive_and_wait();
             const auto t0 = Clock::now();
-            sums[t] = stream(bufs[t].data_as<float>(), chunks, works_of[m], modes[m]);
+            sums[t] = stream(bufs[t].data_as<float>(), chunks, works_of[m], modes[m], pf);
             took[t] = std::chrono::duration<double>(Clock::now() - t0).count();
           });
         }
