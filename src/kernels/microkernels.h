@@ -156,16 +156,17 @@ struct KernelSet {
 inline constexpr int kAmxRows = 16;
 
 // The softmax's row loops (kernels/exp_sum.h) at an ISA's width:
-//   exp_shift_sum: x[i] = exp(x[i] * scale - shift) for i < n (one rounding before the exp:
-//                  x[i] - shift exactly for scale 1), returning the sum; arguments at most
-//                  about 88 (the softmax's are <= 0, or a rounding above it);
+//   exp_shift_sum: x[i] = exp(x[i] * scale - shift) for i < n, the product rounded before the
+//                  difference (scale_max's value less the shift, bit for bit), returning the
+//                  sum; 0 at and below -87, e^88 from 88 on;
 //   scale_max:     x[i] *= scale for i < n, returning the max (-inf when n = 0);
 //   max:           the max of x[0..n) (-inf when n = 0), x untouched. For scale > 0, scale times
 //                  it is the max of the x[i] * scale as scale_max rounds them (rounding is
 //                  monotone), so the softmax scales inside the exp with no pass of its own.
 //   act_mul:       out[i] = activation(g[i]) * u[i] for i < n (the gated linear unit's
 //                  epilogue); the AVX-512 and AVX2 loops take sigmoid, silu, gelu_tanh, relu and
-//                  none on the polynomial exp (~2 ulp from libm's), gelu (erf) element by element.
+//                  none on the polynomial exp (under 1 ulp from a double exp, exp_sum.h), gelu
+//                  (erf) element by element.
 //   act_grad:      dg[i] = dout[i] * u[i] * activation'(g[i]), du[i] = dout[i] * activation(g[i])
 //                  (the gated linear unit's backward, dh from h and dout); the same activations
 //                  on the AVX-512 and AVX2 loops, gelu element by element.

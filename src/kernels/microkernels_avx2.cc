@@ -442,14 +442,16 @@ inline __m256 exp8(__m256 v, __m256 m) {
 
 }  // namespace
 
-// x[i] = exp(x[i] * scale - shift), one rounding before the exp (an FMA; exact for scale 1).
+// x[i] = exp(x[i] * scale - shift), the product rounded first (as exp_shift_sum_avx512).
 float exp_shift_sum_avx2(float* x, int64_t n, float scale, float shift) {
   const __m256 vs = _mm256_set1_ps(shift), vc = _mm256_set1_ps(scale);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i m = tail_mask8(n - i);
-    const __m256 e =
-        exp8(_mm256_fmsub_ps(_mm256_maskload_ps(x + i, m), vc, vs), _mm256_castsi256_ps(m));
+    __m256 prod = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vc);
+    asm("" : "+x"(prod));  // rounded here: GCC would fuse the product into the difference
+    const __m256 v = _mm256_sub_ps(prod, vs);
+    const __m256 e = exp8(v, _mm256_castsi256_ps(m));
     _mm256_maskstore_ps(x + i, m, e);
     acc = _mm256_add_ps(acc, e);
   }

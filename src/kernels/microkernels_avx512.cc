@@ -952,15 +952,13 @@ __mmask16 tail_mask(int64_t left) {
 }
 }  // namespace
 
-// exp(v) on the lanes of `m`, 0 elsewhere and where v <= kLo (-inf, NaN included). CLAMP: v
-// first clamped to [kLo, kHi], so e^88 stands for anything larger (sigmoid16 relies on it); the
-// softmax's arguments (x - max <= 0, or barely above it) skip those two operations, and 2^n by
-// scalef needs no range (-inf and far below are masked to 0 by `keep`).
-template <bool CLAMP = true>
+// exp(v) on the lanes of `m`, 0 elsewhere and where v <= kLo (-inf, NaN included); e^88 for
+// v >= 88. Only the top is clamped: scalef takes any 2^n, and `keep` zeroes the lanes below kLo
+// whatever the polynomial made of them (the AVX2 loop's integer 2^n needs both clamps).
 inline __m512 exp16(__m512 v, __mmask16 m) {
   const __m512 lo = _mm512_set1_ps(ep::kLo), hi = _mm512_set1_ps(ep::kHi);
   const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, v, lo, _CMP_GT_OQ);
-  if constexpr (CLAMP) v = _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi);
+  v = _mm512_maskz_min_ps(0xFFFF, v, hi);
   const __m512 kf = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(ep::kLog2e)),
                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Hi), v);
@@ -972,13 +970,18 @@ inline __m512 exp16(__m512 v, __mmask16 m) {
   return _mm512_maskz_scalef_ps(keep, p, kf);
 }
 
-// x[i] = exp(x[i] * scale - shift), one rounding before the exp (an FMA; exact for scale 1).
+// x[i] = exp(x[i] * scale - shift), the product rounded before the difference: scale_max's
+// scaled value less the max, so the largest value's argument is exactly 0 (a fused x scale - m
+// leaves it the product's rounding error, up to half an ulp of m: +-128 past 2^31).
 float exp_shift_sum_avx512(float* x, int64_t n, float scale, float shift) {
   const __m512 vs = _mm512_set1_ps(shift), vc = _mm512_set1_ps(scale);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
-    const __m512 e = exp16<false>(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, x + i), vc, vs), m);
+    __m512 prod = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vc);
+    asm("" : "+v"(prod));  // rounded here: GCC would fuse the product into the difference
+    const __m512 v = _mm512_sub_ps(prod, vs);
+    const __m512 e = exp16(v, m);
     _mm512_mask_storeu_ps(x + i, m, e);
     acc = _mm512_add_ps(acc, e);
   }

@@ -472,7 +472,8 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   // One kv block's logits for an item's rows (S: rows x width from position sb, row stride
   // lds; row r sees [r0[r], r1[r])): masked, scaled (biased, capped), then the online softmax:
   // the row max m and sum l updated, O's rows rescaled, and S turned into P = exp(S - m), 0
-  // where masked.
+  // where masked. Without a bias, mask or cap, a positive scale is applied by the exp as it
+  // reads S (exp(S scale - m), the product rounded first: the same values).
   static void softmax_block(const AttentionCall& c, const k::RowKernels& rk, int64_t bb, int64_t kh,
                             int64_t t0, int64_t rows, int64_t sb, int64_t width, const int64_t* r0,
                             const int64_t* r1, float* S, int64_t lds, float* m, float* l, float* O,
@@ -493,8 +494,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       std::fill(row, row + (a - sb), kNegInf);
       std::fill(row + (b - sb), row + width, kNegInf);
       // With a positive scale and nothing element by element, the logits stay unscaled: the
-      // max of the raw row times the scale (the scaled row's max exactly), and the exp scales
-      // as it reads (exp_shift_sum's FMA), one pass over the row fewer. Masked -inf stays -inf.
+      // max of the raw row times the scale (the scaled row's max exactly: rounding is
+      // monotone), and the exp scales as it reads, one pass over the row fewer (it stored the
+      // scaled row). Masked -inf stays -inf.
       const bool scale_in_exp = !elementwise && c.scale_value > 0;
       float mx = kNegInf;
       if (scale_in_exp) {

@@ -2,9 +2,10 @@
 // probabilities recomputed per block from the saved log-sum-exp (the T x S matrix never exists).
 // Work items are (batch, kv head, block of query positions) with the group's query heads as rows,
 // as in the forward. Per kv block of an item:
-//   S = q k^T, P = exp(x - lse);  dP = do v^T;  dS = P (dP - D) (through the soft cap);
-//   dq += dS k (the item's own rows);  dv += P^T do and dk += dS^T q into the thread's
-//   accumulators (rows of several items meet there), summed over the threads at the end.
+//   S = q k^T, P = exp(S scale - lse) (or of the biased, masked, capped logits);  dP = do v^T;  dS
+//   = P (dP - D) (through the soft cap); dq += dS k (the item's own rows);  dv += P^T do and dk +=
+//   dS^T q into the thread's accumulators (rows of several items meet there), summed over the
+//   threads at the end.
 // K and V are packed once per call in the three panel layouts the products read.
 #include <algorithm>
 #include <cmath>
@@ -232,7 +233,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
           }
         }
       }
-      // P = exp(x - lse), dS = P (dP - D) (times the cap's derivative); zero where masked.
+      // P = exp(logits - lse), dS = P (dP - D) (times the cap's derivative); zero where masked.
       for (int64_t r = 0; r < rows; ++r) {
         float* pr = P + r * lds;
         float* ds = dS + r * lds;
@@ -245,8 +246,8 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         }
         std::fill(pr, pr + (a - sb), kNegInf);
         std::fill(pr + (b - sb), pr + wp, kNegInf);
-        // As the forward: a positive scale is applied inside the exp (the same rounding as the
-        // forward's, so P matches the log-sum-exp it saved).
+        // As the forward: a positive scale is applied by the exp as it reads the row (the
+        // product rounded first, the values scale_max would store).
         const bool scale_in_exp = !elementwise && c.scale_value > 0;
         if (elementwise) {
           c.logits_row(pr + (a - sb), bb, nn, tt, a, b - a);
