@@ -41,6 +41,16 @@ void warn_miss_once(const OpFamily& family, const Implementation& impl,
                "; using the heuristics config");
 }
 
+// bound with "return_residuals" false where it is true; nothing otherwise.
+std::optional<BoundArguments> without_residuals(const BoundArguments& bound) {
+  const Json& args = bound.arguments();
+  const auto it = args.find("return_residuals");
+  if (it == args.end() || !it->is_boolean() || !it->get<bool>()) return std::nullopt;
+  Json plain = args;
+  plain["return_residuals"] = false;
+  return BoundArguments(bound.family(), bound.implementation(), std::move(plain));
+}
+
 }  // namespace
 
 namespace {
@@ -209,20 +219,33 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
   ensure_builtins();  // installs the autotuning layer's rungs on the first call
   const TuningBackend* backend = g_backend.load(std::memory_order_acquire);
   const BoundArguments bound = call.bound.with_implementation(impl.name());
-  if (backend) {
-    if (auto c = backend->scope_lookup(impl, bound, &r.detail)) {
+  // Scopes, the disk cache, the remote cache for a key; true with r filled on a hit.
+  const auto found = [&](const BoundArguments& key) {
+    if (auto c = backend->scope_lookup(impl, key, &r.detail)) {
       r.config = *c;
       r.rung = Rung::kScope;
-      return r;
+      return true;
     }
-    if (auto c = backend->cache_lookup(impl, bound, &r.detail)) {
+    if (auto c = backend->cache_lookup(impl, key, &r.detail)) {
       r.config = *c;
       r.rung = Rung::kDiskCache;
-      return r;
+      return true;
     }
-    if (auto c = backend->remote_lookup(impl, bound, &r.detail)) {
+    if (auto c = backend->remote_lookup(impl, key, &r.detail)) {
       r.config = *c;
       r.rung = Rung::kRemoteCache;
+      return true;
+    }
+    return false;
+  };
+  if (backend) {
+    if (found(bound)) return r;
+    // A forward asked for its residuals (a training step's) has the inference call's config
+    // space and nearly its cost (the residual is a row statistic or a copy of what the kernel
+    // holds anyway): without an entry of its own it takes that call's, rather than the
+    // heuristics and a miss warning for a spec the shipped data tunes.
+    if (const auto plain = without_residuals(bound); plain && found(*plain)) {
+      r.detail += " (the entry for the same call without return_residuals)";
       return r;
     }
   }

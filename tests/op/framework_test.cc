@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "tests/op/fake_ops.h"
+#include "tests/test_seed.h"
 
 namespace tokamax {
 namespace {
@@ -84,6 +85,54 @@ TEST_F(Framework, LadderRungs) {
     EXPECT_EQ(resolve_config(fake(), one, *other, std::nullopt).rung, Rung::kHeuristics);
   }
   EXPECT_EQ(resolve_config(fake(), one, *c, std::nullopt).rung, Rung::kDiskCache);
+}
+
+// A forward asked for its residuals (a training step's) with no entry of its own takes the entry
+// of the same call without them, from the disk cache or a scope; an entry of its own wins; a
+// call without residuals never takes one with them.
+TEST_F(Framework, ResidualsCallBorrowsTheEntryWithoutThem) {
+  const OpFamily& norm = find_family("layer_norm");
+  const Implementation& native = *norm.implementation("native");
+  const Json spec = {{"x", "f32[64,256]"}, {"scale", "f32[256]"}, {"subtract_mean", false}};
+  Json with = spec;
+  with["return_residuals"] = true;
+  auto plain_call = norm.make_call(norm.bind_json(spec, ""), fresh_seed());
+  auto train_call = norm.make_call(norm.bind_json(with, ""), fresh_seed());
+  ASSERT_EQ(resolve_config(norm, native, *train_call, std::nullopt).rung, Rung::kHeuristics);
+  const Config heuristics = native.heuristics_config(*train_call);
+  // A config the heuristics would not pick: any other valid rows_per_item.
+  const Json other_json = {{"rows_per_item", heuristics.json().value("rows_per_item", 1) + 3}};
+  const Config other = native.config_from_json(other_json);
+  AutotuningResult res;
+  AutotuningData d;
+  d.set(other, BenchmarkData{.median_ms = 1.0});
+  res.add(plain_call->bound.with_implementation("native"), d);
+  res.dump_cache();
+  Resolution r = resolve_config(norm, native, *train_call, std::nullopt);
+  EXPECT_EQ(r.rung, Rung::kDiskCache);
+  EXPECT_EQ(r.config.json(), other.json());
+  EXPECT_NE(r.detail.find("without return_residuals"), std::string::npos) << r.detail;
+  {
+    AutotuningScope scope(res);
+    r = resolve_config(norm, native, *train_call, std::nullopt);
+    EXPECT_EQ(r.rung, Rung::kScope);
+    EXPECT_EQ(r.config.json(), other.json());
+  }
+  // Its own entry wins.
+  AutotuningResult own;
+  AutotuningData d2;
+  d2.set(heuristics, BenchmarkData{.median_ms = 1.0});
+  own.add(train_call->bound.with_implementation("native"), d2);
+  own.dump_cache();
+  r = resolve_config(norm, native, *train_call, std::nullopt);
+  EXPECT_EQ(r.rung, Rung::kDiskCache);
+  EXPECT_EQ(r.config.json(), heuristics.json());
+  EXPECT_EQ(r.detail.find("without return_residuals"), std::string::npos) << r.detail;
+  // Never the other way.
+  DiskCache::global().clear();
+  std::filesystem::remove_all(dir_);
+  own.dump_cache();
+  EXPECT_EQ(resolve_config(norm, native, *plain_call, std::nullopt).rung, Rung::kHeuristics);
 }
 
 // ConfigSourceScope(kHeuristics) skips scopes and the disk cache (the PyTorch ops' default);
