@@ -38,6 +38,13 @@ struct AttentionCall : CallBase {
   // [B,N,T] f32 log-sum-exp, or null without return_residuals.
   const TensorView* lse() const { return return_residuals ? &outputs.at(1) : nullptr; }
   int64_t group() const { return n / nk; }  // query heads per kv head
+  // Whether a logit needs more than the scale (a bias, a mask or a soft cap): logits_row.
+  bool elementwise_logits() const { return bias || mask || logits_soft_cap; }
+  // Whether the native softmax keeps the raw logits and its exp applies the scale as it reads
+  // them (exp_shift_sum), rather than the logits being made first (element by element, or by
+  // scale_max for a scale <= 0, which inside the exp would turn a masked -inf into +inf). One
+  // rule for the forward and the backward's recompute of P, which must get the same values.
+  bool scale_in_exp() const { return !elementwise_logits() && scale_value > 0; }
   // The i-th of the B * Nk * tb work items (batch, kv head, block of query positions) in run
   // order, as (batch * Nk + kv head) * tb + block: head by head, so the threads share one
   // head's K and V in the caches; causal: a head's later blocks (more kv positions) first, so a

@@ -479,7 +479,13 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
                             const int64_t* r1, float* S, int64_t lds, float* m, float* l, float* O,
                             int64_t ldo) {
     const int64_t G = c.group(), se = sb + width;
-    const bool elementwise = c.bias || c.mask || c.logits_soft_cap;
+    const bool elementwise = c.elementwise_logits();
+    // With a positive scale and nothing element by element, the logits stay unscaled: the max
+    // of the raw row times the scale (the scaled row's max exactly: rounding is monotone), and
+    // the exp scales as it reads, one pass over the row fewer (it stored the scaled row).
+    // Masked -inf stays -inf.
+    const bool scale_in_exp = c.scale_in_exp();
+    const float exp_scale = scale_in_exp ? c.scale_value : 1.0f;
     // Logits, masks and the online softmax, row by row.
     for (int64_t r = 0; r < rows; ++r) {
       float* row = S + r * lds;
@@ -493,14 +499,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       // element by element).
       std::fill(row, row + (a - sb), kNegInf);
       std::fill(row + (b - sb), row + width, kNegInf);
-      // With a positive scale and nothing element by element, the logits stay unscaled: the
-      // max of the raw row times the scale (the scaled row's max exactly: rounding is
-      // monotone), and the exp scales as it reads, one pass over the row fewer (it stored the
-      // scaled row). Masked -inf stays -inf.
-      const bool scale_in_exp = !elementwise && c.scale_value > 0;
       float mx = kNegInf;
       if (scale_in_exp) {
-        mx = rk.max(row + (a - sb), b - a) * c.scale_value;
+        mx = rk.max(row + (a - sb), b - a) * exp_scale;
       } else if (!elementwise) {
         mx = rk.scale_max(row + (a - sb), b - a, c.scale_value);
       } else {
@@ -516,7 +517,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       // instrumentation, 3 runs of 200 calls each): 51 -> 30-34 ns a position a thread, bf16
       // 35 -> 20; cold decode calls measured alike within the bench's noise.
       const float alpha = m[r] == m_new ? 1.0f : m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_new);
-      const float sum = rk.exp_shift_sum(row, width, scale_in_exp ? c.scale_value : 1.0f, m_new);
+      const float sum = rk.exp_shift_sum(row, width, exp_scale, m_new);
       l[r] = l[r] * alpha + sum;
       m[r] = m_new;
       if (alpha != 1.0f) {

@@ -210,7 +210,11 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     const k::PackAF32 pack = k::f32_lhs_packer(ks);
     pack(Q, c.h, rows, 0, c.h, static_cast<int>(mr), qt);
     pack(dO, c.hv, rows, 0, c.hv, static_cast<int>(mr), dot);
-    const bool elementwise = c.bias || c.mask || cap;
+    const bool elementwise = c.elementwise_logits();
+    // As the forward: a positive scale is applied by the exp as it reads the row (the product
+    // rounded first, the values scale_max would store).
+    const bool scale_in_exp = c.scale_in_exp();
+    const float exp_scale = scale_in_exp ? c.scale_value : 1.0f;
     for (int64_t sb = lo / nr * nr; sb < hi; sb += cfg.block_kv) {
       const int64_t se = std::min<int64_t>(sb + cfg.block_kv, hi);
       const int64_t width = se - sb, panels_w = (width + nr - 1) / nr, wp = panels_w * nr;
@@ -246,9 +250,6 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         }
         std::fill(pr, pr + (a - sb), kNegInf);
         std::fill(pr + (b - sb), pr + wp, kNegInf);
-        // As the forward: a positive scale is applied by the exp as it reads the row (the
-        // product rounded first, the values scale_max would store).
-        const bool scale_in_exp = !elementwise && c.scale_value > 0;
         if (elementwise) {
           c.logits_row(pr + (a - sb), bb, nn, tt, a, b - a);
           if (cap) {
@@ -257,7 +258,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
         } else if (!scale_in_exp) {
           rk.scale_max(pr + (a - sb), b - a, c.scale_value);
         }
-        rk.exp_shift_sum(pr, wp, scale_in_exp ? c.scale_value : 1.0f, lse[r]);
+        rk.exp_shift_sum(pr, wp, exp_scale, lse[r]);
         for (int64_t j = 0; j < wp; ++j) {
           ds[j] = pr[j] * (ds[j] - D[r]);
           if (cap && pr[j] != 0.0f) ds[j] *= capg[r * lds + j];
