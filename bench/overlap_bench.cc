@@ -18,11 +18,12 @@
 // they take longer than one after the other.
 // Usage: tokamax_overlap_bench [--rounds N (1-1000)] [--threads T (1 to the cores)] [--work
 // W[,W...] (0-1024)] [--hint t0|t1] [--ahead KiB (1-1024)]
-// What it showed on a Sapphire Rapids VM (2 threads, 5 rounds, two runs each, 2026-12-06): the
-// hint matters where the compute is small. At W = 8 (compute 11-12 ns a KiB against a 72-74 ns
-// read), t0 16 KiB ahead took 79-83 ns a KiB (88-92% of the read rate) against 97-98 for t1; at
-// W = 12 96-101 against 103-105; at W = 16 t1 was ahead (105 against 121). t1 at 4, 16 or 64
-// KiB ahead measured alike, t0 at 4 or 64 KiB slower than at 16 (64 KiB does not stay in L1).
+// What it showed on a Sapphire Rapids VM (2 threads, 2026-12-06; `--rounds 5 --work 4,8,12,16`
+// twice and `--rounds 3 --work 8,12,16` once, each with --hint t0 and t1, --ahead 16): at W = 8
+// (compute 11-12 ns a KiB against a 72-74 ns read) t0 took 79-83 ns a KiB (88-94% of the read
+// rate) against 97-98 for t1 in all three; at W = 12 and 16 the lead changed from run to run
+// (t0 96-109 against t1 102-105; t0 96-121 against t1 105-106). t1 at 4, 16 or 64 KiB ahead
+// measured alike, t0 at 4 or 64 KiB slower than at 16 (64 KiB does not stay in L1).
 #include <immintrin.h>
 
 #include <CLI/CLI.hpp>
