@@ -343,7 +343,8 @@ struct TuningRun {
 
   // A cold start for the next call: its tensors (inputs and outputs) evicted line by line when
   // they are small next to the last-level cache (a stream through twice the cache costs ~50 ms
-  // on a machine with a large one, more than most memory-bound calls), else the stream.
+  // on a machine with a large one, more than most memory-bound calls), else the stream; the
+  // pool's workers left awake either way (wake_threads).
   void evict_inputs() const {
     int64_t bytes = 0;
     for (const Tensor& t : call->owned) bytes += t.spec().bytes();
@@ -353,6 +354,7 @@ struct TuningRun {
       evict_range(t.data(), static_cast<size_t>(t.spec().bytes()));
     for (const TensorView& v : call->outputs)
       evict_range(v.data(), static_cast<size_t>(v.spec().bytes()));
+    wake_threads();
   }
 
   // One sample of candidate cands[i] (ms per call), sized from its latest time `est_ms`.

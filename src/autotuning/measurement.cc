@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "core/thread_pool.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/tensor.h"
 
@@ -67,10 +68,23 @@ void flush_cache() {
   const int64_t n = buffer->size();
   // Read-only, one load per line: the cache ends up full of clean lines. (A read-modify-write
   // flush leaves it full of dirty lines whose write-back then competes with the measured
-  // kernel for memory bandwidth, penalizing exactly the memory-bound kernels.)
-  double sum = 0;
-  for (int64_t i = 0; i < n; i += 8) sum += p[i];
-  asm volatile("" ::"x"(sum) : "memory");
+  // kernel for memory bandwidth, penalizing exactly the memory-bound kernels.) Every thread
+  // reads a contiguous share of the lines; each share also sweeps that core's private caches
+  // (its L2 kept up to 2 MiB of the last call's data on Sapphire Rapids, whose L3 does not
+  // hold what the L2s hold).
+  ThreadPool& pool = ThreadPool::global();
+  const int threads = pool.size();
+  const int64_t lines = (n + 7) / 8;
+  pool.run(threads, [&](int t) {
+    double sum = 0;
+    for (int64_t l = lines * t / threads; l < lines * (t + 1) / threads; ++l) sum += p[l * 8];
+    asm volatile("" ::"x"(sum) : "memory");
+  });
+}
+
+void wake_threads() {
+  ThreadPool& pool = ThreadPool::global();
+  pool.run(pool.size(), [](int) {});
 }
 
 SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& o) {

@@ -26,7 +26,9 @@ struct InPoolJob {
 };
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads)
+    : claims_(std::make_unique<std::atomic<uint64_t>[]>(
+          static_cast<size_t>(std::max(1, num_threads)))) {
   try {
     for (int i = 1; i < std::max(1, num_threads); ++i) {
       workers_.emplace_back([this, i] { worker_loop(i); });
@@ -73,7 +75,9 @@ void ThreadPool::worker_loop(int index) {
     const auto* fn = fn_;
     const uint32_t mode = float_mode_;
     lock.unlock();
-    if (participate) {
+    // The share may have been taken by the caller (kCallerTakesLate) while this worker woke;
+    // fn is then not touched (the run, and fn with it, may be over).
+    if (participate && claim(index, seen)) {
       try {
         const InPoolJob job;
         const ScopedFloatMode in_callers_mode(mode);
@@ -82,15 +86,28 @@ void ThreadPool::worker_loop(int index) {
         std::lock_guard<std::mutex> elock(mu_);
         if (!error_) error_ = std::current_exception();
       }
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> elock(mu_);
-        cv_.notify_all();
-      }
+      finish_share();
     }
   }
 }
 
-void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
+bool ThreadPool::claim(int i, uint64_t generation) {
+  uint64_t last = claims_[i].load(std::memory_order_relaxed);
+  // Generations only grow: a share already at `generation` (or later) is someone else's.
+  while (last < generation) {
+    if (claims_[i].compare_exchange_weak(last, generation, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+void ThreadPool::finish_share() {
+  if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+}
+
+void ThreadPool::run(int threads, const std::function<void(int)>& fn, Shares shares) {
   threads = std::clamp(threads, 1, size());
   if (in_pool_job) {
     for (int t = 0; t < threads; ++t) fn(t);
@@ -103,6 +120,7 @@ void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
     return;
   }
   std::lock_guard<std::mutex> run_lock(run_mu_);
+  uint64_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;
@@ -110,15 +128,26 @@ void ThreadPool::run(int threads, const std::function<void(int)>& fn) {
     active_threads_ = threads;
     error_ = nullptr;
     pending_.store(threads - 1);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation = generation_.fetch_add(1, std::memory_order_release) + 1;
   }
   cv_.notify_all();
   std::exception_ptr mine;
-  try {
-    const InPoolJob job;
-    fn(0);
-  } catch (...) {
-    mine = std::current_exception();
+  auto run_share = [&](int i) {
+    try {
+      const InPoolJob job;
+      fn(i);
+    } catch (...) {
+      if (!mine) mine = std::current_exception();
+    }
+  };
+  run_share(0);
+  if (shares == Shares::kCallerTakesLate) {
+    for (int i = 1; i < threads; ++i) {
+      if (claim(i, generation)) {
+        run_share(i);
+        finish_share();
+      }
+    }
   }
   for (int spin = 0; pending_.load(std::memory_order_acquire) != 0 && spin < 200000; ++spin) {
 #if defined(__x86_64__)
@@ -160,12 +189,15 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)
     return;
   }
   std::atomic<int64_t> next{0};
-  ThreadPool::global().run(threads, [&](int t) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
-         i = next.fetch_add(1, std::memory_order_relaxed)) {
-      fn(i, t);
-    }
-  });
+  ThreadPool::global().run(
+      threads,
+      [&](int t) {
+        for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+             i = next.fetch_add(1, std::memory_order_relaxed)) {
+          fn(i, t);
+        }
+      },
+      ThreadPool::Shares::kCallerTakesLate);
 }
 
 }  // namespace tokamax

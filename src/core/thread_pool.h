@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,12 +24,26 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
-  // Runs fn(thread_index) on `threads` threads (the caller is thread 0) and waits for all,
-  // every thread in the caller's floating-point mode (flush-to-zero, rounding: float_mode.h).
-  // threads is clamped to [1, size()]. Exceptions from any thread are rethrown (the first one).
-  // Called from inside a run (nested: a kernel inside a job of the autotuner's preparation),
-  // it runs fn(0), ..., fn(threads - 1) inline on the calling thread.
-  void run(int threads, const std::function<void(int)>& fn);
+
+  // Who runs a share whose worker has not started it by the time the caller finished its own.
+  enum class Shares {
+    // Every share on its own thread: the caller waits for each worker (the roofline probes,
+    // whose shares must run at once to measure the machine).
+    kEveryThread,
+    // The caller runs it. A worker asleep (after the pool sat idle for more than its spin)
+    // takes a wake-up to start; in a VM that measured up to 1-1.4 ms (a decode step of 1 MiB of
+    // KV after a 20 ms pause, 2 threads: 1.28-1.41 ms a call against 53 us back to back), and
+    // parallel_for's caller had by then taken every item itself: it waited only for the
+    // worker to find nothing to do.
+    kCallerTakesLate,
+  };
+  // Runs fn(share) for share in [0, threads) (the caller runs share 0), worker i running share
+  // i, and returns when all have run, every one in the caller's floating-point mode
+  // (flush-to-zero, rounding: float_mode.h). threads is clamped to [1, size()]. Exceptions from
+  // any share are rethrown (the first one). Called from inside a run (nested: a kernel inside a
+  // job of the autotuner's preparation), it runs fn(0), ..., fn(threads - 1) inline on the
+  // calling thread.
+  void run(int threads, const std::function<void(int)>& fn, Shares shares = Shares::kEveryThread);
 
   // The process-wide pool used by kernels, grown on demand to num_threads().
   static ThreadPool& global();
@@ -36,13 +51,19 @@ class ThreadPool {
  private:
   void worker_loop(int index);
   void stop_workers();
+  // Takes share i of run `generation` for the calling thread: false when another thread has.
+  bool claim(int i, uint64_t generation);
+  // Marks a share done; the last one wakes the caller if it sleeps.
+  void finish_share();
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::mutex run_mu_;  // one run() at a time
   std::condition_variable cv_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<int> pending_{0};  // shares of the current run not yet done (the caller's aside)
+  // Per worker index: the last run whose share was taken (by the worker or the caller).
+  std::unique_ptr<std::atomic<uint64_t>[]> claims_;
   int active_threads_ = 0;
   const std::function<void(int)>* fn_ = nullptr;
   uint32_t float_mode_ = 0;  // the caller's (float_mode.h): workers run the job in it

@@ -1,12 +1,16 @@
 // The library's one thread pool: every item once, exceptions rethrown, and runs nested inside a
 // job (the autotuner prepares candidates on the pool; their packing runs on it too) complete
-// inline instead of deadlocking; every thread of a job runs in its caller's floating-point mode.
+// inline instead of deadlocking; every thread of a job runs in its caller's floating-point mode;
+// a share whose worker is late is run once, by the caller (parallel_for) or by its worker.
 #include "core/thread_pool.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "core/float_mode.h"
@@ -42,6 +46,50 @@ TEST(ThreadPool, NestedRunsCompleteInline) {
                            [&](int) { ThreadPool::global().run(2, [&](int) { calls++; }); });
   EXPECT_EQ(calls.load(), std::min(threads, ThreadPool::global().size()) *
                               std::min(2, ThreadPool::global().size()));
+}
+
+// Shares, with workers asleep (a pause longer than their spin), spinning or busy at the start
+// of a run, in both modes: each share runs exactly once, on its own worker in kEveryThread, and
+// an exception from a share is rethrown whoever ran it. (Run under ThreadSanitizer too: a late
+// worker must not touch the job of a run that has returned.)
+TEST(ThreadPool, SharesRunOnceWhoeverTakesThem) {
+  ThreadPool pool(3);
+  using Shares = ThreadPool::Shares;
+  int caller_took = 0;
+  for (int round = 0; round < 300; ++round) {
+    if (round % 25 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const Shares shares = round % 2 ? Shares::kCallerTakesLate : Shares::kEveryThread;
+    const int threads = 1 + round % 3;
+    std::vector<int> ran(threads, 0);  // written by one thread each; read after run()
+    std::vector<std::thread::id> by(threads);
+    pool.run(
+        threads,
+        [&](int t) {
+          ran[t]++;
+          by[t] = std::this_thread::get_id();
+        },
+        shares);
+    for (int t = 0; t < threads; ++t) {
+      ASSERT_EQ(ran[t], 1) << "round " << round << " share " << t;
+      const bool on_caller = by[t] == std::this_thread::get_id();
+      if (shares == Shares::kEveryThread || t == 0) {
+        ASSERT_EQ(on_caller, t == 0) << "round " << round << " share " << t;
+      }
+      caller_took += t > 0 && on_caller;
+    }
+  }
+  // How many late shares the caller took depends on the scheduler; print it, do not require it.
+  std::printf("the caller took %d late shares\n", caller_took);
+  for (const Shares shares : {Shares::kEveryThread, Shares::kCallerTakesLate}) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_THROW(pool.run(
+                     3,
+                     [](int t) {
+                       if (t == 2) throw std::runtime_error("share 2");
+                     },
+                     shares),
+                 std::runtime_error);
+  }
 }
 
 // Each thread's mode and a product below f32's smallest normal (1e-20 squared), per thread

@@ -37,8 +37,15 @@ struct TimingOptions {
 // Times fn(); each sample is the per-call time in milliseconds.
 SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& options);
 
-// Evicts the last-level cache by streaming through a buffer twice its size.
+// Evicts the caches by streaming through a buffer twice the last-level cache's size, every
+// thread of the kernels' pool reading its share: each core's own caches are flushed too, and
+// the pool's workers are left running (see wake_threads).
 void flush_cache();
+// Runs an empty job on every thread of the kernels' pool, so that a call timed next finds its
+// workers spinning, as back-to-back calls do, rather than asleep: after a pause longer than
+// their spin (a cache flush) a worker's wake-up took up to milliseconds in a VM, and a
+// memory-bound call measured with it measured the wake-up. Not timed by the caller.
+void wake_threads();
 // Evicts [data, data + bytes) from every cache level (a flush of each line; written-back where
 // dirty): a cold start for a call whose inputs are small next to the last-level cache, at a
 // cost in proportion to them rather than to the cache. No-op where the CPU has no such
