@@ -68,10 +68,11 @@ using StreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, co
 // above), c's blocks in registers across K. As it reads rows 0.. of b it prefetches rows K,
 // K + 1, .. K + prefetch_rows - 1 (prefetch_rows <= K; columns [0, cols)) into L2, one for each
 // row read: the caller's next block, so the memory stream goes on while it computes
-// (kernels/stream_prefetch.h).
+// (kernels/stream_prefetch.h). With l1_ahead != 0 it also prefetches into L1, as it reads a row's
+// columns [0, cols), the bytes l1_ahead further on (decode: the next kv head's columns).
 using StreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const void* b,
                                  bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,
-                                 int64_t prefetch_rows);
+                                 int64_t prefetch_rows, int64_t l1_ahead);
 // The streaming kernels' dispatch: body.template operator()<MR, BF16>() for the tile height (up to
 // kStreamMaxMr) and weight dtype of a call; nothing for mr <= 0 (no rows of c to write). As
 // with_tile_rows, each ISA file instantiates it with its own lambdas.
@@ -105,10 +106,10 @@ using PackABf16 = void (*)(const void* a, bool is_bf16, int64_t lda, int64_t row
 // lda and ldb in elements; any K and cols (tails masked).
 using DotStreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const uint16_t* b,
                                  int64_t ldb, int64_t cols, float* c, int64_t ldc);
-// dot_stream_acc, with StreamAccKernel's prefetch of the next block's rows.
+// dot_stream_acc, with StreamAccKernel's prefetches (of the next block's rows, and l1_ahead).
 using DotStreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda,
                                     const uint16_t* b, int64_t ldb, int64_t cols, float* c,
-                                    int64_t ldc, int64_t prefetch_rows);
+                                    int64_t ldc, int64_t prefetch_rows, int64_t l1_ahead);
 
 // Decode's q k^T for `heads` kv heads at once, in memory order (position by position, every
 // head of a position before the next: a KV cache sub-block [cols][heads][K] read as one forward
@@ -120,12 +121,13 @@ using DotStreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t l
 // kDotHeadsMaxValues (the rounded rows live on the stack). When `prefetch` is not null they
 // prefetch the prefetch_bytes bytes at prefetch + j * prefetch_ld as position j is read, head by
 // head (decode: the first sub-block's V rows, before P v reads them, then the next sub-block's K
-// rows; kernels/stream_prefetch.h).
+// rows; kernels/stream_prefetch.h). With l1_ahead != 0 they also prefetch into L1, as they read a
+// line of b, the line l1_ahead bytes further on (decode: its own stream 16 KiB ahead).
 inline constexpr int64_t kDotHeadsMaxValues = 8192;
 using StreamHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const void* b,
                                    bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,
                                    const void* prefetch, int64_t prefetch_ld,
-                                   int64_t prefetch_bytes);
+                                   int64_t prefetch_bytes, int64_t l1_ahead);
 
 struct KernelSet {
   Isa isa;

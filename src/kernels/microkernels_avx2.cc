@@ -225,12 +225,17 @@ void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t 
 // in registers over all K rows of b, c loaded and stored once per block.
 template <int MR, int V, bool BF16, bool MASKED>
 inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
-                      int64_t n, float* c, int64_t ldc, int64_t pf_rows) {
+                      int64_t n, float* c, int64_t ldc, int64_t pf_rows, int64_t l1_ahead) {
   static_assert(V == 1 || !MASKED);
+  constexpr int64_t es = BF16 ? 2 : 4;
   __m256 acc[MR][V];
   load_acc<MR, V, MASKED>(acc, c, ldc, j, n);
   for (int64_t k = 0; k < K; ++k) {
-    if (k < pf_rows) prefetch_row(b, BF16 ? 2 : 4, K + k, ldb, j, 8 * V);  // the next block's row k
+    if (k < pf_rows) prefetch_row(b, es, K + k, ldb, j, 8 * V);  // the next block's row k
+    if (l1_ahead) {
+      prefetch_l1(static_cast<const char*>(b) + (k * ldb + j) * es + l1_ahead, 0,
+                  (MASKED ? n : 8 * V) * es);
+    }
     __m256 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 8 * v, n);
@@ -246,11 +251,11 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
 
 template <int MR, bool BF16>
 void stream_acc_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
-                     int64_t cols, float* c, int64_t ldc, int64_t pf_rows) {
+                     int64_t cols, float* c, int64_t ldc, int64_t pf_rows, int64_t l1_ahead) {
   // MR x V accumulators, V weights and a broadcast within the 16 registers.
   constexpr int V = MR <= 2 ? 4 : MR <= 6 ? 2 : 1;
   column_blocks<V>(cols, [&]<int VV, bool MASKED>(int64_t j, int64_t n) {
-    acc_block<MR, VV, BF16, MASKED>(K, a, lda, b, ldb, j, n, c, ldc, pf_rows);
+    acc_block<MR, VV, BF16, MASKED>(K, a, lda, b, ldb, j, n, c, ldc, pf_rows, l1_ahead);
   });
 }
 
@@ -330,12 +335,17 @@ void stream_t_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_
 // flight; the MR sums reduced four at a time. Prefetches as the AVX-512 kernel's.
 template <int MR, bool BF16>
 void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
-                float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
+                float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes,
+                int64_t l1_ahead) {
   constexpr int kSets = MR <= 4 ? 2 : 1;
+  constexpr int64_t es = BF16 ? 2 : 4;
   const HeadsPrefetch prefetch(heads, pf, pf_ld, pf_bytes);
   for (int64_t j = 0; j < cols; ++j) {
     for (int h = 0; h < heads; ++h) {
       prefetch.extra(j, 1, h);
+      if (l1_ahead) {
+        prefetch_l1(static_cast<const char*>(b) + (j * ldb + h * K) * es + l1_ahead, 0, K * es);
+      }
       __m256 acc[kSets][MR];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
@@ -377,10 +387,11 @@ void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb
 
 void stream_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool b_bf16,
                     int64_t ldb, int64_t cols, float* c, int64_t ldc, const void* prefetch,
-                    int64_t prefetch_ld, int64_t prefetch_bytes) {
+                    int64_t prefetch_ld, int64_t prefetch_bytes, int64_t l1_ahead) {
   const char* pf = static_cast<const char*>(prefetch);
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
-    heads_tile<MR, BF16>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes);
+    heads_tile<MR, BF16>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes,
+                         l1_ahead);
   });
 }
 
@@ -392,9 +403,10 @@ void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool 
 }
 
 void stream_acc(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
-                int64_t ldb, int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows) {
+                int64_t ldb, int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows,
+                int64_t l1_ahead) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
-    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc, prefetch_rows);
+    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc, prefetch_rows, l1_ahead);
   });
 }
 

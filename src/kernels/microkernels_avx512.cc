@@ -495,13 +495,16 @@ void stream_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t 
 // (StreamAccKernel).
 template <int MR, int V, bool BF16, bool MASKED>
 inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb, int64_t j,
-                      __mmask16 m, float* c, int64_t ldc, int64_t pf_rows) {
+                      __mmask16 m, float* c, int64_t ldc, int64_t pf_rows, int64_t l1_ahead) {
   static_assert(V == 1 || !MASKED);
+  constexpr int64_t es = BF16 ? 2 : 4;
   __m512 acc[MR][V];
   load_acc<MR, V, MASKED>(acc, c, ldc, j, m);
   for (int64_t k = 0; k < K; ++k) {
-    if (k < pf_rows)
-      prefetch_row(b, BF16 ? 2 : 4, K + k, ldb, j, 16 * V);  // the next block's row k
+    if (k < pf_rows) prefetch_row(b, es, K + k, ldb, j, 16 * V);  // the next block's row k
+    if (l1_ahead) {
+      prefetch_l1(static_cast<const char*>(b) + (k * ldb + j) * es + l1_ahead, 0, 16 * V * es);
+    }
     __m512 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 16 * v, m);
@@ -517,10 +520,10 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
 
 template <int MR, bool BF16>
 void stream_acc_tile(int64_t K, const float* a, int64_t lda, const void* b, int64_t ldb,
-                     int64_t cols, float* c, int64_t ldc, int64_t pf_rows) {
+                     int64_t cols, float* c, int64_t ldc, int64_t pf_rows, int64_t l1_ahead) {
   // MR x V <= 16 accumulators.
   column_blocks<MR <= 4 ? 4 : 2>(cols, [&]<int V, bool MASKED>(int64_t j, __mmask16 m) {
-    acc_block<MR, V, BF16, MASKED>(K, a, lda, b, ldb, j, m, c, ldc, pf_rows);
+    acc_block<MR, V, BF16, MASKED>(K, a, lda, b, ldb, j, m, c, ldc, pf_rows, l1_ahead);
   });
 }
 
@@ -570,7 +573,8 @@ inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 template <int MR, int JB, bool BF16>
 __attribute__((always_inline)) inline void stream_t_cols(int64_t K, const float* a, int64_t lda,
                                                          const void* b, int64_t ldb, int64_t j0,
-                                                         float* c, int64_t ldc, RowLines pfl = {}) {
+                                                         float* c, int64_t ldc, RowLines pfl = {},
+                                                         int64_t l1_ahead = 0) {
   __m512 acc[MR][JB];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -580,6 +584,13 @@ __attribute__((always_inline)) inline void stream_t_cols(int64_t K, const float*
   const int64_t per = pfl.per_step((K + 15) / 16);
   auto step = [&]<bool MASKED>(int64_t k, __mmask16 m) {
     pfl.issue(per);
+    if (l1_ahead && (!BF16 || k % 32 == 0)) {  // a line of each row (bf16: every other step)
+#pragma GCC unroll 4
+      for (int jj = 0; jj < JB; ++jj) {
+        prefetch_t0(static_cast<const char*>(b) + ((j0 + jj) * ldb + k) * (BF16 ? 2 : 4) +
+                    l1_ahead);
+      }
+    }
     __m512 w[JB];
 #pragma GCC unroll 4
     for (int jj = 0; jj < JB; ++jj) w[jj] = load_w<BF16, MASKED>(b, (j0 + jj) * ldb + k, m);
@@ -743,7 +754,8 @@ void dot_stream_t(int mr, int64_t K, const float* a, int64_t lda, const uint16_t
 // b widened to f32 (FMA), 2 bf16 b on the bf16 dot (a rounded to bf16 first).
 template <int MR, int KIND>
 void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb, int64_t cols,
-                float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes) {
+                float* c, int64_t ldc, const char* pf, int64_t pf_ld, int64_t pf_bytes,
+                int64_t l1_ahead) {
   constexpr bool kDot = KIND == 2;
   constexpr int JB = MR <= 4 ? 4 : 2;  // MR x JB accumulators, as stream_t_tile
   const int64_t ld = kDot ? (K + 31) / 32 * 32 : K;
@@ -761,12 +773,15 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
       // alike; 6 interleaved pairs of tokamax bench --tag decode runs).
       if constexpr (kDot) prefetch.extra(j, N, h);
       const char* bh = static_cast<const char*>(b) + h * K * es;
+      if (kDot && l1_ahead) {
+        for (int n = 0; n < N; ++n) prefetch_l1(bh + (j + n) * ldb * es + l1_ahead, 0, K * es);
+      }
       if constexpr (kDot) {
         dot_t_cols<MR, N, false>(K, ab + h * MR * ld, ld, reinterpret_cast<const uint16_t*>(bh),
                                  ldb, j, c + h * MR * ldc, ldc);
       } else {
         stream_t_cols<MR, N, KIND == 1>(K, a + h * MR * K, K, bh, ldb, j, c + h * MR * ldc, ldc,
-                                        prefetch.lines(j, N, h));
+                                        prefetch.lines(j, N, h), l1_ahead);
       }
     }
   };
@@ -777,21 +792,21 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
 
 void stream_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool b_bf16,
                     int64_t ldb, int64_t cols, float* c, int64_t ldc, const void* prefetch,
-                    int64_t prefetch_ld, int64_t prefetch_bytes) {
+                    int64_t prefetch_ld, int64_t prefetch_bytes, int64_t l1_ahead) {
   const char* pf = static_cast<const char*>(prefetch);
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
-    heads_impl<MR, BF16 ? 1 : 0>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld,
-                                 prefetch_bytes);
+    heads_impl<MR, BF16 ? 1 : 0>(heads, K, a, b, ldb, cols, c, ldc, pf, prefetch_ld, prefetch_bytes,
+                                 l1_ahead);
   });
 }
 
 void dot_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bool /*b_bf16*/,
                  int64_t ldb, int64_t cols, float* c, int64_t ldc, const void* prefetch,
-                 int64_t prefetch_ld, int64_t prefetch_bytes) {
+                 int64_t prefetch_ld, int64_t prefetch_bytes, int64_t l1_ahead) {
   if (mr <= 0) return;
   with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
     heads_impl<MR, 2>(heads, K, a, b, ldb, cols, c, ldc, static_cast<const char*>(prefetch),
-                      prefetch_ld, prefetch_bytes);
+                      prefetch_ld, prefetch_bytes, l1_ahead);
   });
 }
 
@@ -803,7 +818,7 @@ void dot_heads_t(int mr, int heads, int64_t K, const float* a, const void* b, bo
 template <int MR, int V>
 inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                           int64_t j, int64_t n, float* c, int64_t ldc, int64_t pf_ahead,
-                          int64_t pf_rows) {
+                          int64_t pf_rows, int64_t l1_ahead) {
   // Lane 2i of the result: element i of the first source; lane 2i + 1: element i of the second
   // (lo: elements 0-15, hi: 16-31).
   alignas(64) static constexpr uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
@@ -829,6 +844,12 @@ inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint1
   auto pair = [&](int64_t k, bool odd) {
     for (int64_t r = k; r < k + (odd ? 1 : 2) && r < pf_rows; ++r)
       prefetch_row(b, 2, r + pf_ahead, ldb, j, n < 32 * V ? n : 32 * V);
+    if (l1_ahead) {
+      for (int64_t r = k; r < k + (odd ? 1 : 2); ++r) {
+        prefetch_l1(reinterpret_cast<const char*>(b + r * ldb + j) + l1_ahead, 0,
+                    2 * (n < 32 * V ? n : 32 * V));
+      }
+    }
     __m512bh w[2 * V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {
@@ -861,7 +882,7 @@ inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint1
 }
 
 void dot_stream_acc(int mr, int64_t K, const float* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                    int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows) {
+                    int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows, int64_t l1_ahead) {
   if (mr <= 0) return;
   with_tile_rows<kStreamMaxMr>(mr, [&]<int MR>() {
     // MR x 2V accumulators, 2V pair vectors, the permute indices and a broadcast.
@@ -875,9 +896,9 @@ void dot_stream_acc(int mr, int64_t K, const float* a, int64_t lda, const uint16
       // bk's row kk is row k0 + kk of b: the next block's row is K rows on.
       const int64_t pf = prefetch_rows - k0;
       for (; j + 32 * V <= cols; j += 32 * V)
-        dot_acc_block<MR, V>(n, ab, ld, bk, ldb, j, 32 * V, c, ldc, K, pf);
+        dot_acc_block<MR, V>(n, ab, ld, bk, ldb, j, 32 * V, c, ldc, K, pf, l1_ahead);
       for (; j < cols; j += 32)
-        dot_acc_block<MR, 1>(n, ab, ld, bk, ldb, j, cols - j, c, ldc, K, pf);
+        dot_acc_block<MR, 1>(n, ab, ld, bk, ldb, j, cols - j, c, ldc, K, pf, l1_ahead);
     }
   });
 }
@@ -890,9 +911,10 @@ void stream(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool 
 }
 
 void stream_acc(int mr, int64_t K, const float* a, int64_t lda, const void* b, bool b_bf16,
-                int64_t ldb, int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows) {
+                int64_t ldb, int64_t cols, float* c, int64_t ldc, int64_t prefetch_rows,
+                int64_t l1_ahead) {
   with_rows_and_dtype(mr, b_bf16, [&]<int MR, bool BF16>() {
-    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc, prefetch_rows);
+    stream_acc_tile<MR, BF16>(K, a, lda, b, ldb, cols, c, ldc, prefetch_rows, l1_ahead);
   });
 }
 

@@ -37,5 +37,8 @@ inline void prefetch_t1(const void* p) {
 inline void prefetch_l2(const char* p, int64_t begin, int64_t end) {
   for (int64_t off = begin; off < end; off += 64) prefetch_t1(p + off);
 }
+inline void prefetch_l1(const char* p, int64_t begin, int64_t end) {
+  for (int64_t off = begin; off < end; off += 64) prefetch_t0(p + off);
+}
 
 }  // namespace tokamax::kernels

@@ -259,8 +259,10 @@ TEST(Microkernels, WeightStreamingBothLayouts) {
                 }
               }
               const void* b = bf16 ? static_cast<const void*>(bh.data()) : bf.data();
-              if (acc) {  // prefetching the K rows after b's (a prefetch reads nothing)
-                ks->stream_acc(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc, K);
+              if (acc) {  // prefetching the K rows after b's and lines 16 KiB on (a prefetch
+                          // reads nothing)
+                ks->stream_acc(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc, K,
+                               cols % 2 ? 16 << 10 : 0);
               } else {
                 stream(mr, K, a.data(), lda, b, bf16, ldb, cols, c.data(), ldc);
               }
@@ -296,8 +298,9 @@ TEST(Microkernels, DecodeBf16DotKernels) {
             const std::vector<uint16_t>& bh = o.bh;
             if (trans) {
               ks->dot_stream_t(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc);
-            } else {  // prefetching the K rows after b's, as the stream_acc test
-              ks->dot_stream_acc(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc, K);
+            } else {  // prefetching as the stream_acc test
+              ks->dot_stream_acc(mr, K, a.data(), lda, bh.data(), ldb, cols, c.data(), ldc, K,
+                                 cols % 2 ? 16 << 10 : 0);
             }
             const std::string what = std::string(ks->name) +
                                      (trans ? " dot_stream_t" : " dot_stream_acc") +
@@ -349,9 +352,10 @@ TEST(Microkernels, DecodeHeadsKernels) {
                 const std::vector<uint16_t> bh = bf16_bits(bf);
                 std::vector<float> c(static_cast<size_t>((rows + 1) * ldc), kSentinel);
                 const void* b = bf16 ? static_cast<const void*>(bh.data()) : bf.data();
-                // The prefetch reads nothing: any address, here b's own rows.
+                // The prefetches read nothing: any address, here b's own rows, and the lines
+                // 16 KiB on.
                 kernel(mr, heads, K, a.data(), b, bf16, ldb, cols, c.data(), ldc,
-                       cols % 2 ? b : nullptr, ldb * (bf16 ? 2 : 4), 64);
+                       cols % 2 ? b : nullptr, ldb * (bf16 ? 2 : 4), 64, cols % 3 ? 16 << 10 : 0);
                 const std::string what =
                     std::string(ks->name) + (dot ? " dot_heads_t" : " stream_heads_t") +
                     " mr=" + std::to_string(mr) + " heads=" + std::to_string(heads) +

@@ -51,6 +51,19 @@ constexpr int64_t kMaxRows = 256;  // row ranges on the stack up to this many ro
 // positions 0.61-0.71x the time of 32, 8 positions 1.09x of 16. (Software prefetches of the
 // next sub-block, whole or a head's slice at a time, L1 or L2: no faster there either.)
 constexpr int64_t kDecodeBytes = 128 << 10;
+// How decode's FMA kernels keep the memory stream going while they compute: each line they
+// read also prefetches into L1 (prefetcht0) a line read soon after: q k^T the line 16 KiB
+// further on in K (its own stream, position by position), P v the same row's columns of the
+// next kv head (which it reads next), rather than L2 prefetches of the whole next sub-block
+// (the caller's rows: a block ahead). tokamax_overlap_bench on Sapphire Rapids had shown the
+// L1 form 16 KiB ahead reach 88-94% of the read rate at decode's compute per KiB, the L2 form
+// at any distance about 75%. Decode there (tokamax bench --tag decode --impl native --rounds 3,
+// interleaved pairs with the L2 form, 2026-12-06): f32 70.4-74.1% of the read ceiling against
+// 66.1-71.2%, bf16 57.9-62.7% against 51.8-56.2% (6 pairs, a build switched by environment
+// variables); this code 74.2-75.0% against 66.8-72.3%, bf16 55.9-61.2% against 50.2-53.7% (3
+// pairs). 8 or 32 KiB ahead measured alike or slower (70.6-71.6% f32, 2 runs each). (The bf16
+// dot's kernels, measured on Zen 4 with the L2 form, keep it.)
+constexpr int64_t kDecodeL1Ahead = 16 << 10;
 
 class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> {
  public:
@@ -179,12 +192,13 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // q k^T over all kv heads position by position, K read as one stream. Zen 4, 2 threads,
     // reading alone (no compute, 64 MiB): head by head over a sub-block 0.49x a sequential
     // read, position by position 0.98x. The memory stream must not stop while the kernels
-    // compute (kernels/stream_prefetch.h): q k^T prefetches the first sub-block's V rows, then
-    // the next sub-block's K a block ahead, P v the next sub-block's V rows as it reads this
-    // one's. Against the kernels before (q k^T one position at a time, prefetching
-    // only the same positions' V rows), warm: 0.81x the time f32 (S=8192), 0.83x bf16 (S=16384; 20
-    // interleaved pairs each, medians); tokamax bench (cold): f32 0.91x, bf16 0.98-1.08x. The
-    // dot's kernel needs q rounded on the stack.
+    // compute (kernels/stream_prefetch.h): the FMA kernels prefetch into L1 as they read
+    // (kDecodeL1Ahead); the bf16 dot's, into L2, q k^T the first sub-block's V rows, then the
+    // next sub-block's K a block ahead, P v the next sub-block's V rows as it reads this one's
+    // (all kernels did so until 2026-12-06). Against the kernels before (q k^T one position at a
+    // time, prefetching only the same positions' V rows), warm: 0.81x the time f32 (S=8192), 0.83x
+    // bf16 (S=16384; 20 interleaved pairs each, medians); tokamax bench (cold): f32 0.91x, bf16
+    // 0.98-1.08x. The dot's kernel needs q rounded on the stack.
     const k::StreamHeadsKernel heads_t =
         c.nk > std::numeric_limits<int>::max() ? nullptr
         : dot ? (c.nk * rows * k::round_up(c.h, 32) <= k::kDotHeadsMaxValues ? ks.dot_heads_t
@@ -216,19 +230,20 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         // The next sub-block's positions: P v prefetches its V rows as it reads this one's.
         const int64_t next = std::min(width, hi - sb - width);
         if (heads_t) {  // position by position: K in memory order
-          // q k^T prefetches the first sub-block's V rows, which P v reads next, and from then
-          // on the next sub-block's K rows, a whole block ahead (P v prefetches the next V rows).
-          // With no K prefetch (the near one it then had compiled to nothing:
-          // kernels/prefetch.h), decode S=8192 from a flushed cache (tokamax bench, 2
-          // threads, 5 interleaved rounds, slow memory state): f32 2.52-2.98 ms, 63-72% of the
-          // read ceiling, bf16 1.44-1.65 ms, 57-64%; with the block ahead 2.32-2.56 ms, 72-80%,
-          // and 1.15-1.30 ms, 71-77%. Two blocks ahead measured alike.
-          const char* ahead = sb == lo               ? vb + sb * vrow
+          // The bf16 dot's q k^T prefetches the first sub-block's V rows, which P v reads next,
+          // and from then on the next sub-block's K rows, a whole block ahead (P v prefetches the
+          // next V rows); the FMA kernels' prefetches are kDecodeL1Ahead's. With no K prefetch (the
+          // near one it then had compiled to nothing: kernels/prefetch.h), decode S=8192 from a
+          // flushed cache (tokamax bench, 2 threads, 5 interleaved rounds, slow memory state):
+          // f32 2.52-2.98 ms, 63-72% of the read ceiling, bf16 1.44-1.65 ms, 57-64%; with the block
+          // ahead 2.32-2.56 ms, 72-80%, and 1.15-1.30 ms, 71-77%. Two blocks ahead measured alike.
+          const char* ahead = !dot                   ? nullptr
+                              : sb == lo             ? vb + sb * vrow
                               : sb + 2 * width <= hi ? kb + (sb + width) * krow
                                                      : nullptr;
           const int64_t ahead_ld = sb == lo ? vrow : krow;
           heads_t(static_cast<int>(rows), static_cast<int>(c.nk), c.h, Q, kb + sb * krow, bf16,
-                  c.nk * c.h, width, S, sub, ahead, ahead_ld, ahead_ld);
+                  c.nk * c.h, width, S, sub, ahead, ahead_ld, ahead_ld, dot ? 0 : kDecodeL1Ahead);
         } else {
           for (int64_t kh = 0; kh < c.nk; ++kh) {
             const char* kr = kb + (sb * c.nk + kh) * c.h * es;
@@ -252,10 +267,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
           if (dot) {
             ks.dot_stream_acc(static_cast<int>(rows), width, S + kh * rows * sub, sub,
                               reinterpret_cast<const uint16_t*>(vr), c.nk * c.hv, c.hv,
-                              state(bb * c.nk + kh, ch), ldo, next);
+                              state(bb * c.nk + kh, ch), ldo, next, 0);
           } else {
             ks.stream_acc(static_cast<int>(rows), width, S + kh * rows * sub, sub, vr, bf16,
-                          c.nk * c.hv, c.hv, state(bb * c.nk + kh, ch), ldo, next);
+                          c.nk * c.hv, c.hv, state(bb * c.nk + kh, ch), ldo, 0,
+                          kh + 1 < c.nk ? c.hv * es : 0);  // the next kv head's columns
           }
         }
       }
