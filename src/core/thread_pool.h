@@ -28,7 +28,8 @@ class ThreadPool {
   // Who runs a share whose worker has not started it by the time the caller finished its own.
   enum class Shares {
     // Every share on its own thread: the caller waits for each worker (the roofline probes,
-    // whose shares must run at once to measure the machine).
+    // whose shares must run at once to measure the machine; the cache flush and
+    // wake_threads, which are there to reach every thread).
     kEveryThread,
     // The caller runs it. A worker asleep (after the pool sat idle for more than its spin)
     // takes a wake-up to start; in a VM that measured up to 1-1.4 ms (a decode step of 1 MiB of
@@ -39,9 +40,10 @@ class ThreadPool {
   };
   // Runs fn(share) for share in [0, threads) (the caller runs share 0), worker i running share
   // i, and returns when all have run, every one in the caller's floating-point mode
-  // (flush-to-zero, rounding: float_mode.h). threads is clamped to [1, size()]. Exceptions from
-  // any share are rethrown (the first one). Called from inside a run (nested: a kernel inside a
-  // job of the autotuner's preparation), it runs fn(0), ..., fn(threads - 1) inline on the
+  // (flush-to-zero, rounding: float_mode.h). threads is clamped to [1, size()]. An exception
+  // from a share is rethrown after every share has run: one of the caller's shares' (its own,
+  // then any late one it ran) before the workers' first. Called from inside a run (nested: a kernel
+  // inside a job of the autotuner's preparation), it runs fn(0), ..., fn(threads - 1) inline on the
   // calling thread.
   void run(int threads, const std::function<void(int)>& fn, Shares shares = Shares::kEveryThread);
 

@@ -121,8 +121,9 @@ using DotStreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t l
 // kDotHeadsMaxValues (the rounded rows live on the stack). When `prefetch` is not null they
 // prefetch the prefetch_bytes bytes at prefetch + j * prefetch_ld as position j is read, head by
 // head (decode: the first sub-block's V rows, before P v reads them, then the next sub-block's K
-// rows; kernels/stream_prefetch.h). With l1_ahead != 0 they also prefetch into L1, as they read a
-// line of b, the line l1_ahead bytes further on (decode: its own stream 16 KiB ahead).
+// rows; kernels/stream_prefetch.h). With l1_ahead != 0 they also prefetch into L1 the bytes
+// l1_ahead past each (position, head) row they read (decode: its own stream 16 KiB ahead): the
+// AVX-512 FMA kernel a line per line it reads, the others the row at once before reading it.
 inline constexpr int64_t kDotHeadsMaxValues = 8192;
 using StreamHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const void* b,
                                    bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,

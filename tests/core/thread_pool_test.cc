@@ -78,8 +78,26 @@ TEST(ThreadPool, SharesRunOnceWhoeverTakesThem) {
       caller_took += t > 0 && on_caller;
     }
   }
-  // How many late shares the caller took depends on the scheduler; print it, do not require it.
+  // How many late shares the caller took above depends on the scheduler. After 20 ms idle the
+  // worker sleeps on the condition variable; its wake-up (a futex wake, then the scheduler) takes
+  // microseconds, the caller's empty share and claim a fraction of one: in kCallerTakesLate the
+  // caller takes share 1 in at least one of ten such runs (in every one here), and never in
+  // kEveryThread.
   std::printf("the caller took %d late shares\n", caller_took);
+  int taken_after_idle = 0;
+  for (int run = 0; run < 10; ++run) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::thread::id by;
+    pool.run(
+        2,
+        [&](int t) {
+          if (t == 1) by = std::this_thread::get_id();
+        },
+        Shares::kCallerTakesLate);
+    taken_after_idle += by == std::this_thread::get_id();
+  }
+  std::printf("after 20 ms idle: %d of 10\n", taken_after_idle);
+  EXPECT_GT(taken_after_idle, 0) << "the caller never took a sleeping worker's share";
   for (const Shares shares : {Shares::kEveryThread, Shares::kCallerTakesLate}) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     EXPECT_THROW(pool.run(

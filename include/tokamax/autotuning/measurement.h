@@ -38,8 +38,9 @@ struct TimingOptions {
 SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& options);
 
 // Evicts the caches by streaming through a buffer twice the last-level cache's size, every
-// thread of the kernels' pool reading its share: each core's own caches are flushed too, and
-// the pool's workers are left running (see wake_threads).
+// thread of the kernels' pool reading its share: the cores the pool runs on have their own
+// caches swept too (each share is far larger than an L2), and the pool's workers are left
+// running (see wake_threads).
 void flush_cache();
 // Runs an empty job on every thread of the kernels' pool, so that a call timed next finds its
 // workers spinning, as back-to-back calls do, rather than asleep: after a pause longer than

@@ -62,7 +62,8 @@ constexpr int64_t kDecodeBytes = 128 << 10;
 // 66.1-71.2%, bf16 57.9-62.7% against 51.8-56.2% (6 pairs, a build switched by environment
 // variables); this code 74.2-75.0% against 66.8-72.3%, bf16 55.9-61.2% against 50.2-53.7% (3
 // pairs). 8 or 32 KiB ahead measured alike or slower (70.6-71.6% f32, 2 runs each). (The bf16
-// dot's kernels, measured on Zen 4 with the L2 form, keep it.)
+// dot's kernels, measured on Zen 4 with the L2 form, keep it; Zen 4's f32 decode, whose
+// hardware prefetchers stop at every page, has not been measured with this one.)
 constexpr int64_t kDecodeL1Ahead = 16 << 10;
 
 class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> {
