@@ -232,10 +232,7 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
   load_acc<MR, V, MASKED>(acc, c, ldc, j, n);
   for (int64_t k = 0; k < K; ++k) {
     if (k < pf_rows) prefetch_row(b, es, K + k, ldb, j, 8 * V);  // the next block's row k
-    if (l1_ahead) {
-      prefetch_l1(static_cast<const char*>(b) + (k * ldb + j) * es + l1_ahead, 0,
-                  (MASKED ? n : 8 * V) * es);
-    }
+    prefetch_row_l1(b, es, k, ldb, j, MASKED ? n : 8 * V, l1_ahead);
     __m256 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 8 * v, n);
@@ -343,9 +340,7 @@ void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb
   for (int64_t j = 0; j < cols; ++j) {
     for (int h = 0; h < heads; ++h) {
       prefetch.extra(j, 1, h);
-      if (l1_ahead) {
-        prefetch_l1(static_cast<const char*>(b) + (j * ldb + h * K) * es + l1_ahead, 0, K * es);
-      }
+      prefetch_row_l1(b, es, j, ldb, h * K, K, l1_ahead);
       __m256 acc[kSets][MR];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {

@@ -502,9 +502,7 @@ inline void acc_block(int64_t K, const float* a, int64_t lda, const void* b, int
   load_acc<MR, V, MASKED>(acc, c, ldc, j, m);
   for (int64_t k = 0; k < K; ++k) {
     if (k < pf_rows) prefetch_row(b, es, K + k, ldb, j, 16 * V);  // the next block's row k
-    if (l1_ahead) {
-      prefetch_l1(static_cast<const char*>(b) + (k * ldb + j) * es + l1_ahead, 0, 16 * V * es);
-    }
+    prefetch_row_l1(b, es, k, ldb, j, 16 * V, l1_ahead);
     __m512 w[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) w[v] = load_w<BF16, MASKED>(b, k * ldb + j + 16 * v, m);
@@ -771,11 +769,11 @@ void heads_impl(int heads, int64_t K, const float* a, const void* b, int64_t ldb
       // there), spread over the FMA kernel's K steps (RowLines: on Sapphire Rapids bf16 decode
       // 0.96-1.00x the time of the burst, 52.9-54.5% of the read ceiling against 50.2-52.3, f32
       // alike; 6 interleaved pairs of tokamax bench --tag decode runs).
-      if constexpr (kDot) prefetch.extra(j, N, h);
-      const char* bh = static_cast<const char*>(b) + h * K * es;
-      if (kDot && l1_ahead) {
-        for (int n = 0; n < N; ++n) prefetch_l1(bh + (j + n) * ldb * es + l1_ahead, 0, K * es);
+      if constexpr (kDot) {
+        prefetch.extra(j, N, h);
+        for (int n = 0; n < N; ++n) prefetch_row_l1(b, es, j + n, ldb, h * K, K, l1_ahead);
       }
+      const char* bh = static_cast<const char*>(b) + h * K * es;
       if constexpr (kDot) {
         dot_t_cols<MR, N, false>(K, ab + h * MR * ld, ld, reinterpret_cast<const uint16_t*>(bh),
                                  ldb, j, c + h * MR * ldc, ldc);
@@ -844,12 +842,8 @@ inline void dot_acc_block(int64_t K, const uint16_t* a, int64_t lda, const uint1
   auto pair = [&](int64_t k, bool odd) {
     for (int64_t r = k; r < k + (odd ? 1 : 2) && r < pf_rows; ++r)
       prefetch_row(b, 2, r + pf_ahead, ldb, j, n < 32 * V ? n : 32 * V);
-    if (l1_ahead) {
-      for (int64_t r = k; r < k + (odd ? 1 : 2); ++r) {
-        prefetch_l1(reinterpret_cast<const char*>(b + r * ldb + j) + l1_ahead, 0,
-                    2 * (n < 32 * V ? n : 32 * V));
-      }
-    }
+    for (int64_t r = k; r < k + (odd ? 1 : 2); ++r)
+      prefetch_row_l1(b, 2, r, ldb, j, n < 32 * V ? n : 32 * V, l1_ahead);
     __m512bh w[2 * V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) {

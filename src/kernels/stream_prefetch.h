@@ -39,6 +39,13 @@ inline void prefetch_row(const void* b, int64_t es, int64_t row, int64_t ld, int
   prefetch_l2(static_cast<const char*>(b) + (row * ld + j) * es, 0, n * es);
 }
 
+// The same columns of row `row`, `ahead` bytes further on, into L1 (nothing when ahead is 0): the
+// decode kernels' l1_ahead, issued as they read the row.
+inline void prefetch_row_l1(const void* b, int64_t es, int64_t row, int64_t ld, int64_t j,
+                            int64_t n, int64_t ahead) {
+  if (ahead != 0) prefetch_l1(static_cast<const char*>(b) + (row * ld + j) * es + ahead, 0, n * es);
+}
+
 // Bytes [lo, hi) of `rows` rows ld bytes apart into L2, a few lines at a time over a kernel's
 // steps (issue(per_step(steps)) each step, then rest()) rather than in a burst, which holds the
 // core's fill buffers while the kernel's own loads wait (as the grouped GEMM's L2Ahead,

@@ -45,6 +45,8 @@ struct AttentionCall : CallBase {
   // scale_max for a scale <= 0, which inside the exp would turn a masked -inf into +inf). One
   // rule for the forward and the backward's recompute of P, which must get the same values.
   bool scale_in_exp() const { return !elementwise_logits() && scale_value > 0; }
+  // The scale exp_shift_sum applies: the call's with scale_in_exp, else 1 (logits made first).
+  float exp_scale() const { return scale_in_exp() ? scale_value : 1.0f; }
   // The i-th of the B * Nk * tb work items (batch, kv head, block of query positions) in run
   // order, as (batch * Nk + kv head) * tb + block: head by head, so the threads share one
   // head's K and V in the caches; causal: a head's later blocks (more kv positions) first, so a

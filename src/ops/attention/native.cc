@@ -502,7 +502,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // the exp scales as it reads, one pass over the row fewer (it stored the scaled row).
     // Masked -inf stays -inf.
     const bool scale_in_exp = c.scale_in_exp();
-    const float exp_scale = scale_in_exp ? c.scale_value : 1.0f;
+    const float exp_scale = c.exp_scale();
     // Logits, masks and the online softmax, row by row.
     for (int64_t r = 0; r < rows; ++r) {
       float* row = S + r * lds;

@@ -214,7 +214,7 @@ class VjpNative : public TypedImplementation<AttentionVjpCall, AttentionVjpNativ
     // As the forward: a positive scale is applied by the exp as it reads the row (the product
     // rounded first, the values scale_max would store).
     const bool scale_in_exp = c.scale_in_exp();
-    const float exp_scale = scale_in_exp ? c.scale_value : 1.0f;
+    const float exp_scale = c.exp_scale();
     for (int64_t sb = lo / nr * nr; sb < hi; sb += cfg.block_kv) {
       const int64_t se = std::min<int64_t>(sb + cfg.block_kv, hi);
       const int64_t width = se - sb, panels_w = (width + nr - 1) / nr, wp = panels_w * nr;
