@@ -7,12 +7,11 @@
 // (the pure read's rate) with prefetcht1 one page ahead spread over the work, 25-32 GB/s at 16
 // or 64 KiB ahead, 23-32 with prefetcht0.
 //
-// Since 2026-12-06 decode's FMA kernels (f32 and bf16 widened) prefetch into L1 instead, as they
-// read (l1_ahead; see kDecodeL1Ahead in ops/attention/native.cc for why and what it measured,
-// on Sapphire Rapids only: Zen 4's f32 decode and the AVX2 kernels run it unmeasured). What
-// follows is the L2 scheme, which the bf16 dot's kernels keep; its findings (q k^T not
-// prefetching its own next positions, P v's prefetch the one that counts) were made with it,
-// for every kernel then.
+// On Intel, decode's FMA kernels (f32 and bf16 widened) prefetch into L1 instead, as they read
+// (l1_ahead; decode_l1_ahead in ops/attention/native.cc says why and what each form measured on
+// Sapphire Rapids and on Zen 4, where the L1 form took about 1.5x the time). What follows is the
+// L2 scheme, which AMD CPUs and the bf16 dot's kernels keep; its findings (q k^T not prefetching
+// its own next positions, P v's prefetch the one that counts) were made with it.
 // What the kernels prefetch: q k^T, as its caller asks (HeadsPrefetch: the first sub-block's V
 // rows, then the next sub-block's K rows, a block ahead), and P v the next sub-block's V rows,
 // one row for each row it reads (prefetch_row). Not q k^T's own next positions. A form that

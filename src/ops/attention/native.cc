@@ -51,20 +51,27 @@ constexpr int64_t kMaxRows = 256;  // row ranges on the stack up to this many ro
 // positions 0.61-0.71x the time of 32, 8 positions 1.09x of 16. (Software prefetches of the
 // next sub-block, whole or a head's slice at a time, L1 or L2: no faster there either.)
 constexpr int64_t kDecodeBytes = 128 << 10;
-// How decode's FMA kernels keep the memory stream going while they compute: each line they
-// read also prefetches into L1 (prefetcht0) a line read soon after: q k^T the line 16 KiB
-// further on in K (its own stream, position by position), P v the same row's columns of the
-// next kv head (which it reads next), rather than L2 prefetches of the whole next sub-block
-// (the caller's rows: a block ahead). tokamax_overlap_bench on Sapphire Rapids had shown the
-// L1 form 16 KiB ahead reach 88-94% of the read rate at decode's compute per KiB, the L2 form
-// at any distance about 75%. Decode there (tokamax bench --tag decode --impl native --rounds 3,
-// interleaved pairs with the L2 form, 2026-12-06): f32 70.4-74.1% of the read ceiling against
+// How decode's FMA kernels keep the memory stream going while they compute, on Intel (the L1
+// form; decode_l1_ahead): each line they read also prefetches into L1 (prefetcht0) a line read soon
+// after: q k^T the line 16 KiB further on in K (its own stream, position by position), P v the same
+// row's columns of the next kv head (which it reads next), rather than L2 prefetches of the whole
+// next sub-block (the caller's rows: a block ahead). tokamax_overlap_bench on Sapphire Rapids had
+// shown the L1 form 16 KiB ahead reach 88-94% of the read rate at decode's compute per KiB, the L2
+// form at any distance about 75%. Decode there (tokamax bench --tag decode --impl native --rounds
+// 3, interleaved pairs with the L2 form, 2026-12-06): f32 70.4-74.1% of the read ceiling against
 // 66.1-71.2%, bf16 57.9-62.7% against 51.8-56.2% (6 pairs, a build switched by environment
 // variables); this code 74.2-75.0% against 66.8-72.3%, bf16 55.9-61.2% against 50.2-53.7% (3
-// pairs). 8 or 32 KiB ahead measured alike or slower (70.6-71.6% f32, 2 runs each). (The bf16
-// dot's kernels, measured on Zen 4 with the L2 form, keep it; Zen 4's f32 decode, whose
-// hardware prefetchers stop at every page, has not been measured with this one.)
+// pairs). 8 or 32 KiB ahead measured alike or slower (70.6-71.6% f32, 2 runs each). On AMD the
+// L2 form stays: Zen 4 (whose hardware prefetchers stop at every page), same command, 3
+// interleaved pairs with the two forms, 2026-12-06: f32 49.1-53.8% of the read ceiling with the
+// L1 form against 77.5-81.1% with the L2 form; the AVX2 kernels there (TOKAMAX_ISA=avx2, 2
+// pairs) f32 52.0-53.8% against 67.4-71.4%, bf16 widened 53.3-57.7% against 59.1-59.6%. The bf16
+// dot's kernels (Zen 4 only) always take the L2 form they were measured with.
 constexpr int64_t kDecodeL1Ahead = 16 << 10;
+int64_t decode_l1_ahead() {
+  static const int64_t ahead = device_info().vendor == "GenuineIntel" ? kDecodeL1Ahead : 0;
+  return ahead;
+}
 
 class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> {
  public:
@@ -193,19 +200,21 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // q k^T over all kv heads position by position, K read as one stream. Zen 4, 2 threads,
     // reading alone (no compute, 64 MiB): head by head over a sub-block 0.49x a sequential
     // read, position by position 0.98x. The memory stream must not stop while the kernels
-    // compute (kernels/stream_prefetch.h): the FMA kernels prefetch into L1 as they read
-    // (kDecodeL1Ahead); the bf16 dot's, into L2, q k^T the first sub-block's V rows, then the
-    // next sub-block's K a block ahead, P v the next sub-block's V rows as it reads this one's
-    // (all kernels did so until 2026-12-06). Against the kernels before (q k^T one position at a
-    // time, prefetching only the same positions' V rows), warm: 0.81x the time f32 (S=8192), 0.83x
-    // bf16 (S=16384; 20 interleaved pairs each, medians); tokamax bench (cold): f32 0.91x, bf16
-    // 0.98-1.08x. The dot's kernel needs q rounded on the stack.
+    // compute (kernels/stream_prefetch.h): on Intel the FMA kernels prefetch into L1 as they
+    // read (decode_l1_ahead); elsewhere, and the bf16 dot's always, into L2: q k^T the first
+    // sub-block's V rows, then the next sub-block's K a block ahead, P v the next sub-block's V
+    // rows as it reads this one's (every CPU did so until 2026-12-06). Against the kernels before
+    // (q k^T one position at a time, prefetching only the same positions' V rows), warm: 0.81x the
+    // time f32 (S=8192), 0.83x bf16 (S=16384; 20 interleaved pairs each, medians); tokamax bench
+    // (cold): f32 0.91x, bf16 0.98-1.08x. The dot's kernel needs q rounded on the stack.
     const k::StreamHeadsKernel heads_t =
         c.nk > std::numeric_limits<int>::max() ? nullptr
         : dot ? (c.nk * rows * k::round_up(c.h, 32) <= k::kDotHeadsMaxValues ? ks.dot_heads_t
                                                                              : nullptr)
               : ks.stream_heads_t;
     const int64_t es = dtype_size(c.q.dtype());
+    // The L1 form where the FMA kernels take it (decode_l1_ahead), else the L2 form.
+    const int64_t l1_ahead = dot ? 0 : decode_l1_ahead();
     const int64_t krow = c.nk * c.h * es, vrow = c.nk * c.hv * es;  // a position's K, V bytes
     parallel_for(c.b * chunks, threads, [&](int64_t item, int) {
       const int64_t bb = item / chunks, ch = item % chunks;
@@ -231,20 +240,20 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
         // The next sub-block's positions: P v prefetches its V rows as it reads this one's.
         const int64_t next = std::min(width, hi - sb - width);
         if (heads_t) {  // position by position: K in memory order
-          // The bf16 dot's q k^T prefetches the first sub-block's V rows, which P v reads next,
+          // The L2 form: q k^T prefetches the first sub-block's V rows, which P v reads next,
           // and from then on the next sub-block's K rows, a whole block ahead (P v prefetches the
-          // next V rows); the FMA kernels' prefetches are kDecodeL1Ahead's. With no K prefetch (the
+          // next V rows); the L1 form's are decode_l1_ahead's. With no K prefetch (the
           // near one it then had compiled to nothing: kernels/prefetch.h), decode S=8192 from a
           // flushed cache (tokamax bench, 2 threads, 5 interleaved rounds, slow memory state):
           // f32 2.52-2.98 ms, 63-72% of the read ceiling, bf16 1.44-1.65 ms, 57-64%; with the block
           // ahead 2.32-2.56 ms, 72-80%, and 1.15-1.30 ms, 71-77%. Two blocks ahead measured alike.
-          const char* ahead = !dot                   ? nullptr
+          const char* ahead = l1_ahead > 0           ? nullptr
                               : sb == lo             ? vb + sb * vrow
                               : sb + 2 * width <= hi ? kb + (sb + width) * krow
                                                      : nullptr;
           const int64_t ahead_ld = sb == lo ? vrow : krow;
           heads_t(static_cast<int>(rows), static_cast<int>(c.nk), c.h, Q, kb + sb * krow, bf16,
-                  c.nk * c.h, width, S, sub, ahead, ahead_ld, ahead_ld, dot ? 0 : kDecodeL1Ahead);
+                  c.nk * c.h, width, S, sub, ahead, ahead_ld, ahead_ld, l1_ahead);
         } else {
           for (int64_t kh = 0; kh < c.nk; ++kh) {
             const char* kr = kb + (sb * c.nk + kh) * c.h * es;
@@ -271,8 +280,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
                               state(bb * c.nk + kh, ch), ldo, next, 0);
           } else {
             ks.stream_acc(static_cast<int>(rows), width, S + kh * rows * sub, sub, vr, bf16,
-                          c.nk * c.hv, c.hv, state(bb * c.nk + kh, ch), ldo, 0,
-                          kh + 1 < c.nk ? c.hv * es : 0);  // the next kv head's columns
+                          c.nk * c.hv, c.hv, state(bb * c.nk + kh, ch), ldo,
+                          l1_ahead > 0 ? 0 : next,  // L2: the next sub-block's V rows
+                          l1_ahead > 0 && kh + 1 < c.nk ? c.hv * es : 0);  // L1: next head's
           }
         }
       }
