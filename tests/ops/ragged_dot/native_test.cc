@@ -203,14 +203,21 @@ TEST(RaggedDotNative, SharedStripGroupsMixedWithOthers) {
 TEST(RaggedDotNative, VectorBf16PackingMatchesScalar) {
   namespace k = kernels;
   if (!device_info().isa.has_avx512_bf16()) GTEST_SKIP() << "needs AVX-512 BF16";
-  for (int64_t kc : {1, 2, 15, 16, 17, 31, 32, 33, 64, 77}) {
-    const int64_t lda = 80, rows = 5, as = 8, kp = (kc + 1) / 2;
-    Tensor a = Tensor::randn({rows * lda}, DType::kF32, fresh_seed());
-    std::vector<uint32_t> want(static_cast<size_t>(kp * as), 7),
-        got(static_cast<size_t>(kp * as), 9);
-    k::pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, want.data());
-    k::avx512_kernels()->pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, got.data());
-    EXPECT_EQ(got, want) << "kc=" << kc;
+  // Row counts and strides (as) within one group of 16, across groups, with a partial last
+  // group and with rows < as (padding rows must come out zero).
+  const std::pair<int64_t, int64_t> shapes[] = {{5, 8},   {1, 1},   {14, 14}, {16, 16},
+                                                {17, 20}, {30, 32}, {84, 84}, {40, 96}};
+  for (const auto& [rows, as] : shapes) {
+    for (int64_t kc : {1, 2, 15, 16, 17, 31, 32, 33, 64, 77}) {
+      const int64_t lda = 80, kp = (kc + 1) / 2;
+      Tensor a = Tensor::randn({rows * lda}, DType::kF32, fresh_seed());
+      // One element past dst on either side: the packer writes [0, kp * as) only.
+      std::vector<uint32_t> want(static_cast<size_t>(kp * as + 2), 7),
+          got(static_cast<size_t>(kp * as + 2), 7);
+      k::pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, want.data() + 1);
+      k::avx512_kernels()->pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, got.data() + 1);
+      EXPECT_EQ(got, want) << "rows=" << rows << " as=" << as << " kc=" << kc;
+    }
   }
 }
 
