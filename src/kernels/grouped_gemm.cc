@@ -358,6 +358,15 @@ void pack_panels(const KernelSet& ks, bool pairs, const void* src, bool src_bf16
   } else if (src_bf16 && !trans && ks.pack_b_bf16) {
     ks.pack_b_bf16(static_cast<const uint16_t*>(src), K, N, ld == 0 ? N : ld, ks.nr,
                    static_cast<uint32_t*>(dst), p0, p1);
+  } else if (trans && ks.pack_rows_bf16) {
+    // Each panel's nr rows of [N,K] are an lhs tile of the vector kernel's layout.
+    const int64_t row_ld = ld == 0 ? K : ld, es = src_bf16 ? 2 : 4;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t j0 = p * ks.nr;
+      ks.pack_rows_bf16(static_cast<const char*>(src) + j0 * row_ld * es, src_bf16, row_ld,
+                        std::min<int64_t>(ks.nr, N - j0), 0, K, ks.nr,
+                        static_cast<uint32_t*>(dst) + (p - p0) * panel_elems(K, true, ks.nr));
+    }
   } else {
     pack_panels_bf16(src, src_bf16, trans, K, N, ks.nr, static_cast<uint32_t*>(dst), p0, p1, ld);
   }

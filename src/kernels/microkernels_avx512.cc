@@ -299,18 +299,16 @@ inline void transpose16x32(__m512i v[16]) {
 
 // A as bf16 pairs from an f32 lhs, 32 values per vcvtne2ps2bf16 (round to nearest even, like
 // f32_to_bf16; the instruction also flushes f32 denormals, immaterial next to the 2^-8 step).
-// dst is [pairs][as]: 16 rows' 16 pairs at a time are converted, transposed in registers and
-// stored as 16 row runs. Against one row at a time (its 16 pairs stored one by one, as rows
-// apart: 16 scalar stores per 32 values), attention prefill bf16 on Zen 4 spent 8% of its time
-// here (P packed for P v every kv block; perf record -e cpu-clock). (The scalar loop before that
-// cost ~20% of the bf16 GEMM kernel's time at mc=32, kc=512.)
+// dst is [pairs][as]: 16 rows' 16 pairs at a time are converted (bf16 input: loaded as they
+// are), transposed in registers and stored as 16 row runs. Against one row at a time (its 16 pairs
+// stored one by one, as rows apart: 16 scalar stores per 32 values), attention prefill bf16 on Zen
+// 4 spent 8% of its time here (P packed for P v every kv block; perf record -e cpu-clock). (The
+// scalar loop before that cost ~20% of the bf16 GEMM kernel's time at mc=32, kc=512.)
 void pack_a_bf16_avx512(const void* a, bool is_bf16, int64_t lda, int64_t rows, int64_t k0,
                         int64_t kc, int64_t as, uint32_t* dst) {
-  if (is_bf16) {  // bf16 input: interleaving only, no rounding
-    pack_a_bf16(a, is_bf16, lda, rows, k0, kc, as, dst);
-    return;
-  }
-  const float* base = static_cast<const float*>(a) + k0;
+  // bf16 input: no rounding, a row's 32 values are its 16 pairs as they lie in memory.
+  const float* base = is_bf16 ? nullptr : static_cast<const float*>(a) + k0;
+  const uint16_t* base16 = is_bf16 ? static_cast<const uint16_t*>(a) + k0 : nullptr;
   for (int64_t g = 0; g < as; g += 16) {
     const int64_t lanes = std::min<int64_t>(16, as - g);        // rows of dst written
     const int64_t live = std::clamp<int64_t>(rows - g, 0, 16);  // rows of a read (zeros after)
@@ -321,10 +319,13 @@ void pack_a_bf16_avx512(const void* a, bool is_bf16, int64_t lda, int64_t rows, 
       const __mmask16 m_hi = rem >= 32  ? 0xFFFF
                              : rem > 16 ? static_cast<__mmask16>((1u << (rem - 16)) - 1)
                                         : 0;
+      const __mmask32 m16 = rem >= 32 ? ~__mmask32{0} : (__mmask32{1} << rem) - 1;
       __m512i v[16];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) {
-        if (r < live) {
+        if (r < live && is_bf16) {
+          v[r] = _mm512_maskz_loadu_epi16(m16, base16 + (g + r) * lda + k);
+        } else if (r < live) {
           const float* p = base + (g + r) * lda + k;
           v[r] = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m_hi, p + 16),
                                                                _mm512_maskz_loadu_ps(m_lo, p)));
@@ -1007,7 +1008,8 @@ const KernelSet kSet{Isa::kAvx512,
                      dot_stream_t,
                      dot_stream_acc,
                      dot_heads_t,
-                     stream_heads_t};
+                     stream_heads_t,
+                     pack_a_bf16_avx512};
 
 }  // namespace
 

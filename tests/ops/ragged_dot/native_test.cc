@@ -2,9 +2,11 @@
 // pre-packed weights on every ISA, the decode (streaming) paths, shared strips, allocation,
 // every config of its search space and explicit configs at the kernels' edges.
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "autotuning/roofline_kernels.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
 #include "kernels/scratch.h"
 #include "tests/ops/ragged_dot/test_base.h"
@@ -207,16 +209,46 @@ TEST(RaggedDotNative, VectorBf16PackingMatchesScalar) {
   // group and with rows < as (padding rows must come out zero).
   const std::pair<int64_t, int64_t> shapes[] = {{5, 8},   {1, 1},   {14, 14}, {16, 16},
                                                 {17, 20}, {30, 32}, {84, 84}, {40, 96}};
-  for (const auto& [rows, as] : shapes) {
-    for (int64_t kc : {1, 2, 15, 16, 17, 31, 32, 33, 64, 77}) {
-      const int64_t lda = 80, kp = (kc + 1) / 2;
-      Tensor a = Tensor::randn({rows * lda}, DType::kF32, fresh_seed());
-      // One element past dst on either side: the packer writes [0, kp * as) only.
-      std::vector<uint32_t> want(static_cast<size_t>(kp * as + 2), 7),
-          got(static_cast<size_t>(kp * as + 2), 7);
-      k::pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, want.data() + 1);
-      k::avx512_kernels()->pack_a_bf16(a.data(), false, lda, rows, 3, kc, as, got.data() + 1);
-      EXPECT_EQ(got, want) << "rows=" << rows << " as=" << as << " kc=" << kc;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = dt == DType::kBF16;
+    for (const auto& [rows, as] : shapes) {
+      for (int64_t kc : {1, 2, 15, 16, 17, 31, 32, 33, 64, 77}) {
+        const int64_t lda = 80, kp = (kc + 1) / 2;
+        Tensor a = Tensor::randn({rows * lda}, dt, fresh_seed());
+        // One element past dst on either side: the packer writes [0, kp * as) only.
+        std::vector<uint32_t> want(static_cast<size_t>(kp * as + 2), 7),
+            got(static_cast<size_t>(kp * as + 2), 7);
+        k::pack_a_bf16(a.data(), bf16, lda, rows, 3, kc, as, want.data() + 1);
+        k::avx512_kernels()->pack_a_bf16(a.data(), bf16, lda, rows, 3, kc, as, got.data() + 1);
+        EXPECT_EQ(got, want) << dtype_name(dt) << " rows=" << rows << " as=" << as << " kc=" << kc;
+      }
+    }
+  }
+}
+
+// [N,K] rows into pair panels (attention's K^T on the bf16 dot): the kernel set's vector packer
+// against the scalar loop, whole and partial panels, odd K, a row stride past K, a panel range.
+TEST(RaggedDotNative, TransposedPairPanelsMatchScalar) {
+  namespace k = kernels;
+  const k::KernelSet& ks = k::best_kernels();
+  if (!ks.pack_rows_bf16) GTEST_SKIP() << "no vector pair packer for [N,K] rows here";
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (const auto& [K, N, ld] : {std::tuple<int64_t, int64_t, int64_t>{128, 256, 0},
+                                   {33, 70, 0},
+                                   {1, 5, 3},
+                                   {64, ks.nr + 1, 100}}) {
+      const int64_t rows_ld = ld == 0 ? K : ld, panels = (N + ks.nr - 1) / ks.nr;
+      Tensor src = Tensor::randn({N * rows_ld}, dt, fresh_seed());
+      for (const auto& [p0, p1] : {std::pair<int64_t, int64_t>{0, panels}, {panels - 1, panels}}) {
+        const size_t n = static_cast<size_t>(k::panel_elems(K, true, ks.nr) * (p1 - p0));
+        std::vector<uint32_t> want(n, 7), got(n, 9);
+        k::pack_panels_bf16(src.data(), dt == DType::kBF16, true, K, N, ks.nr, want.data(), p0, p1,
+                            ld);
+        k::pack_panels(ks, true, src.data(), dt == DType::kBF16, true, K, N, got.data(), p0, p1,
+                       ld);
+        EXPECT_EQ(got, want) << dtype_name(dt) << " K=" << K << " N=" << N << " ld=" << ld
+                             << " panels " << p0 << ".." << p1;
+      }
     }
   }
 }
