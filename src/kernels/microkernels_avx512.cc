@@ -351,44 +351,17 @@ void pack_a_f32_half(const float* src, int64_t lda, int64_t live, int64_t kc, in
   for (int64_t kb = 0; kb < kc; kb += 16) {
     const int64_t n = kc - kb < 16 ? kc - kb : 16;
     const __mmask16 in_mask = static_cast<__mmask16>((1u << n) - 1);
-    __m512 r[16];
+    __m512i col[16];  // row i's 16 values, then (transposed) column k's 16 rows
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
-      r[i] = i < live ? _mm512_maskz_loadu_ps(in_mask, src + i * lda + kb) : _mm512_setzero_ps();
+      col[i] = i < live ? _mm512_castps_si512(_mm512_maskz_loadu_ps(in_mask, src + i * lda + kb))
+                        : _mm512_setzero_si512();
     }
-    // Pairs of rows interleaved, then groups of four, within each 128-bit lane: b[4j + c]'s
-    // lane l holds rows 4j..4j+3 at column 4l + c.
-    __m512 u[16], b[16];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      u[2 * j] = _mm512_maskz_unpacklo_ps(0xFFFF, r[2 * j], r[2 * j + 1]);
-      u[2 * j + 1] = _mm512_maskz_unpackhi_ps(0xFFFF, r[2 * j], r[2 * j + 1]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      b[4 * j + 0] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j], u[4 * j + 2], 0x44);
-      b[4 * j + 1] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j], u[4 * j + 2], 0xEE);
-      b[4 * j + 2] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j + 1], u[4 * j + 3], 0x44);
-      b[4 * j + 3] = _mm512_maskz_shuffle_ps(0xFFFF, u[4 * j + 1], u[4 * j + 3], 0xEE);
-    }
-    // Then a 4 x 4 transpose of 128-bit lanes: column 4l + c gathers lane l of b[c],
-    // b[4 + c], b[8 + c], b[12 + c].
-    __m512 col[16];
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512 x0 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[c], b[4 + c], 0x88);
-      const __m512 x1 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + c], b[12 + c], 0x88);
-      const __m512 x2 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[c], b[4 + c], 0xDD);
-      const __m512 x3 = _mm512_maskz_shuffle_f32x4(0xFFFF, b[8 + c], b[12 + c], 0xDD);
-      col[c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x0, x1, 0x88);
-      col[4 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x2, x3, 0x88);
-      col[8 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x0, x1, 0xDD);
-      col[12 + c] = _mm512_maskz_shuffle_f32x4(0xFFFF, x2, x3, 0xDD);
-    }
+    transpose16x32(col);
     float* o = d + kb * mr;
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) {
-      if (k < n) _mm512_mask_storeu_ps(o + k * mr, out_mask, col[k]);
+      if (k < n) _mm512_mask_storeu_ps(o + k * mr, out_mask, _mm512_castsi512_ps(col[k]));
     }
   }
 }
