@@ -69,7 +69,8 @@ using StreamKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, co
 // K + 1, .. K + prefetch_rows - 1 (prefetch_rows <= K; columns [0, cols)) into L2, one for each
 // row read: the caller's next block, so the memory stream goes on while it computes
 // (kernels/stream_prefetch.h). With l1_ahead != 0 it also prefetches into L1, as it reads a row's
-// columns [0, cols), the bytes l1_ahead further on (decode: the next kv head's columns).
+// columns [0, cols), the bytes l1_ahead further on (decode on Intel: the next kv head's columns,
+// with prefetch_rows 0; elsewhere decode passes prefetch_rows and no l1_ahead).
 using StreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t lda, const void* b,
                                  bool b_bf16, int64_t ldb, int64_t cols, float* c, int64_t ldc,
                                  int64_t prefetch_rows, int64_t l1_ahead);
@@ -122,7 +123,8 @@ using DotStreamAccKernel = void (*)(int mr, int64_t K, const float* a, int64_t l
 // prefetch the prefetch_bytes bytes at prefetch + j * prefetch_ld as position j is read, head by
 // head (decode: the first sub-block's V rows, before P v reads them, then the next sub-block's K
 // rows; kernels/stream_prefetch.h). With l1_ahead != 0 they also prefetch into L1 the bytes
-// l1_ahead past each (position, head) row they read (decode: its own stream 16 KiB ahead): the
+// l1_ahead past each (position, head) row they read (decode on Intel: its own stream 16 KiB
+// ahead, with no `prefetch`; elsewhere 0): the
 // AVX-512 FMA kernel a line per line it reads, the others the row at once before reading it.
 inline constexpr int64_t kDotHeadsMaxValues = 8192;
 using StreamHeadsKernel = void (*)(int mr, int heads, int64_t K, const float* a, const void* b,
@@ -156,8 +158,10 @@ struct KernelSet {
   StreamHeadsKernel dot_heads_t = nullptr;     // set where the bf16 dot is
   StreamHeadsKernel stream_heads_t = nullptr;  // set where stream_t is
   // [N,K] rows (f32 or bf16) into pair panels, nr rows a panel: pack_a_bf16's vector layout
-  // (dst[kp * nr + j]), which the AMX set's own pack_a_bf16 does not keep. Attention's K^T
-  // panels on the bf16 dot (pack_panels); the scalar loop took 3% of prefill bf16 on Zen 4.
+  // (dst[kp * nr + j]), which the AMX set's own pack_a_bf16 does not keep (f32 rounded as
+  // pack_a_bf16_avx512 rounds, denormals flushed). pack_panels' transposed pairs: attention's
+  // K^T panels on the bf16 dot and transposed bf16 weights; the scalar loop took 3% of prefill
+  // bf16 on Zen 4.
   PackABf16 pack_rows_bf16 = nullptr;
 };
 inline constexpr int kAmxRows = 16;

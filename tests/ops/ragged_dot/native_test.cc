@@ -240,8 +240,9 @@ TEST(RaggedDotNative, TransposedPairPanelsMatchScalar) {
       const int64_t rows_ld = ld == 0 ? K : ld, panels = (N + ks.nr - 1) / ks.nr;
       Tensor src = Tensor::randn({N * rows_ld}, dt, fresh_seed());
       for (const auto& [p0, p1] : {std::pair<int64_t, int64_t>{0, panels}, {panels - 1, panels}}) {
+        // One element past the panels: both packers write [0, n) only.
         const size_t n = static_cast<size_t>(k::panel_elems(K, true, ks.nr) * (p1 - p0));
-        std::vector<uint32_t> want(n, 7), got(n, 9);
+        std::vector<uint32_t> want(n + 1, 7), got(n + 1, 7);
         k::pack_panels_bf16(src.data(), dt == DType::kBF16, true, K, N, ks.nr, want.data(), p0, p1,
                             ld);
         k::pack_panels(ks, true, src.data(), dt == DType::kBF16, true, K, N, got.data(), p0, p1,
