@@ -115,7 +115,7 @@ std::string microarch_of(const DeviceInfo& d) {
     if (d.family == 0x17) return "zen2";
     return "amd_generic";
   }
-  if (d.vendor == "GenuineIntel" && d.family == 6) {
+  if (d.is_intel() && d.family == 6) {
     switch (d.model) {
       case 0x8f:
         return "sapphirerapids";
@@ -178,7 +178,7 @@ std::string kind_of(const DeviceInfo& d) {
     brand = "intel_core";
   else if (d.vendor == "AuthenticAMD")
     brand = "amd";
-  else if (d.vendor == "GenuineIntel")
+  else if (d.is_intel())
     brand = "intel";
   else
     brand = snake(d.arch.empty() ? "cpu" : d.arch);

@@ -36,6 +36,8 @@ struct DeviceInfo {
   int threads_available = 0;  // CPUs in this process's affinity mask
   std::string kind;           // device_kind() at detection time
 
+  // The kernels' per-vendor choices (the norms' prefetch, decode's prefetch form) ask this.
+  bool is_intel() const { return vendor == "GenuineIntel"; }
   nlohmann::json to_json() const;
 };
 

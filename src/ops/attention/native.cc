@@ -69,7 +69,7 @@ constexpr int64_t kDecodeBytes = 128 << 10;
 // dot's kernels (Zen 4 only) always take the L2 form they were measured with.
 constexpr int64_t kDecodeL1Ahead = 16 << 10;
 int64_t decode_l1_ahead() {
-  static const int64_t ahead = device_info().vendor == "GenuineIntel" ? kDecodeL1Ahead : 0;
+  static const int64_t ahead = device_info().is_intel() ? kDecodeL1Ahead : 0;
   return ahead;
 }
 

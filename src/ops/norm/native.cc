@@ -46,9 +46,8 @@ struct VendorTuning {
   bool stream_from_l2s;  // outputs of at least 4 L2s a thread are streamed too
 };
 const VendorTuning& vendor_tuning() {
-  static const VendorTuning t = device_info().vendor == "GenuineIntel"
-                                    ? VendorTuning{2, 64, 8, true}
-                                    : VendorTuning{0, 16, 1, false};
+  static const VendorTuning t =
+      device_info().is_intel() ? VendorTuning{2, 64, 8, true} : VendorTuning{0, 16, 1, false};
   return t;
 }
 
