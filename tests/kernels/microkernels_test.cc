@@ -11,8 +11,10 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "kernels/grouped_gemm.h"
 #include "tests/kernels/kernel_sets.h"
 #include "tests/test_seed.h"
 #include "tokamax/tokamax.h"
@@ -421,6 +423,36 @@ TEST(Microkernels, F32LhsPackingLayout) {
           std::fill(got.begin(), got.end(), kSentinel);
           ks->pack_a_f32(a.data(), lda, rows, k0, kc, mr, got.data());
           ASSERT_EQ(got, want) << ks->name << " mr=" << mr << " rows=" << rows << " kc=" << kc;
+        }
+      }
+    }
+  }
+}
+
+// [N,K] rows into pair panels (attention's K^T on the bf16 dot): each kernel set's vector packer
+// against the scalar loop, whole and partial panels, odd K, a row stride past K, a panel range.
+TEST(Microkernels, TransposedPairPanelsMatchScalar) {
+  for (const k::KernelSet* set : testing::runnable_sets()) {
+    if (!set->pack_rows_bf16) continue;
+    const k::KernelSet& ks = *set;
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (const auto& [K, N, ld] : {std::tuple<int64_t, int64_t, int64_t>{128, 256, 0},
+                                     {33, 70, 0},
+                                     {1, 5, 3},
+                                     {64, ks.nr + 1, 100}}) {
+        const int64_t rows_ld = ld == 0 ? K : ld, panels = (N + ks.nr - 1) / ks.nr;
+        Tensor src = Tensor::randn({N * rows_ld}, dt, fresh_seed());
+        for (const auto& [p0, p1] :
+             {std::pair<int64_t, int64_t>{0, panels}, {panels - 1, panels}}) {
+          // One element past the panels: both packers write [0, n) only.
+          const size_t n = static_cast<size_t>(k::panel_elems(K, true, ks.nr) * (p1 - p0));
+          std::vector<uint32_t> want(n + 1, 7), got(n + 1, 7);
+          k::pack_panels_bf16(src.data(), dt == DType::kBF16, true, K, N, ks.nr, want.data(), p0,
+                              p1, ld);
+          k::pack_panels(ks, true, src.data(), dt == DType::kBF16, true, K, N, got.data(), p0, p1,
+                         ld);
+          EXPECT_EQ(got, want) << dtype_name(dt) << " K=" << K << " N=" << N << " ld=" << ld
+                               << " panels " << p0 << ".." << p1 << " on " << ks.name;
         }
       }
     }

@@ -2,11 +2,9 @@
 // pre-packed weights on every ISA, the decode (streaming) paths, shared strips, allocation,
 // every config of its search space and explicit configs at the kernels' edges.
 #include <cmath>
-#include <tuple>
 #include <vector>
 
 #include "autotuning/roofline_kernels.h"
-#include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
 #include "kernels/scratch.h"
 #include "tests/ops/ragged_dot/test_base.h"
@@ -221,34 +219,6 @@ TEST(RaggedDotNative, VectorBf16PackingMatchesScalar) {
         k::pack_a_bf16(a.data(), bf16, lda, rows, 3, kc, as, want.data() + 1);
         k::avx512_kernels()->pack_a_bf16(a.data(), bf16, lda, rows, 3, kc, as, got.data() + 1);
         EXPECT_EQ(got, want) << dtype_name(dt) << " rows=" << rows << " as=" << as << " kc=" << kc;
-      }
-    }
-  }
-}
-
-// [N,K] rows into pair panels (attention's K^T on the bf16 dot): the kernel set's vector packer
-// against the scalar loop, whole and partial panels, odd K, a row stride past K, a panel range.
-TEST(RaggedDotNative, TransposedPairPanelsMatchScalar) {
-  namespace k = kernels;
-  const k::KernelSet& ks = k::best_kernels();
-  if (!ks.pack_rows_bf16) GTEST_SKIP() << "no vector pair packer for [N,K] rows here";
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (const auto& [K, N, ld] : {std::tuple<int64_t, int64_t, int64_t>{128, 256, 0},
-                                   {33, 70, 0},
-                                   {1, 5, 3},
-                                   {64, ks.nr + 1, 100}}) {
-      const int64_t rows_ld = ld == 0 ? K : ld, panels = (N + ks.nr - 1) / ks.nr;
-      Tensor src = Tensor::randn({N * rows_ld}, dt, fresh_seed());
-      for (const auto& [p0, p1] : {std::pair<int64_t, int64_t>{0, panels}, {panels - 1, panels}}) {
-        // One element past the panels: both packers write [0, n) only.
-        const size_t n = static_cast<size_t>(k::panel_elems(K, true, ks.nr) * (p1 - p0));
-        std::vector<uint32_t> want(n + 1, 7), got(n + 1, 7);
-        k::pack_panels_bf16(src.data(), dt == DType::kBF16, true, K, N, ks.nr, want.data(), p0, p1,
-                            ld);
-        k::pack_panels(ks, true, src.data(), dt == DType::kBF16, true, K, N, got.data(), p0, p1,
-                       ld);
-        EXPECT_EQ(got, want) << dtype_name(dt) << " K=" << K << " N=" << N << " ld=" << ld
-                             << " panels " << p0 << ".." << p1;
       }
     }
   }
