@@ -167,6 +167,13 @@ struct GroupedGemm : GroupedOperands {
   const PackedPanels* packed = nullptr;
   bool b_trans = false;
   bool bf16_dot = false;
+  // Unpacked weights in a layout of the caller's: when set, the strips are packed by
+  // pack_b(g, dst, p0, p1) (group g's panels [p0, p1) into dst, the layout pack_panels writes),
+  // never read from b, and no group streams them. panel_group: the items' and strips' columns
+  // are whole groups of this many panels (the gated linear unit's gate and up panels of the same
+  // output columns, side by side: 2).
+  std::function<void(int64_t g, void* dst, int64_t p0, int64_t p1)> pack_b;
+  int panel_group = 1;
 };
 
 // Runs the product. Unpacked weights: groups of at most kStreamMaxMr rows stream them from

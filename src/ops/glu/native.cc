@@ -3,7 +3,8 @@
 // side (gate panel j, then up panel j), so every tile the GEMM finishes holds both halves of
 // its output columns; its epilogue applies activation(gate) * up while the tile is in the
 // thread's L1/L2 and writes only the [M, N] output (and, with residuals, x w). No [M, 2N]
-// intermediate exists. Weights are packed per call, or once ahead (pack_glu_weights).
+// intermediate exists. Weights are packed once ahead (pack_glu_weights), or by the GEMM a strip
+// of panel pairs at a time as it goes (the caller's weights: a few MiB of strips, not a copy).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -47,6 +48,21 @@ namespace glu {
 
 bool packed_pairs(const PackedGluWeights& p) { return p.rep()->pairs; }
 
+namespace {
+// Panels [p0, p1) of the interleaved layout into dst: panel q is panel q / 2 of the gate (q
+// even) or of the up projection (odd).
+void pack_interleaved(const GluCall& c, const k::KernelSet& ks, bool pairs, void* dst, int64_t p0,
+                      int64_t p1) {
+  int64_t ld;
+  const void* halves[2] = {c.weights(0, &ld), c.weights(1, &ld)};
+  const int64_t bytes = k::panel_elems(c.k, pairs, ks.nr) * 4;
+  for (int64_t q = p0; q < p1; ++q) {
+    k::pack_panels(ks, pairs, halves[q % 2], c.w_dtype == DType::kBF16, false, c.k, c.n,
+                   static_cast<char*>(dst) + (q - p0) * bytes, q / 2, q / 2 + 1, ld);
+  }
+}
+}  // namespace
+
 std::shared_ptr<const PackedGluWeights::Rep> pack(const GluCall& c, int threads) {
   auto r = std::make_shared<PackedGluWeights::Rep>();
   r->k = c.k;
@@ -59,13 +75,9 @@ std::shared_ptr<const PackedGluWeights::Rep> pack(const GluCall& c, int threads)
   r->panels = 2 * per_half;
   r->panel_elems = k::panel_elems(c.k, r->pairs, nr);
   r->data = Tensor({std::max<int64_t>(1, r->panels * r->panel_elems)}, DType::kF32);
-  int64_t ld;
-  const void* halves[2] = {c.weights(0, &ld), c.weights(1, &ld)};
-  const bool bf16 = c.w_dtype == DType::kBF16;
   parallel_for(r->panels, threads, [&](int64_t p, int) {
-    void* dst = static_cast<char*>(r->data.data()) + p * r->panel_elems * 4;
-    k::pack_panels(*r->ks, r->pairs, halves[p % 2], bf16, false, c.k, c.n, dst, p / 2, p / 2 + 1,
-                   ld);
+    pack_interleaved(c, *r->ks, r->pairs,
+                     static_cast<char*>(r->data.data()) + p * r->panel_elems * 4, p, p + 1);
   });
   return r;
 }
@@ -148,14 +160,10 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
 
   int64_t scratch(const GluCall& c, const GluNativeConfig& cfg) const override {
     const auto& ks = k::best_kernels();
-    const int nr = ks.nr;
-    int64_t packed = 0;
-    if (c.packed.empty())
-      packed = 2 * ((c.n + nr - 1) / nr) * k::panel_elems(c.k, uses_bf16_dot(c), nr) * 4;
     k::PackedPanels panels;
     const int64_t offsets[2] = {0, c.m};
-    k::GroupedGemm p = gemm(c, offsets, &panels);
-    return packed + k::grouped_gemm_scratch_bytes(p, blocking(cfg), ks);
+    k::GroupedGemm p = gemm(c, offsets, c.packed.empty() ? nullptr : &panels);
+    return k::grouped_gemm_scratch_bytes(p, blocking(cfg), ks);
   }
 
   void run_call(GluCall& c, const GluNativeConfig& cfg, const Prepared*) const override {
@@ -166,13 +174,10 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
       run_streamed(c, cfg, ks);
       return;
     }
-    std::shared_ptr<const PackedGluWeights::Rep> own;
-    if (c.packed.empty()) own = pack(c, c.num_threads);
-    const PackedGluWeights::Rep& rep = own ? *own : *c.packed.rep();
-    k::PackedPanels panels = rep.view();
     const int64_t offsets[2] = {0, c.m};
-    k::GroupedGemm p = gemm(c, offsets, &panels);
-    p.packed = &panels;
+    k::PackedPanels panels;
+    if (!c.packed.empty()) panels = c.packed.rep()->view();
+    k::GroupedGemm p = gemm(c, offsets, c.packed.empty() ? nullptr : &panels);
     p.store = epilogue(c, ks.nr);
     k::grouped_gemm(p, blocking(cfg), ks);
   }
@@ -210,9 +215,14 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     activate_rows(c, h, 0, c.m, ks.isa);
   }
 
-  // One group of M rows; the interleaved weights as 2 * ceil(N / nr) panels.
-  static k::GroupedGemm gemm(const GluCall& c, const int64_t* offsets, k::PackedPanels* panels) {
-    const int nr = k::best_kernels().nr;
+  // One group of M rows; the interleaved weights as 2 * ceil(N / nr) panels: `panels` packed
+  // ahead, or (null) the caller's, which the GEMM packs a strip of gate-up panel pairs at a
+  // time (BLIS's B block, a few MiB in the cache, where packing them all first wrote the whole
+  // weights once more to memory: 95 MB at K = 2048, N = 5632 f32).
+  static k::GroupedGemm gemm(const GluCall& c, const int64_t* offsets,
+                             const k::PackedPanels* panels) {
+    const auto& ks = k::best_kernels();
+    const int nr = ks.nr;
     k::GroupedGemm p;
     p.groups = 1;
     p.offsets = offsets;
@@ -225,6 +235,13 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     p.packed = panels;
     p.bf16_dot = uses_bf16_dot(c);
     p.threads = c.num_threads;
+    if (!panels) {
+      // Panel q of the interleaved layout: panel q / 2 of the gate (q even) or up half.
+      p.panel_group = 2;
+      p.pack_b = [&c, &ks, pairs = p.bf16_dot](int64_t, void* dst, int64_t p0, int64_t p1) {
+        pack_interleaved(c, ks, pairs, dst, p0, p1);
+      };
+    }
     return p;
   }
 
