@@ -327,10 +327,10 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
       pack_panels(ks, pairs, static_cast<const char*>(p.b) + g * K * N * src_es, p.b_bf16, trans, K,
                   N, dst, p0, p1);
   };
-  // Groups tall enough to keep every thread busy on their row blocks alone share one strip
-  // at a time (BLIS's shared B block): the threads pack it together, a panel each, then
-  // compute its row blocks. Each weight is then packed once and each A tile once per
-  // strip, as with pre-packed weights; per-item strips would pack both several times.
+  // Groups tall enough to keep every thread busy on their row blocks alone share the strips
+  // (BLIS's shared B block, run_shared_strips): each packed once, its row blocks spread over
+  // the threads. Each weight is then packed once and each A tile once per strip, as with
+  // pre-packed weights; per-item strips would pack both several times.
   auto shared = [&](int64_t rows) { return !streams(rows) && rows >= 2 * threads * blk.mc; };
   // Rows per item for the other packed-strip groups: as many as still gives 4 items a thread.
   int64_t max_rows = 0;

@@ -179,7 +179,8 @@ struct GroupedGemm : GroupedOperands {
 // Runs the product. Unpacked weights: groups of at most kStreamMaxMr rows stream them from
 // their own layout; taller groups pack one item's columns at a time into a per-thread strip
 // (BLIS's packed B block), reused by every row block of the item; groups tall enough to keep
-// every thread busy share one strip the threads pack together. Empty groups cost nothing.
+// every thread busy share the strips, each packed by the threads during the one before it (two
+// buffers, no barrier between strips). Empty groups cost nothing.
 void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks);
 
 // Scratch grouped_gemm keeps per call (per-thread tiles and strips), in bytes.
