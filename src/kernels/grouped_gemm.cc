@@ -231,9 +231,12 @@ void run_packed(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) 
 // Waits until `count` reaches `target`; false (at once) when `failed` is set: an item threw, and
 // what it would have done will not happen.
 bool wait_for(const std::atomic<int64_t>& count, int64_t target, const std::atomic<bool>& failed) {
-  for (int spins = 0; count.load(std::memory_order_acquire) < target; ++spins) {
+  for (int spins = 0; count.load(std::memory_order_acquire) < target;) {
     if (failed.load(std::memory_order_relaxed)) return false;
-    if (spins > 64) std::this_thread::yield();
+    if (spins < 64)
+      ++spins;
+    else
+      std::this_thread::yield();
   }
   return true;
 }
@@ -266,16 +269,15 @@ void run_shared_strips(const GroupedGemm& p, const Blocking& blk, const KernelSe
   // Row blocks of whole tiles, as many as fill whole waves of the threads.
   const int64_t tiles = (rows_g + blk.mr - 1) / blk.mr;
   const int64_t blocks = balanced_blocks(tiles, std::max(1, blk.mc / blk.mr), 1, threads);
-  // Strip 0 by every thread at once; strip s + 1 by items [lo, hi) of strip s, past the start
-  // of s (strip s - 1's last items are then done, unless a thread lags by a quarter strip)
-  // and before its end (strip s + 1 is then packed before the first thread gets there).
-  const int64_t lo = blocks / 4, hi = std::max(lo + 1, 3 * blocks / 4);
-  std::unique_ptr<std::atomic<int64_t>[]> packed(new std::atomic<int64_t>[strips]);
-  std::unique_ptr<std::atomic<int64_t>[]> done(new std::atomic<int64_t>[strips]);
-  for (int64_t s = 0; s < strips; ++s) {
-    packed[s].store(0, std::memory_order_relaxed);
-    done[s].store(0, std::memory_order_relaxed);
-  }
+  // Strip 0 by every thread at once; strip s + 1 by items [lo, hi) of strip s: past the first
+  // `threads - 1` items of s and a quarter of them (when item lo is claimed, the items still
+  // running on the other threads are then strip s's, unless a thread lags by that much, so
+  // strip s - 1, whose buffer strip s + 1 takes, is done), and before its last quarter (strip
+  // s + 1 is then packed before the first thread gets there).
+  const int64_t lo = std::min(blocks - 1, std::max(blocks / 4, int64_t{threads} - 1));
+  const int64_t hi = std::max(lo + 1, 3 * blocks / 4);
+  const auto packed = std::make_unique<std::atomic<int64_t>[]>(strips);  // zeroed
+  const auto done = std::make_unique<std::atomic<int64_t>[]>(strips);
   std::atomic<bool> failed{false};
   {
     const auto [p0, np] = panels(0);
@@ -307,17 +309,22 @@ void run_shared_strips(const GroupedGemm& p, const Blocking& blk, const KernelSe
   });
 }
 
+// Whether an unpacked product's group of `rows` rows streams the weights from their own layout
+// (the streaming kernels read A's rows in place: not a transposed A, nor one in panels; and
+// weights in the caller's layout are only ever packed).
+bool streams_group(const GroupedGemm& p, const KernelSet& ks, int64_t rows) {
+  const StreamKernel stream = p.b_trans ? ks.stream_t : ks.stream;
+  return stream && !p.pack_b && !p.a_trans && p.a_panel == 0 && rows <= kStreamMaxMr;
+}
+
 void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
   const bool trans = p.b_trans;
   const bool pairs = p.bf16_dot;
-  const StreamKernel stream = trans ? ks.stream_t : ks.stream;
   const int64_t K = p.k, N = p.n;
   const int threads = pool_threads(p.threads);
   auto rows_of = [&](int64_t g) { return p.offsets[g + 1] - p.offsets[g]; };
-  // (The streaming kernels read A's rows in place: not a transposed A, nor one in panels.)
-  auto streams = [&](int64_t rows) {
-    return stream && !p.pack_b && !p.a_trans && p.a_panel == 0 && rows <= kStreamMaxMr;
-  };
+  const StreamKernel stream = trans ? ks.stream_t : ks.stream;
+  auto streams = [&](int64_t rows) { return streams_group(p, ks, rows); };
   const int64_t src_es = p.b_bf16 ? 2 : 4;
   // Group g's panels [p0, p1) into dst.
   auto pack = [&](int64_t g, void* dst, int64_t p0, int64_t p1) {
@@ -331,7 +338,7 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
   // (BLIS's shared B block, run_shared_strips): each packed once, its row blocks spread over
   // the threads. Each weight is then packed once and each A tile once per strip, as with
   // pre-packed weights; per-item strips would pack both several times.
-  auto shared = [&](int64_t rows) { return !streams(rows) && rows >= 2 * threads * blk.mc; };
+  auto shared = [&](int64_t rows) { return !streams(rows) && shares_strips(p, blk, rows); };
   // Rows per item for the other packed-strip groups: as many as still gives 4 items a thread.
   int64_t max_rows = 0;
   bool any_stream = false;
@@ -422,6 +429,10 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
 // A single product whose last wave leaves a thread idle loses the rest of that item: the loss
 // backward's logits (4096 rows, 196-row blocks: 20 whole and one of 176, one column block) kept
 // one thread idle for 0.9 of an item of each 10.9 (4%); 22 blocks of 182 to 196 rows do not.
+bool shares_strips(const GroupedGemm& p, const Blocking& blk, int64_t rows) {
+  return rows >= 2 * int64_t{pool_threads(p.threads)} * blk.mc;
+}
+
 int64_t balanced_blocks(int64_t tiles, int64_t per_block, int64_t col_blocks, int threads) {
   int64_t blocks = (tiles + per_block - 1) / per_block;
   while (threads > 1 && blocks < tiles && (blocks * col_blocks) % threads != 0) ++blocks;
@@ -478,10 +489,19 @@ void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
 }
 
 int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
-  // A tile per thread; unpacked: also a strip per thread and the two the threads share.
+  // A tile per thread; unpacked: also a strip per thread where a group takes per-item strips,
+  // and the two the threads share where one shares them (both when the rows are not given).
+  const int threads = pool_threads(p.threads);
   const int64_t tile = tile_floats(blk, ks) * 4;
-  const int64_t strip = p.packed ? 0 : strip_floats(p, ks, strip_cols(p, blk, ks)) * 4;
-  return (tile + strip) * pool_threads(p.threads) + 2 * strip;
+  if (p.packed) return tile * threads;
+  const int64_t strip = strip_floats(p, ks, strip_cols(p, blk, ks)) * 4;
+  bool per_item = p.offsets == nullptr, shared = p.offsets == nullptr;
+  for (int64_t g = 0; p.offsets && g < p.groups; ++g) {
+    const int64_t rows = p.offsets[g + 1] - p.offsets[g];
+    if (rows == 0 || streams_group(p, ks, rows)) continue;
+    (shares_strips(p, blk, rows) ? shared : per_item) = true;
+  }
+  return (tile + (per_item ? strip : 0)) * threads + (shared ? 2 * strip : 0);
 }
 
 int64_t grouped_gemm_tn_scratch_bytes(const GroupedGemmTn& p, const Blocking& blk,

@@ -13,7 +13,7 @@ namespace tokamax::kernels {
 enum ScratchSlot {
   kTileSlot = 0,         // grouped GEMM: C tile + packed A
   kStripSlot = 1,        // grouped GEMM: an item's packed weight strip
-  kSharedStripSlot = 2,  // grouped GEMM: the strip a call's threads share (caller's thread)
+  kSharedStripSlot = 2,  // grouped GEMM: the two strips a call's threads share (caller's)
   kAttentionSlot = 3,    // attention forward / backward: an item's tiles
   kEpilogueSlot = 4,     // a grouped GEMM's store callback (a row of its tile)
   kNumScratchSlots = 5,

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -41,11 +43,14 @@ struct Case {
   k::Blocking blk;
   bool a_trans = false;  // A handed in transposed ([K, rows], GroupedOperands::a_trans)
   int64_t a_panel = 0;   // A handed in column panels of this width (GroupedOperands::a_panel)
+  int panel_group = 0;   // > 0: B packed by the caller's hook (GroupedGemm::pack_b), whole
+                         // groups of this many panels a strip; b itself not handed in
   std::string str() const {
     return std::string(ks->name) + (a_bf16 ? " a:bf16" : " a:f32") +
            (b_bf16 ? " b:bf16" : " b:f32") + (round_a ? " round" : "") + (bf16_dot ? " dot" : "") +
            (trans ? " trans" : "") + (packed ? " packed" : "") + (a_trans ? " a_trans" : "") +
            (a_panel > 0 ? " a_panel=" + std::to_string(a_panel) : "") +
+           (panel_group > 0 ? " pack_b group=" + std::to_string(panel_group) : "") +
            " threads=" + std::to_string(threads) + " mr=" + std::to_string(blk.mr) +
            " mc=" + std::to_string(blk.mc) + " kc=" + std::to_string(blk.kc) +
            " nc=" + std::to_string(blk.nc);
@@ -111,6 +116,17 @@ void check_case(const Case& cs, int64_t K, int64_t N, const std::vector<int32_t>
     }
     p.packed = &panels;
   }
+  std::atomic<int64_t> hook_panels{0};
+  if (cs.panel_group > 0) {
+    p.b = nullptr;
+    p.panel_group = cs.panel_group;
+    const int64_t es = cs.b_bf16 ? 2 : 4;
+    p.pack_b = [&](int64_t g, void* dst, int64_t p0, int64_t p1) {
+      hook_panels += p1 - p0;
+      k::pack_panels(ks, pairs, static_cast<const char*>(b.data()) + g * K * N * es, cs.b_bf16,
+                     cs.trans, K, N, dst, p0, p1);
+    };
+  }
   const float kUnwritten = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> out(static_cast<size_t>(rows * N), kUnwritten);
   std::vector<int> writes(static_cast<size_t>(rows * N), 0);
@@ -144,6 +160,9 @@ void check_case(const Case& cs, int64_t K, int64_t N, const std::vector<int32_t>
   }
   for (int64_t i = offsets[G] * N; i < rows * N; ++i)
     ASSERT_EQ(writes[i], 0) << cs.str() << ": wrote a row past the groups";
+  if (cs.panel_group > 0 && offsets[G] > 0 && N > 0) {
+    ASSERT_GE(hook_panels.load(), (N + ks.nr - 1) / ks.nr) << cs.str() << ": the hook packed B";
+  }
 }
 
 TEST(GroupedGemm, EveryIsaFormAndBlockingAgainstDoubles) {
@@ -278,6 +297,51 @@ TEST(GroupedGemm, ALayoutsOnlyForF32) {
     p.a_panel = r.a_panel;
     EXPECT_THROW(k::grouped_gemm(p, {4, 4, 8, ks.nr}, ks), InvalidArgument) << r.why;
   }
+}
+
+// Weights packed by the caller's hook (GroupedGemm::pack_b), with 2 threads: strips the threads
+// share (several: the next one packed during the current one; one), per-item strips (fewer
+// rows than 2 threads x mc), empty and odd groups, panels in groups of 1 and 2 (the strips then
+// hold whole pairs), f32 and the bf16 dot. A hook that throws reaches the caller, with no thread
+// left waiting on the strip it did not pack.
+TEST(GroupedGemm, CallerPackedStrips) {
+  const int threads_before = num_threads();
+  set_num_threads(2);
+  for (const k::KernelSet* ks : testing::runnable_sets()) {
+    for (bool dot : {false, true}) {
+      if (dot && ks->bf16 == nullptr) continue;
+      for (int group : {1, 2}) {
+        const int nc = 2 * group * ks->nr;
+        Case cs{ks, false, false, dot, dot, false, false, 2, {4, 8, 16, nc}};
+        cs.panel_group = group;
+        check_case(cs, 37, 5 * ks->nr + 3, {300}, 0);       // shared, 3 strips or more
+        check_case(cs, 20, 3, {0, 70, 33}, 2);              // shared, one strip; per-item
+        check_case(cs, 37, 5 * ks->nr + 3, {23, 0, 9}, 1);  // per-item strips
+        cs.blk.mc = 4;
+        check_case(cs, 2, 4 * ks->nr, {17, 64}, 0);  // shared, blocks of 1 tile
+      }
+    }
+  }
+  // The hook fails on the third strip's panels (in an item of the second strip).
+  const k::KernelSet& ks = k::best_kernels();
+  const int64_t K = 16, N = 8 * ks.nr, rows = 200;
+  Tensor a = Tensor::randn({rows, K}, DType::kF32, fresh_seed());
+  Tensor b = Tensor::randn({K, N}, DType::kF32, fresh_seed());
+  const int64_t offsets[2] = {0, rows};
+  k::GroupedGemm p;
+  p.groups = 1;
+  p.offsets = offsets;
+  p.k = K;
+  p.n = N;
+  p.a = a.data();
+  p.threads = 2;
+  p.pack_b = [&](int64_t, void* dst, int64_t p0, int64_t p1) {
+    if (p0 >= 4) throw std::runtime_error("no");
+    k::pack_panels(ks, false, b.data(), false, false, K, N, dst, p0, p1);
+  };
+  p.store = [](const float*, int64_t, int64_t, int64_t, int64_t, int64_t) {};
+  EXPECT_THROW(k::grouped_gemm(p, {4, 8, 16, 2 * ks.nr}, ks), std::runtime_error);
+  set_num_threads(threads_before);
 }
 
 // Row blocks of one product: the fewest of at most per_block tiles, then more until the items

@@ -160,10 +160,19 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
 
   int64_t scratch(const GluCall& c, const GluNativeConfig& cfg) const override {
     const auto& ks = k::best_kernels();
-    k::PackedPanels panels;
     const int64_t offsets[2] = {0, c.m};
-    k::GroupedGemm p = gemm(c, offsets, c.packed.empty() ? nullptr : &panels);
-    return k::grouped_gemm_scratch_bytes(p, blocking(cfg), ks);
+    if (c.packed.empty() && c.m <= k::kStreamMaxMr) {  // run_streamed: x w, then the GEMM's
+      k::GroupedGemm p = streamed_gemm(c, offsets);
+      p.b = c.w.data();
+      return c.m * 2 * c.n * 4 + k::grouped_gemm_scratch_bytes(p, blocking(cfg), ks);
+    }
+    k::PackedPanels panels;
+    if (c.packed.empty() && in_strips(c, cfg))
+      return k::grouped_gemm_scratch_bytes(gemm(c, offsets, nullptr), blocking(cfg), ks);
+    const int64_t packed = c.packed.empty() ? 2 * ((c.n + ks.nr - 1) / ks.nr) *
+                                                  k::panel_elems(c.k, uses_bf16_dot(c), ks.nr) * 4
+                                            : 0;
+    return packed + k::grouped_gemm_scratch_bytes(gemm(c, offsets, &panels), blocking(cfg), ks);
   }
 
   void run_call(GluCall& c, const GluNativeConfig& cfg, const Prepared*) const override {
@@ -175,9 +184,12 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
       return;
     }
     const int64_t offsets[2] = {0, c.m};
+    const bool strips = c.packed.empty() && in_strips(c, cfg);
+    std::shared_ptr<const PackedGluWeights::Rep> own;
+    if (c.packed.empty() && !strips) own = pack(c, c.num_threads);
     k::PackedPanels panels;
-    if (!c.packed.empty()) panels = c.packed.rep()->view();
-    k::GroupedGemm p = gemm(c, offsets, c.packed.empty() ? nullptr : &panels);
+    if (!strips) panels = (own ? *own : *c.packed.rep()).view();
+    k::GroupedGemm p = gemm(c, offsets, strips ? nullptr : &panels);
     p.store = epilogue(c, ks.nr);
     k::grouped_gemm(p, blocking(cfg), ks);
   }
@@ -190,20 +202,10 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
   static void run_streamed(const GluCall& c, const GluNativeConfig& cfg, const k::KernelSet& ks) {
     const int64_t N = c.n, offsets[2] = {0, c.m};
     float* h = k::thread_scratch(k::kEpilogueSlot, c.m * 2 * N);
-    k::GroupedGemm p;
-    p.groups = 1;
-    p.offsets = offsets;
-    p.k = c.k;
-    p.a = c.x.data();
-    p.a_bf16 = c.x.dtype() == DType::kBF16;
-    p.round_a_to_bf16 = rounds_x(c);
-    p.b_bf16 = c.w_dtype == DType::kBF16;
-    p.bf16_dot = uses_bf16_dot(c);
-    p.threads = c.num_threads;
+    k::GroupedGemm p = streamed_gemm(c, offsets);
     for (int half = 0; half < (c.w_up ? 2 : 1); ++half) {
       int64_t ld;
       p.b = c.weights(half, &ld);
-      p.n = c.w_up ? N : 2 * N;
       float* dst = h + half * N;
       p.store = [dst, N](const float* C, int64_t ldc, int64_t r0, int64_t rows, int64_t n0,
                          int64_t cols) {
@@ -213,6 +215,32 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
       k::grouped_gemm(p, blocking(cfg), ks);
     }
     activate_rows(c, h, 0, c.m, ks.isa);
+  }
+
+  // run_streamed's product but for b and the store: x times one weight matrix ([K, 2N] stacked,
+  // or one of the two [K, N]) in its own layout.
+  static k::GroupedGemm streamed_gemm(const GluCall& c, const int64_t* offsets) {
+    k::GroupedGemm p;
+    p.groups = 1;
+    p.offsets = offsets;
+    p.k = c.k;
+    p.n = c.w_up ? c.n : 2 * c.n;
+    p.a = c.x.data();
+    p.a_bf16 = c.x.dtype() == DType::kBF16;
+    p.round_a_to_bf16 = rounds_x(c);
+    p.b_bf16 = c.w_dtype == DType::kBF16;
+    p.bf16_dot = uses_bf16_dot(c);
+    p.threads = c.num_threads;
+    return p;
+  }
+
+  // Whether the caller's weights go to the GEMM to be packed in strips as it goes: where its
+  // threads share them (k::shares_strips), each weight then packed once. Fewer rows would take
+  // per-item strips, packed again for each span of rows the items split the call into on many
+  // threads: there they are packed whole ahead, as before the strips (unmeasured with them).
+  static bool in_strips(const GluCall& c, const GluNativeConfig& cfg) {
+    const int64_t offsets[2] = {0, c.m};
+    return k::shares_strips(gemm(c, offsets, nullptr), blocking(cfg), c.m);
   }
 
   // One group of M rows; the interleaved weights as 2 * ceil(N / nr) panels: `panels` packed

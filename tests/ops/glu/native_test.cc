@@ -10,22 +10,25 @@ struct Native {
 };
 INSTANTIATE_TYPED_TEST_SUITE_P(Native, GluImpl, Native);
 
-// Unpacked weights are packed a strip of gate-up panel pairs at a time: strips shared by the
-// threads (rows >= 2 threads x mc, with 2 threads), per-item strips (fewer rows), strips
-// narrowed to the 8 MiB cap (K = 3000: 699 columns fit, an odd number of panels when rounded to
-// one panel), N off the panel width, stacked and separate weights, f32 and bf16. Each against
-// the reference and bit for bit against the same config on the weights packed ahead (the same
-// products in the same order).
+// With 2 threads, unpacked weights are packed a strip of gate-up panel pairs at a time where
+// the threads share the strips (rows >= 2 threads x mc), else packed whole first: several
+// strips, one, strips narrowed to the 8 MiB cap (K = 3000: 699 columns fit, an odd number of
+// panels when rounded to one panel), fewer rows, N off the panel width, stacked and separate
+// weights, f32 and bf16. Each against the reference and bit for bit against the same config on
+// the weights packed ahead (the same products in the same order).
 TEST(GluNative, StripsOfGateUpPanelPairs) {
+  const int threads_before = num_threads();
+  set_num_threads(2);
   const int nr = kernels::best_kernels().nr;
   for (const auto& [rows, k, n, mr, mc, nc] :
        std::vector<std::tuple<int64_t, int64_t, int64_t, int, int, int>>{
            {300, 70, 150, 4, 8, 2 * nr},  // shared strips, several of them
            {300, 33, 97, 4, 12, 4 * nr},  // shared, row blocks off mc
-           {40, 70, 150, 4, 12, 6 * nr},  // per-item strips
+           {300, 70, 20, 4, 8, 2 * nr},   // shared, one strip
+           {40, 70, 150, 4, 12, 6 * nr},  // fewer rows: packed whole
            {23, 16, 3 * nr + 5, 2, 8, 2 * nr},
-           {100, 3000, 400, 4, 8, 704},     // shared strips narrowed to the cap
-           {40, 3000, 400, 4, 12, 704}}) {  // per-item strips narrowed to the cap
+           {100, 3000, 400, 4, 8, 704},  // shared strips narrowed to the cap
+           {40, 3000, 400, 4, 12, 704}}) {
     for (DType w_dtype : {DType::kF32, DType::kBF16}) {
       for (bool separate : {false, true}) {
         Case c{{rows}, k, n};
@@ -47,6 +50,7 @@ TEST(GluNative, StripsOfGateUpPanelPairs) {
       }
     }
   }
+  set_num_threads(threads_before);
 }
 
 }  // namespace tokamax::glu_test
