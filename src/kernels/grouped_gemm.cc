@@ -280,7 +280,9 @@ void run_shared_strips(const GroupedGemm& p, const Blocking& blk, const KernelSe
   const auto done = std::make_unique<std::atomic<int64_t>[]>(strips);
   std::atomic<bool> failed{false};
   {
-    const auto [p0, np] = panels(0);
+    // (Not a structured binding: clang before 16 cannot capture one in a lambda.)
+    const std::pair<int64_t, int64_t> first = panels(0);
+    const int64_t p0 = first.first, np = first.second;
     parallel_for(np, threads,
                  [&](int64_t q, int) { pack(g, buffer(0) + q * pe * 4, p0 + q, p0 + q + 1); });
     packed[0].store(np, std::memory_order_relaxed);
