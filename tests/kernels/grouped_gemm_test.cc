@@ -121,7 +121,7 @@ void check_case(const Case& cs, int64_t K, int64_t N, const std::vector<int32_t>
     p.b = nullptr;
     p.panel_group = cs.panel_group;
     const int64_t es = cs.b_bf16 ? 2 : 4;
-    p.pack_b = [&](int64_t g, void* dst, int64_t p0, int64_t p1) {
+    p.pack_b = [&, es](int64_t g, void* dst, int64_t p0, int64_t p1) {
       hook_panels += p1 - p0;
       k::pack_panels(ks, pairs, static_cast<const char*>(b.data()) + g * K * N * es, cs.b_bf16,
                      cs.trans, K, N, dst, p0, p1);
