@@ -340,7 +340,7 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
   // (BLIS's shared B block, run_shared_strips): each packed once, its row blocks spread over
   // the threads. Each weight is then packed once and each A tile once per strip, as with
   // pre-packed weights; per-item strips would pack both several times.
-  auto shared = [&](int64_t rows) { return !streams(rows) && shares_strips(p, blk, rows); };
+  auto shared = [&](int64_t rows) { return !streams(rows) && shares_strips(p.threads, blk, rows); };
   // Rows per item for the other packed-strip groups: as many as still gives 4 items a thread.
   int64_t max_rows = 0;
   bool any_stream = false;
@@ -428,13 +428,13 @@ void run_unpacked(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
 
 }  // namespace
 
+bool shares_strips(int threads, const Blocking& blk, int64_t rows) {
+  return rows >= 2 * int64_t{pool_threads(threads)} * blk.mc;
+}
+
 // A single product whose last wave leaves a thread idle loses the rest of that item: the loss
 // backward's logits (4096 rows, 196-row blocks: 20 whole and one of 176, one column block) kept
 // one thread idle for 0.9 of an item of each 10.9 (4%); 22 blocks of 182 to 196 rows do not.
-bool shares_strips(const GroupedGemm& p, const Blocking& blk, int64_t rows) {
-  return rows >= 2 * int64_t{pool_threads(p.threads)} * blk.mc;
-}
-
 int64_t balanced_blocks(int64_t tiles, int64_t per_block, int64_t col_blocks, int threads) {
   int64_t blocks = (tiles + per_block - 1) / per_block;
   while (threads > 1 && blocks < tiles && (blocks * col_blocks) % threads != 0) ++blocks;
@@ -501,7 +501,7 @@ int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, co
   for (int64_t g = 0; p.offsets && g < p.groups; ++g) {
     const int64_t rows = p.offsets[g + 1] - p.offsets[g];
     if (rows == 0 || streams_group(p, ks, rows)) continue;
-    (shares_strips(p, blk, rows) ? shared : per_item) = true;
+    (shares_strips(p.threads, blk, rows) ? shared : per_item) = true;
   }
   return (tile + (per_item ? strip : 0)) * threads + (shared ? 2 * strip : 0);
 }

@@ -183,11 +183,11 @@ struct GroupedGemm : GroupedOperands {
 // buffers, no barrier between strips). Empty groups cost nothing.
 void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks);
 
-// Whether a group of `rows` rows of an unpacked product that does not stream its weights
-// shares strips among the threads (enough row blocks to keep every thread busy on each strip):
-// its weights are then packed once a call. Fewer rows take per-item strips, which pack them
-// once for each span of rows the items split the group into.
-bool shares_strips(const GroupedGemm& p, const Blocking& blk, int64_t rows);
+// Whether a group of `rows` rows of an unpacked product on `threads` threads (GroupedOperands::
+// threads) that does not stream its weights shares strips among the threads (enough row blocks to
+// keep every thread busy on each strip): its weights are then packed once a call. Fewer rows take
+// per-item strips, which pack them once for each span of rows the items split the group into.
+bool shares_strips(int threads, const Blocking& blk, int64_t rows);
 
 // Scratch grouped_gemm keeps per call (per-thread tiles and strips), in bytes.
 int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks);

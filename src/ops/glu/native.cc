@@ -162,17 +162,18 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
     const auto& ks = k::best_kernels();
     const int64_t offsets[2] = {0, c.m};
     if (c.packed.empty() && c.m <= k::kStreamMaxMr) {  // run_streamed: x w, then the GEMM's
-      k::GroupedGemm p = streamed_gemm(c, offsets);
-      p.b = c.w.data();
-      return c.m * 2 * c.n * 4 + k::grouped_gemm_scratch_bytes(p, blocking(cfg), ks);
+      return c.m * 2 * c.n * 4 +
+             k::grouped_gemm_scratch_bytes(streamed_gemm(c, offsets), blocking(cfg), ks);
     }
+    // The caller's weights packed in strips by the GEMM, or whole first (pack).
+    const bool strips = c.packed.empty() && in_strips(c, cfg);
+    const int64_t packed =
+        c.packed.empty() && !strips
+            ? 2 * ((c.n + ks.nr - 1) / ks.nr) * k::panel_elems(c.k, uses_bf16_dot(c), ks.nr) * 4
+            : 0;
     k::PackedPanels panels;
-    if (c.packed.empty() && in_strips(c, cfg))
-      return k::grouped_gemm_scratch_bytes(gemm(c, offsets, nullptr), blocking(cfg), ks);
-    const int64_t packed = c.packed.empty() ? 2 * ((c.n + ks.nr - 1) / ks.nr) *
-                                                  k::panel_elems(c.k, uses_bf16_dot(c), ks.nr) * 4
-                                            : 0;
-    return packed + k::grouped_gemm_scratch_bytes(gemm(c, offsets, &panels), blocking(cfg), ks);
+    return packed + k::grouped_gemm_scratch_bytes(gemm(c, offsets, strips ? nullptr : &panels),
+                                                  blocking(cfg), ks);
   }
 
   void run_call(GluCall& c, const GluNativeConfig& cfg, const Prepared*) const override {
@@ -184,12 +185,13 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
       return;
     }
     const int64_t offsets[2] = {0, c.m};
-    const bool strips = c.packed.empty() && in_strips(c, cfg);
+    // Pre-packed weights, the caller's packed whole first, or (null) theirs in strips.
     std::shared_ptr<const PackedGluWeights::Rep> own;
-    if (c.packed.empty() && !strips) own = pack(c, c.num_threads);
+    const PackedGluWeights::Rep* rep = c.packed.rep();
+    if (!rep && !in_strips(c, cfg)) rep = (own = pack(c, c.num_threads)).get();
     k::PackedPanels panels;
-    if (!strips) panels = (own ? *own : *c.packed.rep()).view();
-    k::GroupedGemm p = gemm(c, offsets, strips ? nullptr : &panels);
+    if (rep) panels = rep->view();
+    k::GroupedGemm p = gemm(c, offsets, rep ? &panels : nullptr);
     p.store = epilogue(c, ks.nr);
     k::grouped_gemm(p, blocking(cfg), ks);
   }
@@ -239,8 +241,7 @@ class Native : public TypedImplementation<GluCall, GluNativeConfig> {
   // per-item strips, packed again for each span of rows the items split the call into on many
   // threads: there they are packed whole ahead, as before the strips (unmeasured with them).
   static bool in_strips(const GluCall& c, const GluNativeConfig& cfg) {
-    const int64_t offsets[2] = {0, c.m};
-    return k::shares_strips(gemm(c, offsets, nullptr), blocking(cfg), c.m);
+    return k::shares_strips(c.num_threads, blocking(cfg), c.m);
   }
 
   // One group of M rows; the interleaved weights as 2 * ceil(N / nr) panels: `panels` packed
