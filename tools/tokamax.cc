@@ -119,6 +119,8 @@ void print_device(bool json, bool roofline) {
     fmt::print("  mem read:    {:8.1f} GB/s 1 core, {:8.1f} all\n",
                r["mem_read_gbps_1core"].get<double>(), r["mem_read_gbps_all"].get<double>());
     fmt::print("  mem copy:    {:8.1f} GB/s all\n", r["mem_copy_gbps_all"].get<double>());
+    if (const double ns = r.value("core_to_core_ns", 0.0); ns > 0)
+      fmt::print("  core to core: {:7.0f} ns one way (pool threads 0 and 1)\n", ns);
   }
 }
 

@@ -41,6 +41,40 @@ double rate(int threads, double work_per_thread, Body body) {
   return median(rates);
 }
 
+// The one-way hand-off time of a cache line between the pool's threads 0 and 1 (ns), the
+// median of kRuns runs of kPasses round trips; 0 with fewer than two threads or where the two
+// shares did not run at once (a nested run goes inline: each share gives up after a second).
+double core_to_core_ns(int threads) {
+  if (threads < 2) return 0;
+  constexpr int64_t kPasses = 20000;
+  struct alignas(64) Line {
+    std::atomic<int64_t> ball{0};
+  };
+  Line line;
+  std::atomic<bool> gave_up{false};
+  std::vector<double> times;
+  for (int r = 0; r < kRuns + 1; ++r) {
+    line.ball.store(0, std::memory_order_relaxed);
+    const double t0 = now_seconds();
+    ThreadPool::global().run(2, [&](int t) {
+      for (int64_t i = 0; i < kPasses; ++i) {
+        // Share t moves the ball from 2i + t to 2i + t + 1.
+        for (int64_t spins = 1; line.ball.load(std::memory_order_acquire) != 2 * i + t; ++spins) {
+          if (gave_up.load(std::memory_order_relaxed)) return;
+          if (spins % 4096 == 0 && now_seconds() - t0 > 1.0) {
+            gave_up.store(true, std::memory_order_relaxed);
+            return;
+          }
+        }
+        line.ball.store(2 * i + t + 1, std::memory_order_release);
+      }
+    });
+    if (gave_up.load()) return 0;
+    if (r > 0) times.push_back((now_seconds() - t0) / (2.0 * kPasses) * 1e9);  // run 0 warms up
+  }
+  return median(times);
+}
+
 }  // namespace
 
 struct ReadProbe::Buffer {
@@ -156,7 +190,8 @@ Json Roofline::to_json() const {
           {"bf16_dot_unit", bf16_dot_unit},
           {"mem_read_gbps_1core", read_gbps_1core},
           {"mem_read_gbps_all", read_gbps_all},
-          {"mem_copy_gbps_all", copy_gbps_all}};
+          {"mem_copy_gbps_all", copy_gbps_all},
+          {"core_to_core_ns", core_to_core_ns}};
 }
 
 Roofline measure_roofline() {
@@ -219,6 +254,7 @@ Roofline measure_roofline() {
                            }) /
                       1e9;
   }
+  r.core_to_core_ns = core_to_core_ns(r.threads);
   return r;
 }
 
@@ -237,6 +273,10 @@ const Roofline& cached_roofline() {
     m.read_gbps_1core = std::max(a.read_gbps_1core, b.read_gbps_1core);
     m.read_gbps_all = std::max(a.read_gbps_all, b.read_gbps_all);
     m.copy_gbps_all = std::max(a.copy_gbps_all, b.copy_gbps_all);
+    // A latency: the lower one (a neighbour only adds to it), of those measured (0: not).
+    m.core_to_core_ns = a.core_to_core_ns > 0 && b.core_to_core_ns > 0
+                            ? std::min(a.core_to_core_ns, b.core_to_core_ns)
+                            : std::max(a.core_to_core_ns, b.core_to_core_ns);
     return m;
   }();
   return r;

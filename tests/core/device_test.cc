@@ -53,6 +53,16 @@ TEST(Device, RooflinePositiveFinite) {
     EXPECT_TRUE(std::isfinite(v));
     EXPECT_GT(v, 0);
   }
+  // The hand-off latency: 0 with one thread, or where the two shares could not run at once
+  // (a loaded machine: each gives up after a second), else a positive time well under the
+  // second the shares may wait.
+  EXPECT_TRUE(std::isfinite(r.core_to_core_ns));
+  EXPECT_GE(r.core_to_core_ns, 0);
+  EXPECT_LT(r.core_to_core_ns, 1e9);
+  if (r.threads < 2) {
+    EXPECT_EQ(r.core_to_core_ns, 0);
+  }
+  EXPECT_EQ(r.to_json().value("core_to_core_ns", -1.0), r.core_to_core_ns);
   // The bf16 dot's ceiling is measured wherever the CPU has it, but is not always above the f32
   // FMA's: Zen 4 runs vdpbf16ps at twice the f32 FMA's flops, Sapphire/Emerald Rapids at half.
   if (device_info().isa.has_avx512_bf16()) {
