@@ -74,7 +74,9 @@ class ThreadPool {
 };
 
 // Splits [0, n) items over `threads` workers with dynamic scheduling (an atomic counter), so
-// skewed item costs still balance. fn(item, thread_index).
+// skewed item costs still balance. fn(item, thread_index). A thread claims the lowest item not
+// yet claimed only when it is about to run it, and runs its items one at a time: an item may
+// wait for items below it (kernels::run_shared_strips does), never for one above.
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int)>& fn);
 
 // Counts this thread's entries into the library from code outside it: dispatch (every op call)

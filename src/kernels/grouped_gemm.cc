@@ -23,7 +23,9 @@ struct Item {
 
 // Unpacked weights are packed one item's columns at a time into a per-thread strip of K rows
 // (BLIS's packed B block, reused by every row block of the item). Items are narrowed so that
-// the strip stays within this size, whatever K is.
+// the strip stays within this size, figured at 4 bytes a value (bf16 pairs then take half of
+// it), down to one step of panels (nr x panel_group columns), which a K past 8 MiB / 4 / step
+// values takes beyond it.
 constexpr int64_t kMaxStripBytes = int64_t{8} << 20;
 
 // Panels the multi-panel (weight-streaming) kernel takes at once for an item of `rows` rows
@@ -62,11 +64,13 @@ Tile thread_tile(const Blocking& blk, const KernelSet& ks) {
 
 // Columns per item of an unpacked product: the blocking's, narrowed so that the packed strip
 // of K rows stays under kMaxStripBytes.
+// Whole steps of panel groups, so that a group (the GLU's gate-up pair) never straddles two
+// strips, whatever nc the blocking has.
 int64_t strip_cols(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
   const int64_t row_bytes = std::max<int64_t>(p.k, 2) * 4;
-  const int64_t step = int64_t{ks.nr} * p.panel_group;
+  const int64_t step = int64_t{ks.nr} * std::max(1, p.panel_group);
   const int64_t fit = std::max<int64_t>(step, kMaxStripBytes / row_bytes / step * step);
-  return std::min<int64_t>(blk.nc, fit);
+  return std::max(step, std::min<int64_t>(blk.nc, fit) / step * step);
 }
 int64_t strip_floats(const GroupedGemm& p, const KernelSet& ks, int64_t cols) {
   return (cols + ks.nr - 1) / ks.nr * panel_elems(p.k, p.bf16_dot, ks.nr);
@@ -289,6 +293,7 @@ void run_shared_strips(const GroupedGemm& p, const Blocking& blk, const KernelSe
   }
   parallel_for(strips * blocks, threads, [&](int64_t idx, int) {
     const int64_t s = idx / blocks, b = idx % blocks;
+    if (failed.load(std::memory_order_relaxed)) return;  // the call throws: no more work
     try {
       if (s + 1 < strips && b >= lo && b < hi) {
         if (s > 0 && !wait_for(done[s - 1], blocks, failed)) return;

@@ -299,14 +299,15 @@ TEST(GroupedGemm, ALayoutsOnlyForF32) {
   }
 }
 
-// Weights packed by the caller's hook (GroupedGemm::pack_b), with 2 threads: strips the threads
-// share (several: the next one packed during the current one; one), per-item strips (fewer
-// rows than 2 threads x mc), empty and odd groups, panels in groups of 1 and 2 (the strips then
-// hold whole pairs), f32 and the bf16 dot. A hook that throws reaches the caller, with no thread
-// left waiting on the strip it did not pack.
+// Weights packed by the caller's hook (GroupedGemm::pack_b), on 1 to 4 threads: strips the
+// threads share (several: the next one packed during the current one; one), per-item strips
+// (fewer rows than 2 threads x mc, beside a shared group in the same call), empty and odd
+// groups, K = 0, panels in groups of 1 and 2 (the strips then hold whole pairs, 3 strips of
+// them or more), f32 and the bf16 dot. A hook or a store that throws reaches the caller, with no
+// thread left waiting on the strip it did not pack, and the next call is right.
 TEST(GroupedGemm, CallerPackedStrips) {
   const int threads_before = num_threads();
-  set_num_threads(2);
+  set_num_threads(4);
   for (const k::KernelSet* ks : testing::runnable_sets()) {
     for (bool dot : {false, true}) {
       if (dot && ks->bf16 == nullptr) continue;
@@ -314,33 +315,61 @@ TEST(GroupedGemm, CallerPackedStrips) {
         const int nc = 2 * group * ks->nr;
         Case cs{ks, false, false, dot, dot, false, false, 2, {4, 8, 16, nc}};
         cs.panel_group = group;
-        check_case(cs, 37, 5 * ks->nr + 3, {300}, 0);       // shared, 3 strips or more
-        check_case(cs, 20, 3, {0, 70, 33}, 2);              // shared, one strip; per-item
-        check_case(cs, 37, 5 * ks->nr + 3, {23, 0, 9}, 1);  // per-item strips
+        const int64_t n3 = (4 * group + 1) * ks->nr + 3;  // 3 strips
+        check_case(cs, 37, n3, {300}, 0);                 // shared, 3 strips
+        check_case(cs, 20, 3, {0, 70, 31}, 2);            // shared, one strip; per-item
+        check_case(cs, 37, n3, {23, 0, 9}, 1);            // per-item strips
+        check_case(cs, 0, n3, {300}, 0);                  // shared, K = 0
+        for (int threads : {1, 3, 4}) {                   // the packing items start at threads - 1
+          cs.threads = threads;
+          check_case(cs, 37, n3, {300, 31}, 0);
+        }
+        cs.threads = 2;
         cs.blk.mc = 4;
         check_case(cs, 2, 4 * ks->nr, {17, 64}, 0);  // shared, blocks of 1 tile
       }
     }
   }
-  // The hook fails on the third strip's panels (in an item of the second strip).
+  // The hook fails on the third strip's panels (in an item of the second strip), or the store
+  // on the second strip's tiles; then a call that fails nowhere.
   const k::KernelSet& ks = k::best_kernels();
   const int64_t K = 16, N = 8 * ks.nr, rows = 200;
   Tensor a = Tensor::randn({rows, K}, DType::kF32, fresh_seed());
   Tensor b = Tensor::randn({K, N}, DType::kF32, fresh_seed());
   const int64_t offsets[2] = {0, rows};
-  k::GroupedGemm p;
-  p.groups = 1;
-  p.offsets = offsets;
-  p.k = K;
-  p.n = N;
-  p.a = a.data();
-  p.threads = 2;
-  p.pack_b = [&](int64_t, void* dst, int64_t p0, int64_t p1) {
-    if (p0 >= 4) throw std::runtime_error("no");
-    k::pack_panels(ks, false, b.data(), false, false, K, N, dst, p0, p1);
-  };
-  p.store = [](const float*, int64_t, int64_t, int64_t, int64_t, int64_t) {};
-  EXPECT_THROW(k::grouped_gemm(p, {4, 8, 16, 2 * ks.nr}, ks), std::runtime_error);
+  const k::Blocking blk{4, 8, 16, 2 * ks.nr};
+  for (int where : {0, 1, 2}) {  // 0: the hook throws, 1: the store, 2: neither
+    k::GroupedGemm p;
+    p.groups = 1;
+    p.offsets = offsets;
+    p.k = K;
+    p.n = N;
+    p.a = a.data();
+    p.threads = 2;
+    p.pack_b = [&, where](int64_t, void* dst, int64_t p0, int64_t p1) {
+      if (where == 0 && p0 >= 4) throw std::runtime_error("pack");
+      k::pack_panels(ks, false, b.data(), false, false, K, N, dst, p0, p1);
+    };
+    std::vector<float> out(static_cast<size_t>(rows * N), std::nanf(""));
+    p.store = [&, where](const float* C, int64_t ldc, int64_t r0, int64_t nrows, int64_t n0,
+                         int64_t cols) {
+      if (where == 1 && n0 >= blk.nc) throw std::runtime_error("store");
+      for (int64_t i = 0; i < nrows; ++i)
+        for (int64_t j = 0; j < cols; ++j) out[(r0 + i) * N + n0 + j] = C[i * ldc + j];
+    };
+    if (where < 2) {
+      EXPECT_THROW(k::grouped_gemm(p, blk, ks), std::runtime_error) << where;
+      continue;
+    }
+    k::grouped_gemm(p, blk, ks);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < N; ++j) {
+        double want = 0;
+        for (int64_t kk = 0; kk < K; ++kk) want += a.get(r * K + kk) * b.get(kk * N + j);
+        ASSERT_NEAR(out[r * N + j], want, 1e-5 * (1 + std::abs(want))) << r << " " << j;
+      }
+    }
+  }
   set_num_threads(threads_before);
 }
 
