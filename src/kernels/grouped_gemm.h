@@ -171,7 +171,9 @@ struct GroupedGemm : GroupedOperands {
   // pack_b(g, dst, p0, p1) (group g's panels [p0, p1) into dst, the layout pack_panels writes),
   // never read from b, and no group streams them. panel_group: the items' and strips' columns
   // are whole groups of this many panels (the gated linear unit's gate and up panels of the same
-  // output columns, side by side: 2).
+  // output columns, side by side: 2). Neither pack_b nor store may run a grouped product
+  // itself: run inline on the same thread, it would take the outer call's strips and tile
+  // (per-thread scratch slots) while other threads still read them.
   std::function<void(int64_t g, void* dst, int64_t p0, int64_t p1)> pack_b;
   int panel_group = 1;
 };
@@ -189,7 +191,9 @@ void grouped_gemm(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks
 // per-item strips, which pack them once for each span of rows the items split the group into.
 bool shares_strips(int threads, const Blocking& blk, int64_t rows);
 
-// Scratch grouped_gemm keeps per call (per-thread tiles and strips), in bytes.
+// Scratch grouped_gemm keeps per call (per-thread tiles and strips), in bytes: what a blocking
+// changes (the autotuner's tie-break on memory). Not the f32 copy of a bf16 (or rounded) A that
+// the f32 kernels read, rows x k floats, the same for every blocking.
 int64_t grouped_gemm_scratch_bytes(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks);
 
 // The ragged contraction: for every group g, out_g[K, N] = A[rows of g]^T x B[rows of g], A
