@@ -359,8 +359,9 @@ void heads_tile(int heads, int64_t K, const float* a, const void* b, int64_t ldb
       };
       int64_t k = 0;
       for (; k + 8 * kSets <= K; k += 8 * kSets) {
-#pragma GCC unroll 2
-        for (int t = 0; t < kSets; ++t) step.template operator()<false>(t, k + 8 * t, 8);
+        // Written out: an unroll pragma on a loop of one trip (kSets 1) is a clang warning.
+        step.template operator()<false>(0, k, 8);
+        if constexpr (kSets == 2) step.template operator()<false>(1, k + 8, 8);
       }
       for (; k + 8 <= K; k += 8) step.template operator()<false>(0, k, 8);
       if (k < K) step.template operator()<true>(0, k, K - k);
