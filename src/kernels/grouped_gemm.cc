@@ -63,14 +63,12 @@ Tile thread_tile(const Blocking& blk, const KernelSet& ks) {
 }
 
 // Columns per item of an unpacked product: the blocking's, narrowed so that the packed strip
-// of K rows stays under kMaxStripBytes.
-// Whole steps of panel groups, so that a group (the GLU's gate-up pair) never straddles two
-// strips, whatever nc the blocking has.
+// of K rows stays under kMaxStripBytes, in whole steps of panel groups (a group, the GLU's
+// gate-up pair, never straddles two strips, whatever nc the blocking has).
 int64_t strip_cols(const GroupedGemm& p, const Blocking& blk, const KernelSet& ks) {
   const int64_t row_bytes = std::max<int64_t>(p.k, 2) * 4;
   const int64_t step = int64_t{ks.nr} * std::max(1, p.panel_group);
-  const int64_t fit = std::max<int64_t>(step, kMaxStripBytes / row_bytes / step * step);
-  return std::max(step, std::min<int64_t>(blk.nc, fit) / step * step);
+  return step * std::max<int64_t>(1, std::min(blk.nc / step, kMaxStripBytes / row_bytes / step));
 }
 int64_t strip_floats(const GroupedGemm& p, const KernelSet& ks, int64_t cols) {
   return (cols + ks.nr - 1) / ks.nr * panel_elems(p.k, p.bf16_dot, ks.nr);

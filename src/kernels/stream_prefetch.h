@@ -26,6 +26,7 @@
 // and bf16 2.45-2.57 against 1.94-1.96 (3 interleaved rounds).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/prefetch.h"
@@ -67,7 +68,7 @@ class RowLines {
   // 0.82-0.91x (4 of 6 pairs; one round 1.4-1.5x, a neighbour's burst); from memory (tokamax
   // bench --tag decode, 6 pairs) f32 0.96-1.03x, bf16 0.85-1.06x: alike.
   void issue(int64_t n) {
-    n = n < left_ ? n : left_;
+    n = std::min(n, left_);
     left_ -= n;
     for (; n > 0; --n) {
       prefetch_t1(p_ + off_);

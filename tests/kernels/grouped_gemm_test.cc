@@ -342,36 +342,35 @@ TEST(GroupedGemm, CallerPackedStrips) {
   Tensor b = Tensor::randn({K, N}, DType::kF32, fresh_seed());
   const int64_t offsets[2] = {0, rows};
   const k::Blocking blk{4, 8, 16, 2 * ks.nr};
-  for (int where : {0, 1, 2}) {  // 0: the hook throws, 1: the store, 2: neither
-    k::GroupedGemm p;
-    p.groups = 1;
-    p.offsets = offsets;
-    p.k = K;
-    p.n = N;
-    p.a = a.data();
-    p.threads = 2;
-    p.pack_b = [&, where](int64_t, void* dst, int64_t p0, int64_t p1) {
-      if (where == 0 && p0 >= 4) throw std::runtime_error("pack");
-      k::pack_panels(ks, false, b.data(), false, false, K, N, dst, p0, p1);
-    };
-    std::vector<float> out(static_cast<size_t>(rows * N), std::nanf(""));
-    p.store = [&, where](const float* C, int64_t ldc, int64_t r0, int64_t nrows, int64_t n0,
-                         int64_t cols) {
-      if (where == 1 && n0 >= blk.nc) throw std::runtime_error("store");
-      for (int64_t i = 0; i < nrows; ++i)
-        for (int64_t j = 0; j < cols; ++j) out[(r0 + i) * N + n0 + j] = C[i * ldc + j];
-    };
-    if (where < 2) {
-      EXPECT_THROW(k::grouped_gemm(p, blk, ks), std::runtime_error) << where;
-      continue;
-    }
-    k::grouped_gemm(p, blk, ks);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < N; ++j) {
-        double want = 0;
-        for (int64_t kk = 0; kk < K; ++kk) want += a.get(r * K + kk) * b.get(kk * N + j);
-        ASSERT_NEAR(out[r * N + j], want, 1e-5 * (1 + std::abs(want))) << r << " " << j;
-      }
+  int where = 0;  // 0: the hook throws, 1: the store, 2: neither
+  k::GroupedGemm p;
+  p.groups = 1;
+  p.offsets = offsets;
+  p.k = K;
+  p.n = N;
+  p.a = a.data();
+  p.threads = 2;
+  p.pack_b = [&](int64_t, void* dst, int64_t p0, int64_t p1) {
+    if (where == 0 && p0 >= 4) throw std::runtime_error("pack");
+    k::pack_panels(ks, false, b.data(), false, false, K, N, dst, p0, p1);
+  };
+  std::vector<float> out(static_cast<size_t>(rows * N), std::nanf(""));
+  p.store = [&](const float* C, int64_t ldc, int64_t r0, int64_t nrows, int64_t n0, int64_t cols) {
+    if (where == 1 && n0 >= blk.nc) throw std::runtime_error("store");
+    for (int64_t i = 0; i < nrows; ++i)
+      for (int64_t j = 0; j < cols; ++j) out[(r0 + i) * N + n0 + j] = C[i * ldc + j];
+  };
+  for (where = 0; where < 2; ++where)
+    EXPECT_THROW(k::grouped_gemm(p, blk, ks), std::runtime_error) << where;
+  std::fill(out.begin(), out.end(), std::nanf(""));
+  k::grouped_gemm(p, blk, ks);  // where == 2
+  const float* av = a.data_as<float>();
+  const float* bv = b.data_as<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < N; ++j) {
+      double want = 0;
+      for (int64_t kk = 0; kk < K; ++kk) want += double{av[r * K + kk]} * bv[kk * N + j];
+      ASSERT_NEAR(out[r * N + j], want, 1e-5 * (1 + std::abs(want))) << r << " " << j;
     }
   }
   set_num_threads(threads_before);
