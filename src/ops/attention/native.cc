@@ -178,8 +178,9 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   // of 128), the same bytes came at about half the rate. Each chunk leaves, per kv head, its
   // unnormalized O, m and l; the chunks of a row are merged at the end.
   // (Zen 4's hardware prefetchers follow q k^T's four adjacent positions poorly, 15-18 GB/s a
-  // core against 22-23 for four long lanes of positions; decode in lanes, made of per-position
-  // kernel calls, lost more to their compute than it gained: README, fifteenth session.)
+  // core against 22-23 for four long lanes of positions; yet decode in lanes, by per-position
+  // calls or inside the q k^T kernel, and in plain memory order, measured slower: README,
+  // fifteenth session.)
   static void run_streamed(const AttentionCall& c, const AttentionNativeConfig& cfg,
                            const k::KernelSet& ks) {
     const int threads = std::min(c.num_threads, ThreadPool::global().size());
