@@ -36,18 +36,13 @@ const kernels::NormKernels& row_kernels() {
   return k;
 }
 
-// What the norms do differently by CPU vendor, each measured where its use says: the forward's
-// prefetch of the block ahead (below kAheadRows) and which outputs are streamed (streams_output).
+// What the norms do differently by CPU vendor, measured where its use says: which outputs are
+// streamed (streams_output).
 struct VendorTuning {
-  // Lines of each 4 KiB chunk (64) of the block ahead that the forward prefetches: [0, early)
-  // during the statistics, [early, late) during the writes, in `parts` bursts: a chunk's writes
-  // in parts of kChunkBytes / parts bytes of x, each after the prefetches of its own lines.
-  int64_t early, late, parts;
   bool stream_from_l2s;  // outputs of at least 4 L2s a thread are streamed too
 };
 const VendorTuning& vendor_tuning() {
-  static const VendorTuning t =
-      device_info().is_intel() ? VendorTuning{2, 64, 8, true} : VendorTuning{0, 16, 1, false};
+  static const VendorTuning t{device_info().is_intel()};
   return t;
 }
 
@@ -73,9 +68,9 @@ bool streams_output(int64_t bytes, int threads) {
 // the block (Zen 4, 2 threads, one-off harness against the streaming copy in the same rounds:
 // row by row 45 GB/s where the blocks reach 56 and the copy 70).
 // The block kAheadRows rows on is prefetched into L2 while this one is worked on, in two parts
-// (VendorTuning): the first lines of each 4 KiB chunk of a row before this block's statistics
-// of the same row, starting memory on every page of the next block early, and more lines of
-// each chunk before this block writes the same chunk of the same row. Nor is the next block read
+// (kEarlyLines, kLateLines): the first lines of each 4 KiB chunk of a row before this block's
+// statistics of the same row, starting memory on every page of the next block early, and more lines
+// of each chunk before this block writes the same chunk of the same row. Nor is the next block read
 // in the same loop as this one is written, although the copy does both at once: the fused forms
 // tried (the next row's sums with this row's writes, whole rows or 2-8 KiB chunks) ran at 34-45
 // GB/s where the blocks reach 56 (Zen 4): each extra stream such a loop draws from L2 (x's row,
@@ -84,14 +79,11 @@ constexpr int64_t kBlockRows = 4;
 constexpr int64_t kChunkBytes = 4096;
 // How many rows ahead both directions prefetch x (and the backward dy): a block.
 constexpr int64_t kAheadRows = kBlockRows;
-// The forward's prefetch (VendorTuning::early, late), measured per CPU vendor:
-// AMD (Zen 4): {0, 16}. Prefetching the whole chunk during the writes (a line per vector
-// written, the code until 2026-12-05) competed in the memory's fast minutes with the streamed
-// stores for the core's misses: [131072, 4096] f32 at 40-47 GB/s against 54-58 with the first 16
-// lines or none, the copy at 62-74; in the slow minutes all three were alike, 35-43 against a
-// 39-48 GB/s copy, the 16 lines ahead of none by 1-2 GB/s (harness, 3-4 interleaved rounds a
-// run, several runs; 4 lines measured alike to none).
-// Intel (Sapphire Rapids VM, 480 MiB L3): {2, 64}. tokamax bench --op layer_norm --spec
+// The forward's prefetch of each 4 KiB chunk (64 lines) of the block ahead: lines [0,
+// kEarlyLines) during this block's statistics, [kEarlyLines, kLateLines) during its writes, in
+// kPrefetchParts bursts (a chunk's writes in parts of kChunkBytes / kPrefetchParts bytes of x,
+// each after the prefetches of its own lines). Measured on both vendors:
+// Intel (Sapphire Rapids VM, 480 MiB L3). tokamax bench --op layer_norm --spec
 // layer_norm_stream --impl native, 3 interleaved rounds a comparison: all 64 lines during the
 // writes 139.6-142.0 ms (64.7-65.5% of the streaming copy) against 147.0-149.1 with 16 lines and
 // 153.6-156.8 with none (two rows further ahead: 142.5-143.6); then the first 1, 2, 4 or 8 lines
@@ -102,6 +94,14 @@ constexpr int64_t kAheadRows = kBlockRows;
 // 112.2-116.7 against 121.0-125.3 (0.90-0.97x the time, paired by run); in 4 parts 0.93-0.99x,
 // in 2 or 16 alike to one. A burst of 62 misses holds the core's fill buffers, which the
 // streamed stores write through too (the grouped GEMM's next-panel prefetch, likewise).
+// AMD (Zen 4), which had taken {0, 16} lines in one burst since 2026-12-05 (the whole chunk
+// during the writes had competed with the streamed stores in the memory's fast minutes; 0, 16
+// and 64 lines during the writes measured alike on 2026-12-06): the two parts measured there on
+// 2026-12-07 (tokamax bench --op layer_norm --tag stream, a test build running {2, 64, 8} in the
+// native:heuristics row beside {0, 16, 1} in the same process, 7 interleaved rounds, 5 runs):
+// 0.949-0.985x the time in all 10 rows (median 0.96x), both memory states; the same build with
+// {0, 16, 1} in both rows 1.001-1.008x. Alike on the AlphaFold-like rows (1.007-1.013x, 2 runs).
+constexpr int64_t kEarlyLines = 2, kLateLines = 64, kPrefetchParts = 8;
 
 // The config parts both directions share.
 template <class CallT>
@@ -168,20 +168,19 @@ class Native : public NativeBase<NormCall> {
     float* rstds = c.rstd() ? c.rstd()->data_as<float>() : nullptr;
     const bool stream = streams_output(c.y().size() * es, c.num_threads);
     const int64_t chunk = kChunkBytes / es;
-    // A part of a chunk's writes: 512 bytes of x on Intel, whole lines and vectors (the kernels'
-    // widths divide it), so each prefetched line belongs to one part.
-    const int64_t sub = kChunkBytes / vendor_tuning().parts / es;
-    const VendorTuning& pf = vendor_tuning();
+    // A part of a chunk's writes: 512 bytes of x, whole lines and vectors (the kernels' widths
+    // divide it), so each prefetched line belongs to one part.
+    const int64_t sub = kChunkBytes / kPrefetchParts / es;
     parallel_for(items, c.num_threads, [&](int64_t item, int) {
       const int64_t r1 = std::min(c.rows(), (item + 1) * rpi);
       for (int64_t b0 = item * rpi; b0 < r1; b0 += kBlockRows) {
         const int64_t b1 = std::min(r1, b0 + kBlockRows);
         float mean[kBlockRows], rstd[kBlockRows];
         for (int64_t r = b0; r < b1; ++r) {
-          if (pf.early > 0 && r + kAheadRows < c.rows()) {
+          if (r + kAheadRows < c.rows()) {
             const char* ahead = x + (r + kAheadRows) * c.d * es;
             for (int64_t c0 = 0; c0 < c.d; c0 += chunk)
-              kernels::prefetch_l2(ahead + c0 * es, 0, std::min(pf.early * 64, (c.d - c0) * es));
+              kernels::prefetch_l2(ahead + c0 * es, 0, std::min(kEarlyLines * 64, (c.d - c0) * es));
           }
           k.stats(x + r * c.d * es, c.bf16, c.d, c.subtract_mean, static_cast<float>(c.epsilon),
                   &mean[r - b0], &rstd[r - b0]);
@@ -192,7 +191,7 @@ class Native : public NativeBase<NormCall> {
         }
         for (int64_t c0 = 0; c0 < c.d; c0 += chunk) {
           const int64_t n = std::min(chunk, c.d - c0);
-          const int64_t lo = pf.early * 64, hi = std::min(pf.late * 64, n * es);  // bytes
+          const int64_t lo = kEarlyLines * 64, hi = std::min(kLateLines * 64, n * es);  // bytes
           for (int64_t r = b0; r < b1; ++r) {
             const int64_t at = r * c.d + c0;
             for (int64_t s0 = 0; s0 < n; s0 += sub) {
