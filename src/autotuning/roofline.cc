@@ -9,6 +9,7 @@
 
 #include "autotuning/roofline_kernels.h"
 #include "core/cache_topology.h"
+#include "core/handoff.h"
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
 #include "tokamax/autotuning/measurement.h"
@@ -42,35 +43,17 @@ double rate(int threads, double work_per_thread, Body body) {
 }
 
 // The one-way hand-off time of a cache line between the pool's threads 0 and 1 (ns), the
-// median of kRuns runs of kPasses round trips; 0 with fewer than two threads or where the two
-// shares did not run at once (a nested run goes inline: each share gives up after a second).
+// median of kRuns runs of kPasses round trips (core/handoff.h); 0 with fewer than two threads or
+// where the two shares did not run at once (a nested run goes inline: each gives up after a
+// second).
 double core_to_core_ns(int threads) {
   if (threads < 2) return 0;
   constexpr int64_t kPasses = 20000;
-  struct alignas(64) Line {
-    std::atomic<int64_t> ball{0};
-  };
-  Line line;
-  std::atomic<bool> gave_up{false};
   std::vector<double> times;
-  for (int r = 0; r < kRuns + 1; ++r) {
-    line.ball.store(0, std::memory_order_relaxed);
-    const double t0 = now_seconds();
-    ThreadPool::global().run(2, [&](int t) {
-      for (int64_t i = 0; i < kPasses; ++i) {
-        // Share t moves the ball from 2i + t to 2i + t + 1.
-        for (int64_t spins = 1; line.ball.load(std::memory_order_acquire) != 2 * i + t; ++spins) {
-          if (gave_up.load(std::memory_order_relaxed)) return;
-          if (spins % 4096 == 0 && now_seconds() - t0 > 1.0) {
-            gave_up.store(true, std::memory_order_relaxed);
-            return;
-          }
-        }
-        line.ball.store(2 * i + t + 1, std::memory_order_release);
-      }
-    });
-    if (gave_up.load()) return 0;
-    if (r > 0) times.push_back((now_seconds() - t0) / (2.0 * kPasses) * 1e9);  // run 0 warms up
+  for (int r = 0; r < kRuns; ++r) {
+    const double ns = pool_handoff_ns(1, kPasses, kPasses / 10, 1.0);
+    if (ns <= 0) return 0;
+    times.push_back(ns);
   }
   return median(times);
 }

@@ -107,6 +107,8 @@ void ThreadPool::finish_share() {
   }
 }
 
+bool ThreadPool::in_job() { return in_pool_job; }
+
 void ThreadPool::run(int threads, const std::function<void(int)>& fn, Shares shares) {
   threads = std::clamp(threads, 1, size());
   if (in_pool_job) {

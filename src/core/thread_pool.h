@@ -49,6 +49,8 @@ class ThreadPool {
 
   // The process-wide pool used by kernels, grown on demand to num_threads().
   static ThreadPool& global();
+  // Whether the calling thread is running a share of a run (a run() from it goes inline).
+  static bool in_job();
 
  private:
   void worker_loop(int index);

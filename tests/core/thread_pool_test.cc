@@ -1,7 +1,8 @@
 // The library's one thread pool: every item once, exceptions rethrown, and runs nested inside a
 // job (the autotuner prepares candidates on the pool; their packing runs on it too) complete
 // inline instead of deadlocking; every thread of a job runs in its caller's floating-point mode;
-// a share whose worker is late is run once, by the caller (parallel_for) or by its worker.
+// a share whose worker is late is run once, by the caller (parallel_for) or by its worker. And
+// the cache-line hand-off probe over the pool's threads (core/handoff.h).
 #include "core/thread_pool.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/float_mode.h"
+#include "core/handoff.h"
 #include "tokamax/core/device.h"
 
 namespace tokamax {
@@ -146,6 +148,32 @@ TEST(ThreadPool, JobsRunInTheCallersFloatMode) {
     EXPECT_EQ(after.mode[t], outside) << "thread " << t;
     EXPECT_GT(after.tiny[t], 0.0f) << "thread " << t << ": a denormal, not flushed";
   }
+}
+
+// The probe times a hand-off between two pool threads that run at once, and answers 0 (not
+// timed) rather than waiting where they cannot: a thread out of the pool, or a call from inside
+// a job, whose shares run one after another on one thread.
+TEST(ThreadPool, HandoffProbeTimesTwoThreadsAndRefusesWhatItCannotTime) {
+  parallel_for(2, 2, [](int64_t, int) {});  // the pool grows to its threads
+  ThreadPool& pool = ThreadPool::global();
+  EXPECT_EQ(pool_handoff_ns(0, 100, 10, 1.0), 0);
+  EXPECT_EQ(pool_handoff_ns(pool.size(), 100, 10, 1.0), 0);
+  EXPECT_FALSE(pool_threads_share_cache(1));
+  if (pool.size() < 2) GTEST_SKIP() << "a pool of one thread";
+  const double ns = pool_handoff_ns(1, 2000, 200, 30.0);
+  EXPECT_GT(ns, 0);
+  EXPECT_LT(ns, 1e6);  // a hand-off is nanoseconds to microseconds, not a millisecond
+  double nested = -1;
+  bool nested_shared = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  pool.run(2, [&](int t) {
+    if (t != 0) return;
+    nested = pool_handoff_ns(1, 100, 10, 30.0);
+    nested_shared = pool_threads_share_cache(2);
+  });
+  EXPECT_EQ(nested, 0);
+  EXPECT_FALSE(nested_shared);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "waited";
 }
 
 }  // namespace

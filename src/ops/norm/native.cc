@@ -10,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/handoff.h"
 #include "core/thread_pool.h"
 #include "kernels/norm.h"
 #include "kernels/stream_prefetch.h"
@@ -37,12 +38,14 @@ const kernels::NormKernels& row_kernels() {
 }
 
 // What the norms do differently by CPU vendor, measured where its use says: which outputs are
-// streamed (streams_output).
+// streamed (streams_output) and the forward's items on threads that share a cache (item_rows).
 struct VendorTuning {
-  bool stream_from_l2s;  // outputs of at least 4 L2s a thread are streamed too
+  bool stream_from_l2s;          // outputs of at least 4 L2s a thread are streamed too
+  bool block_items_when_shared;  // streamed forwards take one block an item on one cache
 };
 const VendorTuning& vendor_tuning() {
-  static const VendorTuning t{device_info().is_intel()};
+  static const VendorTuning t =
+      device_info().is_intel() ? VendorTuning{true, false} : VendorTuning{false, true};
   return t;
 }
 
@@ -152,6 +155,26 @@ class NativeBase : public TypedImplementation<CallT, LayerNormNativeConfig> {
   }
 };
 
+// The forward's rows an item: the config's, or one block where the output is streamed, the CPU
+// measured so (VendorTuning) and the call's threads share one last-level cache now
+// (core/handoff.h: a VM's vCPUs move between dies). Items of one block interleave the threads'
+// rows, and each thread's prefetch of the block ahead then fetches the block the other takes
+// next: the two sweep memory as one stream. Zen 4, 2 threads, a one-off program alternating the
+// hand-off probe with the 512 MiB f32 layer norm (4096 values a row) at 4 and 256 rows an item,
+// 30 rounds 2 s apart: in the 22 rounds whose hand-off took 31-36 ns (one die), 4 rows took
+// 0.88-1.05x the time of 256 (median 0.925x); in the 8 at 162-172 ns (two dies, each core with
+// its own path to memory, where two streams each core's own beat one shared), 1.44-1.56x. The tuner
+// can only measure the placement it runs in, so the config keeps the other's choice. The 2 GiB
+// rows in `tokamax bench --tag stream`: docs/performance-log.md, layer_norm, seventeenth session.
+// Rows of at least two chunks only: a block of short rows is too small an item (the AlphaFold-like
+// 512-byte rows, streamed at 75 MB: 8.7 ms a call in blocks against 3.9 in 512-row items).
+int64_t item_rows(const NormCall& c, const LayerNormNativeConfig& cfg, bool stream) {
+  if (stream && vendor_tuning().block_items_when_shared && c.rows() > 2 * kBlockRows &&
+      c.d * dtype_size(c.x.dtype()) >= 2 * kChunkBytes && pool_threads_share_cache(c.num_threads))
+    return kBlockRows;
+  return cfg.rows_per_item;
+}
+
 class Native : public NativeBase<NormCall> {
  public:
   void run_call(NormCall& c, const LayerNormNativeConfig& cfg, const Prepared*) const override {
@@ -160,13 +183,13 @@ class Native : public NativeBase<NormCall> {
     Tensor scale_store, offset_store;
     const float* scale = params_f32(c.scale, &scale_store);
     const float* offset = params_f32(c.offset, &offset_store);
-    const int64_t rpi = cfg.rows_per_item, items = (c.rows() + rpi - 1) / rpi;
     const int64_t es = dtype_size(c.x.dtype());
+    const bool stream = streams_output(c.y().size() * es, c.num_threads);
+    const int64_t rpi = item_rows(c, cfg, stream), items = (c.rows() + rpi - 1) / rpi;
     const char* x = static_cast<const char*>(c.x.data());
     char* y = static_cast<char*>(c.y().data());
     float* means = c.mean() ? c.mean()->data_as<float>() : nullptr;
     float* rstds = c.rstd() ? c.rstd()->data_as<float>() : nullptr;
-    const bool stream = streams_output(c.y().size() * es, c.num_threads);
     const int64_t chunk = kChunkBytes / es;
     // A part of a chunk's writes: 512 bytes of x, whole lines and vectors (the kernels' widths
     // divide it), so each prefetched line belongs to one part.
