@@ -44,8 +44,8 @@ double rate(int threads, double work_per_thread, Body body) {
 
 // The one-way hand-off time of a cache line between the pool's threads 0 and 1 (ns), the
 // median of kRuns runs of kPasses round trips (core/handoff.h); 0 with fewer than two threads or
-// where the two shares did not run at once (a nested run goes inline: each gives up after a
-// second).
+// where the two shares did not run at once (from inside a pool job, or a share that waited
+// more than a second for the other).
 double core_to_core_ns(int threads) {
   if (threads < 2) return 0;
   constexpr int64_t kPasses = 20000;

@@ -21,8 +21,8 @@ double pool_handoff_ns(int other, int64_t passes, int64_t warmup, double give_up
 constexpr double kSharedCacheHandoffNs = 90;
 
 // Whether the pool's threads [0, threads) were found to share one last-level cache: each
-// other thread hands a line to thread 0 in under kSharedCacheHandoffNs (the fastest of a few
-// short runs, so a preempted pass does not count). False for fewer than two threads, from inside
+// other thread hands a line to thread 0 in under kSharedCacheHandoffNs in one of up to 3 short
+// runs (a preempted run does not count against it). False for fewer than two threads, from inside
 // a pool job, or when a run could not be timed. Costs a few microseconds a thread on one die
 // (the workers' wake-up aside, which the caller's next parallel_for would otherwise pay).
 bool pool_threads_share_cache(int threads);
