@@ -124,9 +124,25 @@ void print_device(bool json, bool roofline) {
   }
 }
 
-void print_ops(bool json) {
+// One op's description as text: what it computes, its arguments and its outputs.
+void print_description(const Json& d) {
+  fmt::print("{}\n  {}\n", d["op"].get<std::string>(), d["doc"].get<std::string>());
+  for (const Json& a : d["arguments"]) {
+    if (!a["user"].get<bool>()) continue;
+    const std::string dflt = a["default"].is_null() ? "" : " = " + a["default"].dump();
+    fmt::print("  {}  {}{}  {}\n", a["py_name"].get<std::string>(), a["kind"].get<std::string>(),
+               dflt, a["doc"].get<std::string>());
+  }
+  for (const Json& o : d["outputs"]) {
+    fmt::print("  -> {}{}  {}\n", o["name"].get<std::string>(),
+               o["residual"].get<bool>() ? " (residual)" : "", o["doc"].get<std::string>());
+  }
+}
+
+void print_ops(const std::string& op, bool json) {
   Json arr = Json::array();
   for (const auto& f : tk::families()) {
+    if (!op.empty() && f->name() != op) continue;
     Json impls = Json::array();
     for (const auto& n : f->implementation_names()) {
       const auto impl = f->implementation(n);
@@ -135,12 +151,14 @@ void print_ops(bool json) {
                        {"supported_here", impl->supported_on(tk::device_info())},
                        {"config_fields", impl->config_fields()}});
     }
-    arr.push_back({{"op", f->name()}, {"implementations", impls}});
+    arr.push_back(
+        {{"op", f->name()}, {"implementations", impls}, {"description", f->description()}});
   }
   if (json) {
     std::cout << arr.dump(2) << "\n";
     return;
   }
+  if (!op.empty()) print_description(arr.at(0)["description"]);
   for (const auto& f : arr) {
     fmt::print("{}\n", f["op"].get<std::string>());
     for (const auto& i : f["implementations"]) {
@@ -501,6 +519,7 @@ int main(int argc, char** argv) {
 
   auto* ops = app.add_subcommand("ops", "list op families, implementations and config fields");
   ops->add_flag("--json", a.json, "JSON output");
+  ops->add_option("--op", a.op, "one op: also its arguments, defaults and outputs");
 
   auto* specs = app.add_subcommand("specs", "list named workloads");
   specs->add_option("--op", a.op, "op family");
@@ -677,7 +696,8 @@ int main(int argc, char** argv) {
     if (device->parsed() || app.get_subcommands().empty()) {
       print_device(a.json, a.roofline);
     } else if (ops->parsed()) {
-      print_ops(a.json);
+      if (!a.op.empty()) tk::find_family(a.op);  // an unknown op: an error listing the known
+      print_ops(a.op, a.json);
     } else if (specs->parsed()) {
       print_specs(a.op, a.tag, a.json);  // find_arg_specs names an unknown op
     } else if (autotune->parsed()) {

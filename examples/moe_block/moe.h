@@ -107,6 +107,7 @@ inline Tensor moe_block(const Tensor& x, const Weights& w, const Dims& d, const 
 
   // The shared expert, every token: SwiGLU in one fused call, then its down projection.
   GluOptions glu;
+  glu.activation = Activation::kSilu;
   glu.implementation = impl;
   const Tensor s = impl.empty() ? gated_linear_unit(h, w.shared_p, glu)
                                 : gated_linear_unit(h, w.shared, glu);           // [T, F]

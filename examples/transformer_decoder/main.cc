@@ -111,6 +111,7 @@ Tensor lm_loss(const Tensor& out, const Tensor& next, const Layer& l, const std:
   norm.implementation = impl;
   const Tensor h = rms_norm(out, l.final_norm.view(), norm);
   LossOptions o;
+  o.reduction = LossReduction::kMean;
   o.implementation = impl;
   return linear_softmax_cross_entropy_loss(h, next, l.lm_head, o);
 }

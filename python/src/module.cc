@@ -13,6 +13,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
@@ -519,6 +520,117 @@ void translate(const std::exception_ptr& p, void*) {
   }
 }
 
+// --- the generic call path: any family, by its description ---------------------------------
+
+// A static argument's JSON from its Python value: None, bool, int, float, str and sequences of
+// them (local_window_size), converted directly (json.dumps costs microseconds a call).
+Json static_json(nb::handle h, const std::string& op, const std::string& name, int depth = 0) {
+  if (h.is_none()) return Json();
+  if (PyBool_Check(h.ptr())) return Json(h.ptr() == Py_True);
+  if (PyLong_Check(h.ptr())) {
+    const long long v = PyLong_AsLongLong(h.ptr());
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw InvalidArgument(op + ": " + name + " = " + py_str(h) + " does not fit in 64 bits");
+    }
+    return Json(static_cast<int64_t>(v));
+  }
+  if (PyFloat_Check(h.ptr())) return Json(PyFloat_AsDouble(h.ptr()));
+  if (nb::isinstance<nb::str>(h)) return Json(nb::cast<std::string>(h));
+  if (depth == 0 && (nb::isinstance<nb::tuple>(h) || nb::isinstance<nb::list>(h))) {
+    Json a = Json::array();
+    for (nb::handle v : h) a.push_back(static_json(v, op, name, depth + 1));
+    return a;
+  }
+  if (PyIndex_Check(h.ptr())) {  // numpy integers
+    nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+    if (!i.is_valid()) throw nb::python_error();
+    return static_json(i, op, name, depth);
+  }
+  if (nb::hasattr(h, "__float__") && !nb::hasattr(h, "shape")) {  // numpy floating scalars
+    return Json(nb::cast<double>(h.attr("__float__")()));
+  }
+  throw InvalidArgument(op + ": " + name + " is a " + py_type_name(h) +
+                        "; expected None, a bool, a number or a string");
+}
+
+void bind_described_ops(nb::module_& m) {
+  m.def(
+      "op_names",
+      [] {
+        std::vector<std::string> out;
+        for (const auto& f : families()) out.push_back(f->name());
+        return out;
+      },
+      "The names of every op family, backward families included.");
+  m.def(
+      "describe", [](const std::string& op) { return json_to_py(find_family(op).description()); },
+      "op"_a, "An op's description: its arguments, outputs, backward and aliases (a dict).");
+  m.def(
+      "output_specs",
+      [](const std::string& op, nb::handle arguments) {
+        nb::list out;
+        for (const ShapeDtype& s : find_family(op).output_specs_json(py_to_json(arguments))) {
+          nb::list shape;
+          for (int64_t d : s.shape) shape.append(d);
+          out.append(nb::make_tuple(nb::tuple(shape), dtype_name(s.dtype)));
+        }
+        return out;
+      },
+      "op"_a, "arguments"_a,
+      "The outputs' (shape, dtype) of an argument spec (as `tokamax specs` prints them).");
+  m.def(
+      "call",
+      [](const std::string& op, nb::list arrays, nb::dict statics, nb::handle implementation,
+         nb::handle config, bool heuristics_only) {
+        const OpFamily& family = find_family(op);
+        ArrayArgs args(op.c_str());
+        std::vector<std::pair<std::string, TensorView>> views;
+        for (nb::handle item : arrays) {
+          // (name, the Python keyword that messages use, the array)
+          const auto [name, label, value] =
+              nb::cast<std::tuple<std::string, std::string, nb::object>>(item);
+          views.emplace_back(name, args.add(value, label.c_str()));
+        }
+        Json st = Json::object();
+        for (const auto& [k, v] : statics) {
+          const std::string name = nb::cast<std::string>(k);
+          st[name] = static_json(v, op, name);
+        }
+        Choice c = choice(op.c_str(), implementation, config);
+        std::vector<Tensor> outs = run(heuristics_only, [&] {
+          return family.run_named(views, st, CallOptions{c.implementation, c.config});
+        });
+        nb::list out;
+        for (Tensor& t : outs) out.append(wrap(std::move(t), args.torch()));
+        return nb::tuple(out);
+      },
+      "op"_a, "arrays"_a, "statics"_a, "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "heuristics_only"_a = false,
+      "Runs op on arrays ((name, keyword, array) triples) and statics (a dict) named as in its "
+      "description; returns every output. The package's typed functions are built on this.");
+  m.def(
+      "arg_specs",
+      [](std::optional<std::string> op, std::optional<std::string> tag) {
+        nb::list out;
+        for (const ArgSpec& s : find_arg_specs(op.value_or(""), "", tag.value_or(""))) {
+          nb::dict d;
+          d["op"] = s.family;
+          d["name"] = s.name;
+          d["arguments"] = json_to_py(s.arguments);
+          d["tags"] = s.tags;
+          out.append(d);
+        }
+        return out;
+      },
+      "op"_a.none() = nb::none(), "tag"_a.none() = nb::none(),
+      "The named workloads (tokamax specs) of op (None: every op's) with tag (None: any).");
+  m.def(
+      "implementation_names",
+      [](const std::string& op) { return find_family(op).implementation_names(); }, "op"_a,
+      "An op's implementations in their default order, then the reference.");
+}
+
 }  // namespace
 }  // namespace tokamax
 
@@ -536,6 +648,7 @@ NB_MODULE(_core, m) {
   m.def("device_kind", &device_kind);
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);
+  bind_described_ops(m);
 
   // --- ragged_dot ---
   nb::class_<PackedRhs>(m, "PackedRhs",
@@ -665,157 +778,6 @@ NB_MODULE(_core, m) {
       "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
       "heuristics_only"_a = false);
 
-  // --- dot_product_attention ---
-  auto attention_options = [](ArrayArgs& args, nb::handle bias, nb::handle mask, nb::handle scale,
-                              bool is_causal, nb::handle q_lens, nb::handle kv_lens,
-                              nb::handle window, nb::handle soft_cap, nb::handle implementation,
-                              nb::handle config) {
-    AttentionOptions o;
-    o.bias = args.add_optional(bias, "bias");
-    o.mask = args.add_optional(mask, "mask");
-    if (!scale.is_none()) o.scale = nb::cast<double>(scale);
-    o.is_causal = is_causal;
-    o.q_seq_lengths = args.add_optional(q_lens, "query_seq_lengths");
-    o.kv_seq_lengths = args.add_optional(kv_lens, "key_value_seq_lengths");
-    if (!window.is_none()) {
-      auto w = nb::cast<std::pair<nb::object, nb::object>>(window);
-      // jax's convention: None on a side means unbounded.
-      const int64_t big = int64_t{1} << 40;
-      o.local_window_size = std::pair{w.first.is_none() ? big : nb::cast<int64_t>(w.first),
-                                      w.second.is_none() ? big : nb::cast<int64_t>(w.second)};
-    }
-    if (!soft_cap.is_none()) o.logits_soft_cap = nb::cast<double>(soft_cap);
-    set_choice(o, "dot_product_attention", implementation, config);
-    return o;
-  };
-
-  m.def(
-      "dot_product_attention",
-      [attention_options](nb::handle query, nb::handle key, nb::handle value, nb::handle bias,
-                          nb::handle mask, nb::handle scale, bool is_causal,
-                          nb::handle query_seq_lengths, nb::handle key_value_seq_lengths,
-                          nb::handle local_window_size, nb::handle logits_soft_cap,
-                          nb::handle implementation, nb::handle config, bool return_residuals,
-                          bool heuristics_only) -> nb::object {
-        ArrayArgs args("dot_product_attention");
-        const TensorView q = args.add(query, "query");
-        const TensorView k = args.add(key, "key");
-        const TensorView v = args.add(value, "value");
-        const AttentionOptions o = attention_options(
-            args, bias, mask, scale, is_causal, query_seq_lengths, key_value_seq_lengths,
-            local_window_size, logits_soft_cap, implementation, config);
-        if (!return_residuals) {
-          Tensor t = run(heuristics_only, [&] { return dot_product_attention(q, k, v, o); });
-          return wrap(std::move(t), args.torch());
-        }
-        AttentionResult r =
-            run(heuristics_only, [&] { return dot_product_attention_with_residuals(q, k, v, o); });
-        return nb::make_tuple(wrap(std::move(r.out), args.torch()),
-                              wrap(std::move(r.lse), args.torch()));
-      },
-      "query"_a.none(), "key"_a.none(), "value"_a.none(), "bias"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), nb::kw_only(), "scale"_a.none() = nb::none(),
-      "is_causal"_a = false, "query_seq_lengths"_a.none() = nb::none(),
-      "key_value_seq_lengths"_a.none() = nb::none(), "local_window_size"_a.none() = nb::none(),
-      "logits_soft_cap"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
-      "config"_a.none() = nb::none(), "return_residuals"_a = false, "heuristics_only"_a = false);
-
-  m.def(
-      "dot_product_attention_vjp",
-      [attention_options](nb::handle query, nb::handle key, nb::handle value, nb::handle out,
-                          nb::handle lse, nb::handle dout, nb::handle bias, nb::handle mask,
-                          nb::handle scale, bool is_causal, nb::handle query_seq_lengths,
-                          nb::handle key_value_seq_lengths, nb::handle local_window_size,
-                          nb::handle logits_soft_cap, nb::handle implementation, nb::handle config,
-                          bool heuristics_only) {
-        ArrayArgs args("dot_product_attention_vjp");
-        const TensorView q = args.add(query, "query");
-        const TensorView k = args.add(key, "key");
-        const TensorView v = args.add(value, "value");
-        const TensorView o_ = args.add(out, "out");
-        const TensorView l = args.add(lse, "lse");
-        const TensorView d = args.add(dout, "dout");
-        const AttentionOptions o = attention_options(
-            args, bias, mask, scale, is_causal, query_seq_lengths, key_value_seq_lengths,
-            local_window_size, logits_soft_cap, implementation, config);
-        AttentionGrads g =
-            run(heuristics_only, [&] { return dot_product_attention_vjp(q, k, v, o_, l, d, o); });
-        const bool t = args.torch();
-        return nb::make_tuple(wrap(std::move(g.dq), t), wrap(std::move(g.dk), t),
-                              wrap(std::move(g.dv), t),
-                              o.bias ? wrap(std::move(g.dbias), t) : nb::none());
-      },
-      "query"_a.none(), "key"_a.none(), "value"_a.none(), "out"_a.none(), "lse"_a.none(),
-      "dout"_a.none(), "bias"_a.none() = nb::none(), "mask"_a.none() = nb::none(), nb::kw_only(),
-      "scale"_a.none() = nb::none(), "is_causal"_a = false,
-      "query_seq_lengths"_a.none() = nb::none(), "key_value_seq_lengths"_a.none() = nb::none(),
-      "local_window_size"_a.none() = nb::none(), "logits_soft_cap"_a.none() = nb::none(),
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
-      "heuristics_only"_a = false);
-
-  // --- layer_norm / rms_norm ---
-  auto norm_options = [](int64_t axis, double epsilon, bool subtract_mean,
-                         nb::handle implementation, nb::handle config) {
-    LayerNormOptions o;
-    o.axis = axis;
-    o.epsilon = epsilon;
-    o.subtract_mean = subtract_mean;
-    set_choice(o, "layer_norm", implementation, config);
-    return o;
-  };
-  m.def(
-      "layer_norm",
-      [norm_options](nb::handle x, nb::handle scale, nb::handle offset, int64_t axis,
-                     double epsilon, bool subtract_mean, nb::handle implementation,
-                     nb::handle config, bool return_residuals, bool heuristics_only) -> nb::object {
-        ArrayArgs args("layer_norm");
-        const TensorView xv = args.add(x, "x");
-        const auto s = args.add_optional(scale, "scale");
-        const auto b = args.add_optional(offset, "offset");
-        const LayerNormOptions o =
-            norm_options(axis, epsilon, subtract_mean, implementation, config);
-        if (!return_residuals) {
-          Tensor y = run(heuristics_only, [&] { return layer_norm(xv, s, b, o); });
-          return wrap(std::move(y), args.torch());
-        }
-        LayerNormResult r =
-            run(heuristics_only, [&] { return layer_norm_with_residuals(xv, s, b, o); });
-        const bool t = args.torch();
-        return nb::make_tuple(wrap(std::move(r.y), t), nb::make_tuple(wrap(std::move(r.mean), t),
-                                                                      wrap(std::move(r.rstd), t)));
-      },
-      "x"_a.none(), "scale"_a.none() = nb::none(), "offset"_a.none() = nb::none(), nb::kw_only(),
-      "axis"_a = -1, "epsilon"_a = 1e-6, "subtract_mean"_a = true,
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
-      "return_residuals"_a = false, "heuristics_only"_a = false);
-
-  m.def(
-      "layer_norm_vjp",
-      [norm_options](nb::handle x, nb::handle scale, nb::handle offset, nb::handle mean,
-                     nb::handle rstd, nb::handle dy, int64_t axis, double epsilon,
-                     bool subtract_mean, nb::handle implementation, nb::handle config,
-                     bool heuristics_only) {
-        ArrayArgs args("layer_norm_vjp");
-        const TensorView xv = args.add(x, "x");
-        const auto s = args.add_optional(scale, "scale");
-        const auto b = args.add_optional(offset, "offset");
-        const TensorView mv = args.add(mean, "mean");
-        const TensorView rv = args.add(rstd, "rstd");
-        const TensorView dv = args.add(dy, "dy");
-        const LayerNormOptions o =
-            norm_options(axis, epsilon, subtract_mean, implementation, config);
-        LayerNormGrads g =
-            run(heuristics_only, [&] { return layer_norm_vjp(xv, s, b, mv, rv, dv, o); });
-        const bool t = args.torch();
-        return nb::make_tuple(wrap(std::move(g.dx), t),
-                              s ? wrap(std::move(g.dscale), t) : nb::none(),
-                              b ? wrap(std::move(g.doffset), t) : nb::none());
-      },
-      "x"_a.none(), "scale"_a.none(), "offset"_a.none(), "mean"_a.none(), "rstd"_a.none(),
-      "dy"_a.none(), nb::kw_only(), "axis"_a = -1, "epsilon"_a = 1e-6, "subtract_mean"_a = true,
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
-      "heuristics_only"_a = false);
-
   // --- gated_linear_unit ---
   nb::class_<PackedGluWeights>(m, "PackedGluWeights",
                                "GLU weights packed once for the native kernel; immutable.")
@@ -899,69 +861,6 @@ NB_MODULE(_core, m) {
       },
       "x"_a.none(), "weights"_a.none(), "h"_a.none(), "dout"_a.none(), nb::kw_only(),
       "activation"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
-      "config"_a.none() = nb::none(), "heuristics_only"_a = false);
-
-  // --- linear_softmax_cross_entropy_loss ---
-  auto loss_options = [](const std::string& reduction, nb::handle implementation,
-                         nb::handle config) {
-    LossOptions o;
-    if (reduction == "sum") {
-      o.reduction = LossReduction::kSum;
-    } else if (reduction == "mean") {
-      o.reduction = LossReduction::kMean;
-    } else if (reduction == "none") {
-      o.reduction = LossReduction::kNone;
-    } else {
-      throw InvalidArgument("linear_softmax_cross_entropy_loss: reduction is '" + reduction +
-                            "'; expected 'sum', 'mean' or 'none'");
-    }
-    set_choice(o, "linear_softmax_cross_entropy_loss", implementation, config);
-    return o;
-  };
-  m.def(
-      "linear_softmax_cross_entropy_loss",
-      [loss_options](nb::handle x, nb::handle labels, nb::handle weights, std::string reduction,
-                     nb::handle implementation, nb::handle config, bool return_residuals,
-                     bool heuristics_only) -> nb::object {
-        ArrayArgs args("linear_softmax_cross_entropy_loss");
-        const TensorView xv = args.add(x, "x");
-        const TensorView lv = args.add(labels, "labels");
-        const TensorView w = args.add(weights, "weights");
-        const LossOptions o = loss_options(reduction, implementation, config);
-        if (!return_residuals) {
-          Tensor t =
-              run(heuristics_only, [&] { return linear_softmax_cross_entropy_loss(xv, lv, w, o); });
-          return wrap(std::move(t), args.torch());
-        }
-        LossResult r = run(heuristics_only, [&] {
-          return linear_softmax_cross_entropy_loss_with_residuals(xv, lv, w, o);
-        });
-        return nb::make_tuple(wrap(std::move(r.loss), args.torch()),
-                              wrap(std::move(r.lse), args.torch()));
-      },
-      "x"_a.none(), "labels"_a.none(), "weights"_a.none(), nb::kw_only(), "reduction"_a = "sum",
-      "implementation"_a.none() = nb::none(), "config"_a.none() = nb::none(),
-      "return_residuals"_a = false, "heuristics_only"_a = false);
-  m.def(
-      "linear_softmax_cross_entropy_loss_vjp",
-      [loss_options](nb::handle x, nb::handle labels, nb::handle weights, nb::handle lse,
-                     nb::handle dloss, std::string reduction, nb::handle implementation,
-                     nb::handle config, bool heuristics_only) {
-        ArrayArgs args("linear_softmax_cross_entropy_loss_vjp");
-        const TensorView xv = args.add(x, "x");
-        const TensorView lv = args.add(labels, "labels");
-        const TensorView w = args.add(weights, "weights");
-        const TensorView s = args.add(lse, "lse");
-        const TensorView d = args.add(dloss, "dloss");
-        const LossOptions o = loss_options(reduction, implementation, config);
-        LossGrads g = run(heuristics_only, [&] {
-          return linear_softmax_cross_entropy_loss_vjp(xv, lv, w, s, d, o);
-        });
-        return nb::make_tuple(wrap(std::move(g.dx), args.torch()),
-                              wrap(std::move(g.dw), args.torch()));
-      },
-      "x"_a.none(), "labels"_a.none(), "weights"_a.none(), "lse"_a.none(), "dloss"_a.none(),
-      nb::kw_only(), "reduction"_a = "sum", "implementation"_a.none() = nb::none(),
       "config"_a.none() = nb::none(), "heuristics_only"_a = false);
 
   // The same ragged_dot call made from C++ `iters` times back to back (GIL released): the

@@ -1035,9 +1035,9 @@ def test_layer_norm_vjp_matches_float64(rng, impl, dt, case):
     dy = randn(rng, shape, dt)
     if impl == "native" and axis == 1:  # a strided axis: native cannot serve it
         with pytest.raises(NotImplementedError, match="contiguous axis"):
-            tc.layer_norm_vjp(x, scale, offset, mean, rstd, dy, axis=axis, implementation=impl)
+            tc.layer_norm_vjp(x, mean, rstd, dy, scale, offset, axis=axis, implementation=impl)
         return
-    dx, dscale, doffset = tc.layer_norm_vjp(x, scale, offset, mean, rstd, dy, axis=axis,
+    dx, dscale, doffset = tc.layer_norm_vjp(x, mean, rstd, dy, scale, offset, axis=axis,
                                             epsilon=eps, subtract_mean=subtract_mean,
                                             implementation=impl)
     tx = t64(x, True)
@@ -1236,8 +1236,8 @@ def test_loss_value_errors(rng):
     labels = np.array([0, 1, 2, 3], np.int32)
     with pytest.raises(ValueError) as e:
         tc.linear_softmax_cross_entropy_loss(x, labels, w, reduction="max")
-    assert str(e.value) == ("linear_softmax_cross_entropy_loss: reduction is 'max'; expected "
-                            "'sum', 'mean' or 'none'")
+    assert str(e.value) == ('linear_softmax_cross_entropy_loss: reduction = "max"; expected sum, '
+                            "mean or none")
     with pytest.raises(ValueError, match="labels"):
         tc.linear_softmax_cross_entropy_loss(x, np.array([0, 1, 9, 3], np.int32), w)
     with pytest.raises(ValueError, match="labels"):

@@ -190,7 +190,7 @@ def _opcheck_cases(gen):
             (getattr(ns, "dot_product_attention" + suffix + "_vjp"),
              (d(q), d(k), d(v), out, lse, randn(gen, 1, 4, 2, 8))),
             (getattr(ns, "layer_norm" + suffix + "_vjp"),
-             (d(x), d(s), None, mean, rstd, randn(gen, 3, 16))),
+             (d(x), mean, rstd, randn(gen, 3, 16), d(s), None)),
             (getattr(ns, "gated_linear_unit" + suffix + "_vjp"),
              (d(x), d(w), h, randn(gen, 3, 4), "silu")),
             (getattr(ns, "linear_softmax_cross_entropy_loss" + suffix + "_vjp"),

@@ -37,15 +37,9 @@ from ._core import (  # noqa: E402  (the data directory must be known first)
     PackedGluWeights,
     PackedRhs,
     device_kind,
-    dot_product_attention,
-    dot_product_attention_vjp,
     gated_linear_unit,
     gated_linear_unit_vjp,
     get_bound_args,
-    layer_norm,
-    layer_norm_vjp,
-    linear_softmax_cross_entropy_loss,
-    linear_softmax_cross_entropy_loss_vjp,
     num_threads,
     pack_glu_weights,
     pack_rhs,
@@ -56,11 +50,19 @@ from ._core import (  # noqa: E402  (the data directory must be known first)
     set_num_threads,
     version,
 )
-from . import _core
+from . import _core, _ops  # noqa: E402
 
 __version__ = version()
 
+# Every op family's function, made from its description in the library (its signature,
+# defaults and docstring: help(tokamax_cpp.layer_norm)). ragged_dot and gated_linear_unit keep
+# the module's own functions for what a description does not carry: pre-packed weights, the
+# (w_gate, w_up) pair, group sizes as a list, out= buffers.
+_GENERATED = {name: fn for name, fn in _ops.functions().items() if not hasattr(_core, name)}
+globals().update(_GENERATED)
+
 __all__ = [
+    *sorted(_GENERATED),
     "AutotuningResult",
     "BoundArguments",
     "CacheMissError",
@@ -70,15 +72,9 @@ __all__ = [
     "bound_args_from_json",
     "bound_args_to_json",
     "device_kind",
-    "dot_product_attention",
-    "dot_product_attention_vjp",
     "gated_linear_unit",
     "gated_linear_unit_vjp",
     "get_bound_args",
-    "layer_norm",
-    "layer_norm_vjp",
-    "linear_softmax_cross_entropy_loss",
-    "linear_softmax_cross_entropy_loss_vjp",
     "num_threads",
     "pack_glu_weights",
     "pack_rhs",
@@ -86,17 +82,8 @@ __all__ = [
     "ragged_dot",
     "ragged_dot_general",
     "ragged_dot_vjp",
-    "rms_norm",
     "set_num_threads",
 ]
-
-
-def rms_norm(x, scale=None, *, axis=-1, epsilon=1e-6, implementation=None, config=None,
-             return_residuals=False, heuristics_only=False):
-    """layer_norm with subtract_mean=False."""
-    return layer_norm(x, scale, None, axis=axis, epsilon=epsilon, subtract_mean=False,
-                      implementation=implementation, config=config,
-                      return_residuals=return_residuals, heuristics_only=heuristics_only)
 
 
 def bound_args_to_json(bound_args: Sequence[BoundArguments]) -> str:

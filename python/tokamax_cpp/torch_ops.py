@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from . import _core
+from . import _core, _ops
 
 __all__ = [
     "Configs",
@@ -133,133 +133,6 @@ def _register(suffix: str, fixed_impl: Optional[str]) -> dict[str, Callable[...,
     ragged_dot_op.register_autograd(ragged_dot_backward, setup_context=ragged_dot_setup)
     ops["ragged_dot"], ops["ragged_dot_vjp"] = ragged_dot_op, ragged_dot_vjp_op
 
-    # --- dot_product_attention: (out, lse) ---
-    @torch.library.custom_op(ns + "dot_product_attention" + suffix, mutates_args=())
-    def attention_op(query: Tensor, key: Tensor, value: Tensor, bias: Optional[Tensor] = None,
-                     mask: Optional[Tensor] = None, scale: Optional[float] = None,
-                     is_causal: bool = False, query_seq_lengths: Optional[Tensor] = None,
-                     key_value_seq_lengths: Optional[Tensor] = None,
-                     window_left: Optional[int] = None, window_right: Optional[int] = None,
-                     logits_soft_cap: Optional[float] = None,
-                     implementation: Optional[str] = None,
-                     config: Optional[str] = None) -> tuple[Tensor, Tensor]:
-        return _core.dot_product_attention(
-            query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-            query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-            local_window_size=_window(window_left, window_right), logits_soft_cap=logits_soft_cap,
-            implementation=_impl(fixed_impl, implementation), config=config,
-            return_residuals=True, heuristics_only=True)
-
-    @attention_op.register_fake
-    def _(query, key, value, bias=None, mask=None, scale=None, is_causal=False,
-          query_seq_lengths=None, key_value_seq_lengths=None, window_left=None,
-          window_right=None, logits_soft_cap=None, implementation=None, config=None):
-        b, t, n, _ = query.shape
-        out = query.new_empty((b, t, n, value.shape[3]))
-        lse = query.new_empty((b, n, t), dtype=torch.float32)
-        return out, lse
-
-    @torch.library.custom_op(ns + "dot_product_attention" + suffix + "_vjp", mutates_args=())
-    def attention_vjp_op(query: Tensor, key: Tensor, value: Tensor, out: Tensor, lse: Tensor,
-                         dout: Tensor, bias: Optional[Tensor] = None,
-                         mask: Optional[Tensor] = None, scale: Optional[float] = None,
-                         is_causal: bool = False, query_seq_lengths: Optional[Tensor] = None,
-                         key_value_seq_lengths: Optional[Tensor] = None,
-                         window_left: Optional[int] = None, window_right: Optional[int] = None,
-                         logits_soft_cap: Optional[float] = None,
-                         implementation: Optional[str] = None,
-                         config: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        dq, dk, dv, dbias = _core.dot_product_attention_vjp(
-            query, key, value, out, lse, dout, bias, mask, scale=scale, is_causal=is_causal,
-            query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-            local_window_size=_window(window_left, window_right), logits_soft_cap=logits_soft_cap,
-            implementation=_impl(fixed_impl, implementation), config=config,
-            heuristics_only=True)
-        return dq, dk, dv, (dbias if dbias is not None else _empty(dq))
-
-    @attention_vjp_op.register_fake
-    def _(query, key, value, out, lse, dout, bias=None, *args):
-        dbias = (bias.new_empty(bias.shape, dtype=torch.float32) if bias is not None
-                 else query.new_empty((0,)))
-        return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dbias)
-
-    def attention_setup(ctx, inputs, output):
-        q, k, v, bias, mask, *statics = inputs
-        out, lse = output
-        ctx.save_for_backward(q, k, v, bias, mask, out, lse, statics[2], statics[3])
-        ctx.statics = (statics[0], statics[1]) + tuple(statics[4:])
-
-    def attention_backward(ctx, dout, dlse):
-        q, k, v, bias, mask, out, lse, q_lens, kv_lens = ctx.saved_tensors
-        scale, is_causal, wl, wr, cap, implementation, config = ctx.statics
-        dq, dk, dv, dbias = attention_vjp_op(q, k, v, out, lse, dout.contiguous(), bias, mask,
-                                             scale, is_causal, q_lens, kv_lens, wl, wr, cap,
-                                             implementation, None)
-        dbias = dbias.to(bias.dtype) if bias is not None else None
-        return (dq, dk, dv, dbias) + (None,) * 10
-
-    attention_op.register_autograd(attention_backward, setup_context=attention_setup)
-    ops["dot_product_attention"] = attention_op
-    ops["dot_product_attention_vjp"] = attention_vjp_op
-
-    # --- layer_norm: (y, mean, rstd) ---
-    @torch.library.custom_op(ns + "layer_norm" + suffix, mutates_args=())
-    def norm_op(x: Tensor, scale: Optional[Tensor] = None, offset: Optional[Tensor] = None,
-                axis: int = -1, epsilon: float = 1e-6, subtract_mean: bool = True,
-                implementation: Optional[str] = None,
-                config: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor]:
-        y, (mean, rstd) = _core.layer_norm(
-            x, scale, offset, axis=axis, epsilon=epsilon, subtract_mean=subtract_mean,
-            implementation=_impl(fixed_impl, implementation), config=config,
-            return_residuals=True, heuristics_only=True)
-        return y, mean, rstd
-
-    @norm_op.register_fake
-    def _(x, scale=None, offset=None, axis=-1, epsilon=1e-6, subtract_mean=True,
-          implementation=None, config=None):
-        a = axis % x.dim()
-        stats = x.new_empty(tuple(x.shape[:a]) + tuple(x.shape[a + 1:]), dtype=torch.float32)
-        return torch.empty_like(x), stats, torch.empty_like(stats)
-
-    @torch.library.custom_op(ns + "layer_norm" + suffix + "_vjp", mutates_args=())
-    def norm_vjp_op(x: Tensor, scale: Optional[Tensor], offset: Optional[Tensor], mean: Tensor,
-                    rstd: Tensor, dy: Tensor, axis: int = -1, epsilon: float = 1e-6,
-                    subtract_mean: bool = True, implementation: Optional[str] = None,
-                    config: Optional[str] = None) -> tuple[Tensor, Tensor, Tensor]:
-        dx, dscale, doffset = _core.layer_norm_vjp(
-            x, scale, offset, mean, rstd, dy, axis=axis, epsilon=epsilon,
-            subtract_mean=subtract_mean, implementation=_impl(fixed_impl, implementation),
-            config=config, heuristics_only=True)
-        return (dx, dscale if dscale is not None else _empty(dx),
-                doffset if doffset is not None else _empty(dx))
-
-    @norm_vjp_op.register_fake
-    def _(x, scale, offset, mean, rstd, dy, axis=-1, epsilon=1e-6, subtract_mean=True,
-          implementation=None, config=None):
-        d = x.shape[axis % x.dim()]
-        dscale = x.new_empty((d,), dtype=torch.float32) if scale is not None else x.new_empty((0,))
-        doffset = (x.new_empty((d,), dtype=torch.float32) if offset is not None
-                   else x.new_empty((0,)))
-        return torch.empty_like(x), dscale, doffset
-
-    def norm_setup(ctx, inputs, output):
-        x, scale, offset, *statics = inputs
-        _, mean, rstd = output
-        ctx.save_for_backward(x, scale, offset, mean, rstd)
-        ctx.statics = tuple(statics[:4])
-
-    def norm_backward(ctx, dy, dmean, drstd):
-        x, scale, offset, mean, rstd = ctx.saved_tensors
-        axis, epsilon, subtract_mean, implementation = ctx.statics
-        dx, dscale, doffset = norm_vjp_op(x, scale, offset, mean, rstd, dy.contiguous(), axis,
-                                          epsilon, subtract_mean, implementation, None)
-        return (dx, dscale.to(scale.dtype) if scale is not None else None,
-                doffset.to(offset.dtype) if offset is not None else None, None, None, None, None,
-                None)
-
-    norm_op.register_autograd(norm_backward, setup_context=norm_setup)
-    ops["layer_norm"], ops["layer_norm_vjp"] = norm_op, norm_vjp_op
-
     # --- gated_linear_unit: (out, h) ---
     @torch.library.custom_op(ns + "gated_linear_unit" + suffix, mutates_args=())
     def glu_op(x: Tensor, weights: Tensor, activation: Optional[str] = None,
@@ -303,57 +176,178 @@ def _register(suffix: str, fixed_impl: Optional[str]) -> dict[str, Callable[...,
     glu_op.register_autograd(glu_backward, setup_context=glu_setup)
     ops["gated_linear_unit"], ops["gated_linear_unit_vjp"] = glu_op, glu_vjp_op
 
-    # --- linear_softmax_cross_entropy_loss: (loss, lse) ---
-    @torch.library.custom_op(ns + "linear_softmax_cross_entropy_loss" + suffix, mutates_args=())
-    def loss_op(x: Tensor, labels: Tensor, weights: Tensor, reduction: str = "sum",
-                implementation: Optional[str] = None,
-                config: Optional[str] = None) -> tuple[Tensor, Tensor]:
-        return _core.linear_softmax_cross_entropy_loss(
-            x, labels, weights, reduction=reduction,
-            implementation=_impl(fixed_impl, implementation), config=config,
-            return_residuals=True, heuristics_only=True)
-
-    @loss_op.register_fake
-    def _(x, labels, weights, reduction="sum", implementation=None, config=None):
-        b = x.shape[0]
-        loss = x.new_empty((b,) if reduction == "none" else (), dtype=torch.float32)
-        return loss, x.new_empty((b,), dtype=torch.float32)
-
-    @torch.library.custom_op(ns + "linear_softmax_cross_entropy_loss" + suffix + "_vjp",
-                             mutates_args=())
-    def loss_vjp_op(x: Tensor, labels: Tensor, weights: Tensor, lse: Tensor, dloss: Tensor,
-                    reduction: str = "sum", implementation: Optional[str] = None,
-                    config: Optional[str] = None) -> tuple[Tensor, Tensor]:
-        return _core.linear_softmax_cross_entropy_loss_vjp(
-            x, labels, weights, lse, dloss, reduction=reduction,
-            implementation=_impl(fixed_impl, implementation), config=config,
-            heuristics_only=True)
-
-    @loss_vjp_op.register_fake
-    def _(x, labels, weights, lse, dloss, *args):
-        return torch.empty_like(x), weights.new_empty(weights.shape, dtype=torch.float32)
-
-    def loss_setup(ctx, inputs, output):
-        x, labels, weights, reduction, implementation, _ = inputs
-        ctx.save_for_backward(x, labels, weights, output[1])
-        ctx.statics = (reduction, implementation)
-
-    def loss_backward(ctx, dloss, dlse):
-        x, labels, weights, lse = ctx.saved_tensors
-        reduction, implementation = ctx.statics
-        dx, dw = loss_vjp_op(x, labels, weights, lse,
-                             dloss.to(torch.float32).contiguous(), reduction, implementation,
-                             None)
-        return dx, None, dw.to(weights.dtype), None, None, None
-
-    loss_op.register_autograd(loss_backward, setup_context=loss_setup)
-    ops["linear_softmax_cross_entropy_loss"] = loss_op
-    ops["linear_softmax_cross_entropy_loss_vjp"] = loss_vjp_op
     return ops
 
 
+# --- the operators of the described families (every family but ragged_dot and the GLU) -------
+# Built in a loop from each family's description (_ops): the schema from its arguments, the
+# fake implementation from its outputs' shape rules, the autograd wiring from its backward's
+# description (the backward takes the forward's arguments, the residuals named as the forward's
+# outputs and the cotangent of its first output; it returns "d" + the name of each input).
+
+# Schema types by argument kind; a custom argument's by name.
+_SCHEMA_TYPES = {"array": "Tensor", "optional_array": "Tensor?", "int": "int", "bool": "bool",
+                 "real": "float", "optional_real": "float?", "enum": "str"}
+_CUSTOM_SCHEMA_TYPES = {"local_window_size": "int[]?"}
+
+
+def _schema_default(a: _ops._Arg) -> str:
+    if a.kind == "array":
+        return ""
+    v = a.default
+    if v is None:
+        return "=None"
+    if isinstance(v, bool):
+        return f"={v}"
+    if isinstance(v, str):
+        return f'="{v}"'
+    return f"={v!r}"
+
+
+def _schema(d: _ops.Description) -> str:
+    """The operator's schema: the Python function's arguments in its order (keywords by
+    position), with their defaults; every output (residuals included)."""
+    args = [f"{_SCHEMA_TYPES.get(a.kind) or _CUSTOM_SCHEMA_TYPES[a.name]} {a.py_name}"
+            f"{_schema_default(a)}" for a, _ in d.ordered_args()]
+    args += ["str? implementation=None", "str? config=None"]
+    outs = ", ".join(["Tensor"] * len(d.outputs))
+    return f"({', '.join(args)}) -> ({outs})" if len(d.outputs) > 1 else \
+        f"({', '.join(args)}) -> Tensor"
+
+
+def _dtype(rule: str, values: dict) -> torch.dtype:
+    return values[rule].dtype if rule in values else getattr(torch, rule)
+
+
+def _register_described(op: str, suffix: str, fixed_impl: Optional[str]) -> Callable[..., Any]:
+    """Registers op's operator from its description: tokamax::<op><suffix>, a backward's
+    tokamax::<forward><suffix>_vjp; returns it."""
+    d = _ops.description(op)
+    order = [a for a, _ in d.ordered_args()]
+    names = [a.name for a in order]
+    arrays = {a.name: a for a in order if a.is_array}
+
+    defaults = {a.name: None if a.is_array else a.default for a in order}
+    defaults.update(implementation=None, config=None)
+    by_keyword = {a.py_name: a.name for a in order}
+
+    def values_of(args, kwargs) -> dict:
+        """The operator's arguments by the description's names (torch passes the ones a caller
+        left out neither by position nor by keyword)."""
+        values = dict(defaults)
+        values.update(zip(names + ["implementation", "config"], args))
+        values.update({by_keyword.get(k, k): v for k, v in kwargs.items()})
+        return values
+
+    def run(*args, **kwargs):
+        values = values_of(args, kwargs)
+        given = [(n, arrays[n].py_name, values[n]) for n in arrays if values[n] is not None]
+        statics = {n: values[n] for n in names if n not in arrays}
+        if d.residuals_flag:
+            statics[d.residuals_flag] = True
+        outs = iter(_core.call(op, given, statics, _impl(fixed_impl, values["implementation"]),
+                               values["config"], heuristics_only=True))
+        first = next(iter(values[n] for n in arrays if values[n] is not None))
+        result = tuple(_empty(first) if o["present"] and values[o["present"]] is None
+                       else next(outs) for o in d.outputs)
+        return result if len(result) > 1 else result[0]
+
+    def fake(*args, **kwargs):
+        values = values_of(args, kwargs)
+        first = next(iter(values[n] for n in arrays if values[n] is not None))
+        shapes = iter(_ops.output_shapes(op, values, residuals=True))
+        result = []
+        for o in d.outputs:
+            if o["present"] and values[o["present"]] is None:
+                result.append(first.new_empty((0,)))
+                continue
+            shape, dtype = next(shapes)
+            result.append(first.new_empty(shape, dtype=_dtype(dtype, values)))
+        return tuple(result) if len(result) > 1 else result[0]
+
+    name = op[:-4] + suffix + "_vjp" if op.endswith("_vjp") else op + suffix
+    operator = torch.library.custom_op("tokamax::" + name, run, mutates_args=(),
+                                       schema=_schema(d))
+    operator.register_fake(fake)
+    return operator
+
+
+def _wire_autograd(op: str, forward: Any, backward: Any) -> None:
+    """forward's autograd: its inputs and outputs saved, backward's operator run on them."""
+    d, v = _ops.description(op), _ops.description(_ops.description(op).vjp)
+    names = [a.name for a, _ in d.ordered_args()] + ["implementation", "config"]
+    out_names = [o["name"] for o in d.outputs]
+    vjp_names = [a.name for a, _ in v.ordered_args()]
+    grads_of = [o["name"][1:] for o in v.outputs]  # "dx" -> "x"
+
+    def setup(ctx, inputs, output):
+        output = output if isinstance(output, tuple) else (output,)
+        ctx.tensor_index = [i for i, t in enumerate(inputs) if isinstance(t, Tensor)]
+        ctx.save_for_backward(*[inputs[i] for i in ctx.tensor_index], *output)
+        ctx.statics = [None if isinstance(t, Tensor) else t for t in inputs]
+
+    def grad(ctx, *cotangents):
+        saved = ctx.saved_tensors
+        inputs = list(ctx.statics)
+        for j, i in enumerate(ctx.tensor_index):
+            inputs[i] = saved[j]
+        values = dict(zip(names, inputs))
+        outs = dict(zip(out_names, saved[len(ctx.tensor_index):]))
+        cotangent = cotangents[0].to(outs[out_names[0]].dtype).contiguous()
+        args = []
+        for n in vjp_names:
+            if n in values:
+                args.append(values[n])
+            elif n in outs:
+                args.append(outs[n])
+            else:  # the cotangent
+                args.append(cotangent)
+        got = backward(*args, values["implementation"], None)
+        got = dict(zip(grads_of, got if isinstance(got, tuple) else (got,)))
+        result = []
+        for n in names:
+            g, x = got.get(n), values[n]
+            result.append(g.to(x.dtype) if g is not None and isinstance(x, Tensor) else None)
+        return tuple(result)
+
+    forward.register_autograd(grad, setup_context=setup)
+
+
+def _register_all_described(suffix: str, fixed_impl: Optional[str]) -> dict[str, Any]:
+    ops = {}
+    for op in _ops.described_ops():
+        ops[op] = _register_described(op, suffix, fixed_impl)
+        vjp = _ops.description(op).vjp
+        if vjp:
+            ops[vjp] = _register_described(vjp, suffix, fixed_impl)
+            _wire_autograd(op, ops[op], ops[vjp])
+    return ops
+
+
+def _runner(ops: dict[str, Any]) -> Callable[..., tuple]:
+    """Runs a described op through its torch operator, returning what the library's call path
+    returns (_ops.make_function's `run`): the operator computes every output, residuals
+    included, with empty tensors for absent ones."""
+    def run(op, arrays, statics, implementation, config, heuristics_only):
+        d = _ops.description(op)
+        values = {name: value for name, _, value in arrays}
+        given = set(values)
+        values.update(statics)
+        args = [values.get(a.name, None if a.is_array else a.default)
+                for a, _ in d.ordered_args()]
+        outs = ops[op](*args, implementation, _config_text(config))
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        residuals = bool(statics.get(d.residuals_flag)) if d.residuals_flag else False
+        return tuple(t for o, t in zip(d.outputs, outs)
+                     if (residuals or not o["residual"])
+                     and not (o["present"] and o["present"] not in given))
+    return run
+
+
 _FAST = _register("", None)
+_FAST.update(_register_all_described("", None))
 _REFERENCE = _register("_reference", "reference")
+_REFERENCE.update(_register_all_described("_reference", "reference"))
 
 
 @torch.library.custom_op("tokamax::ragged_dot_out", mutates_args=("out",))
@@ -377,6 +371,9 @@ class _Family:
 
     def __init__(self, ops: dict[str, Callable[..., Any]]):
         self._ops = ops
+        # The described families' functions, with the package's signatures and docstrings.
+        for name, fn in _ops.functions(_ops.described_ops(), run=_runner(ops)).items():
+            setattr(self, name, fn)
 
     def ragged_dot(self, lhs, rhs, group_sizes, *, preferred_element_type=None, activation=None,
                    precision=None, implementation=None, config=None):
@@ -384,47 +381,12 @@ class _Family:
                                        activation, precision, implementation,
                                        _config_text(config))
 
-    def dot_product_attention(self, query, key, value, bias=None, mask=None, *, scale=None,
-                              is_causal=False, query_seq_lengths=None,
-                              key_value_seq_lengths=None, local_window_size=None,
-                              logits_soft_cap=None, implementation=None, config=None,
-                              return_residuals=False):
-        left = right = None
-        if local_window_size is not None:
-            left, right = local_window_size
-            left = _UNBOUNDED if left is None else int(left)
-            right = _UNBOUNDED if right is None else int(right)
-        out, lse = self._ops["dot_product_attention"](
-            query, key, value, bias, mask, scale, is_causal, query_seq_lengths,
-            key_value_seq_lengths, left, right, logits_soft_cap, implementation,
-            _config_text(config))
-        return (out, lse) if return_residuals else out
-
-    def layer_norm(self, x, scale=None, offset=None, *, axis=-1, epsilon=1e-6,
-                   subtract_mean=True, implementation=None, config=None,
-                   return_residuals=False):
-        y, mean, rstd = self._ops["layer_norm"](x, scale, offset, axis, epsilon, subtract_mean,
-                                                implementation, _config_text(config))
-        return (y, (mean, rstd)) if return_residuals else y
-
-    def rms_norm(self, x, scale=None, *, axis=-1, epsilon=1e-6, implementation=None,
-                 config=None, return_residuals=False):
-        return self.layer_norm(x, scale, None, axis=axis, epsilon=epsilon, subtract_mean=False,
-                               implementation=implementation, config=config,
-                               return_residuals=return_residuals)
-
     def gated_linear_unit(self, x, weights, *, activation=None, implementation=None,
                           config=None, return_residuals=False):
         out, h = self._ops["gated_linear_unit"](x, weights, activation, implementation,
                                                 _config_text(config))
         return (out, h) if return_residuals else out
 
-    def linear_softmax_cross_entropy_loss(self, x, labels, weights, *, reduction="sum",
-                                          implementation=None, config=None,
-                                          return_residuals=False):
-        loss, lse = self._ops["linear_softmax_cross_entropy_loss"](
-            x, labels, weights, reduction, implementation, _config_text(config))
-        return (loss, lse) if return_residuals else loss
 
 
 _fast = _Family(_FAST)
@@ -432,11 +394,12 @@ reference = _Family(_REFERENCE)
 """The reference implementations with the same signatures (ground truth)."""
 
 ragged_dot = _fast.ragged_dot
+gated_linear_unit = _fast.gated_linear_unit
 dot_product_attention = _fast.dot_product_attention
 layer_norm = _fast.layer_norm
 rms_norm = _fast.rms_norm
-gated_linear_unit = _fast.gated_linear_unit
 linear_softmax_cross_entropy_loss = _fast.linear_softmax_cross_entropy_loss
+add_rms_norm = _fast.add_rms_norm
 
 
 def ragged_dot_out(lhs, rhs, group_sizes, out, *, activation=None, precision=None,
@@ -468,30 +431,6 @@ def _ragged_dot_pair(kw):
     return fwd, bwd
 
 
-def _attention_pair(kw):
-    def fwd(*args):
-        return _core.dot_product_attention(*args, return_residuals=True, **kw)
-
-    def bwd(res, q, k, v, bias=None, mask=None):
-        out, lse = res
-        kw2 = {k_: v_ for k_, v_ in kw.items() if k_ != "config"}
-        return _core.dot_product_attention_vjp(q, k, v, out, lse, out, bias, mask, **kw2)
-
-    return fwd, bwd
-
-
-def _norm_pair(kw):
-    def fwd(*args):
-        return _core.layer_norm(*args, return_residuals=True, **kw)
-
-    def bwd(res, x, scale=None, offset=None):
-        y, (mean, rstd) = res
-        kw2 = {k: v for k, v in kw.items() if k != "config"}
-        return _core.layer_norm_vjp(x, scale, offset, mean, rstd, y, **kw2)
-
-    return fwd, bwd
-
-
 def _glu_pair(kw):
     def fwd(x, weights):
         return _core.gated_linear_unit(x, weights, return_residuals=True, **kw)
@@ -504,25 +443,48 @@ def _glu_pair(kw):
     return fwd, bwd
 
 
-def _loss_pair(kw):
-    def fwd(x, labels, weights):
-        return _core.linear_softmax_cross_entropy_loss(x, labels, weights, return_residuals=True,
-                                                       **kw)
+def _described_pair(op):
+    """A described family's pair: the forward through the library's call path with its
+    residuals, the backward from its description (the forward's arrays and statics, the
+    residuals by the forward's output names, the first output as the cotangent)."""
+    d = _ops.description(op)
 
-    def bwd(res, x, labels, weights):
-        loss, lse = res
-        kw2 = {k: v for k, v in kw.items() if k != "config"}
-        return _core.linear_softmax_cross_entropy_loss_vjp(x, labels, weights, lse, loss, **kw2)
+    def pair(kw):
+        sig = d.signature()
+        kw = {k: v for k, v in kw.items() if k not in ("return_residuals", "heuristics_only")}
+        state = {}
 
-    return fwd, bwd
+        def fwd(*args):
+            values = dict(sig.bind(*args, **kw).arguments)
+            arrays, statics, given = d.split(values)
+            state.update(arrays=arrays, statics=statics, given=given)
+            flag = {d.residuals_flag: True} if d.residuals_flag else {}
+            return _core.call(op, arrays, {**statics, **flag}, kw.get("implementation"),
+                              kw.get("config"))
+
+        def bwd(res, *args):
+            if not d.vjp:
+                return None
+            names = [o["name"] for o in d.outputs
+                     if not (o["present"] and o["present"] not in state["given"])]
+            outs = dict(zip(names, res))
+            forward_args = {a.name for a in d.args}
+            # The residuals by their output names; the cotangent: the first output.
+            extra = [(a.name, a.name, outs.get(a.name, res[0]))
+                     for a in _ops.description(d.vjp).args
+                     if a.is_array and a.name not in forward_args]
+            return _core.call(d.vjp, state["arrays"] + extra, state["statics"],
+                              kw.get("implementation"), None)
+
+        return fwd, bwd
+
+    return pair
 
 
 _PAIRS = {
     "ragged_dot": _ragged_dot_pair,
-    "dot_product_attention": _attention_pair,
-    "layer_norm": _norm_pair,
     "gated_linear_unit": _glu_pair,
-    "linear_softmax_cross_entropy_loss": _loss_pair,
+    **{op: _described_pair(op) for op in _ops.described_ops()},
 }
 
 
@@ -535,14 +497,12 @@ def get_configs(op, *args, from_autotuning_cache: bool = False, **kwargs) -> Con
     the heuristics. ``kwargs`` are the op's keyword arguments (activation, is_causal, ...).
     """
     name = op if isinstance(op, str) else getattr(op, "__name__", "")
-    if name == "rms_norm":
-        name, kwargs = "layer_norm", dict(kwargs, subtract_mean=False)
+    for family in _ops.described_ops():  # an alias (rms_norm): its family, its fixed values
+        for alias in _ops.description(family).aliases:
+            if alias["name"] == name:
+                name, kwargs = family, {**kwargs, **alias["fixed"]}
     if name not in _PAIRS:
         raise ValueError(f"get_configs: unknown op {op!r}; expected one of {sorted(_PAIRS)}")
-    if "local_window_size" in kwargs and kwargs["local_window_size"] is not None:
-        left, right = kwargs["local_window_size"]
-        kwargs["local_window_size"] = (_UNBOUNDED if left is None else left,
-                                       _UNBOUNDED if right is None else right)
     fwd, bwd = _PAIRS[name](kwargs)
     residuals = {}
 

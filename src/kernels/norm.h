@@ -41,6 +41,9 @@ struct NormKernels {
                    float* doffset_acc, const void* x_next, const void* dy_next, bool stream);
   // Orders the streamed stores before what follows (sfence; a no-op where nothing streams).
   void (*fence)();
+  // sum = a + b elementwise over n elements (f32 or bf16, all three the same), each sum
+  // rounded once to the dtype: a residual stream's update before its norm (add_rms_norm).
+  void (*add)(const void* a, const void* b, bool bf16, int64_t n, void* sum);
 };
 
 NormKernels norm_kernels(Isa isa);

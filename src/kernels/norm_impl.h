@@ -223,7 +223,13 @@ struct NormRows {
     }
   }
 
-  static NormKernels kernels() { return {stats, apply, backward, fence}; }
+  static void add(const void* a, const void* b, bool bf16, int64_t n, void* sum) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W) store(sum, bf16, i, load(a, bf16, i) + load(b, bf16, i));
+    for (; i < n; ++i) put_f32(sum, bf16, i, lane_f32(a, bf16, i) + lane_f32(b, bf16, i));
+  }
+
+  static NormKernels kernels() { return {stats, apply, backward, fence, add}; }
 };
 
 }  // namespace

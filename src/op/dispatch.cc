@@ -41,16 +41,6 @@ void warn_miss_once(const OpFamily& family, const Implementation& impl,
                "; using the heuristics config");
 }
 
-// bound with "return_residuals" false where it is true; nothing otherwise.
-std::optional<BoundArguments> without_residuals(const BoundArguments& bound) {
-  const Json& args = bound.arguments();
-  const auto it = args.find("return_residuals");
-  if (it == args.end() || !it->is_boolean() || !it->get<bool>()) return std::nullopt;
-  Json plain = args;
-  plain["return_residuals"] = false;
-  return BoundArguments(bound.family(), bound.implementation(), std::move(plain));
-}
-
 }  // namespace
 
 namespace {
@@ -244,8 +234,8 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
     // space and nearly its cost (the residual is a row statistic or a copy of what the kernel
     // holds anyway): without an entry of its own it takes that call's, rather than the
     // heuristics and a miss warning for a spec the shipped data tunes.
-    if (const auto plain = without_residuals(bound); plain && found(*plain)) {
-      r.detail += " (the entry for the same call without return_residuals)";
+    if (const auto plain = family.config_fallback(bound); plain && found(*plain)) {
+      r.detail += " (the entry for the same call without its residuals)";
       return r;
     }
   }

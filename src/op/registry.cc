@@ -63,6 +63,47 @@ std::shared_ptr<const Implementation> OpFamily::implementation(const std::string
                         "'; known: " + join(implementation_names(), ", "));
 }
 
+std::string_view arg_kind_name(ArgKind kind) {
+  switch (kind) {
+    case ArgKind::kArray:
+      return "array";
+    case ArgKind::kOptionalArray:
+      return "optional_array";
+    case ArgKind::kInt:
+      return "int";
+    case ArgKind::kBool:
+      return "bool";
+    case ArgKind::kReal:
+      return "real";
+    case ArgKind::kOptionalReal:
+      return "optional_real";
+    case ArgKind::kEnum:
+      return "enum";
+    case ArgKind::kCustom:
+      break;
+  }
+  return "custom";
+}
+
+Json OpFamily::description() const {
+  return {{"op", name()},
+          {"doc", ""},
+          {"arguments", Json::array()},
+          {"outputs", Json::array()},
+          {"vjp", nullptr},
+          {"aliases", Json::array()},
+          {"residuals_flag", nullptr}};
+}
+
+std::vector<Tensor> OpFamily::run_named(const std::vector<std::pair<std::string, TensorView>>&,
+                                        const Json&, const CallOptions&) const {
+  throw Unsupported("op '" + name() + "' has no generic call path");
+}
+
+std::vector<ShapeDtype> OpFamily::output_specs_json(const Json&) const {
+  throw Unsupported("op '" + name() + "' does not describe its outputs");
+}
+
 std::vector<std::string> OpFamily::implementation_names() const {
   std::vector<std::string> names;
   for (const auto& i : implementations()) names.push_back(i->name());

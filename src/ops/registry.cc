@@ -1,6 +1,7 @@
 // Every op family the library ships, registered on first use of the registry or of dispatch
 // (op/builtins.h says why explicitly). A new family adds one line here.
 #include "op/builtins.h"
+#include "ops/add_norm/base.h"
 #include "ops/attention/base.h"
 #include "ops/glu/base.h"
 #include "ops/loss/base.h"
@@ -29,6 +30,7 @@ void register_builtin_families() {
   register_family(unowned(glu::vjp_family()));
   register_family(unowned(loss::family()));
   register_family(unowned(loss::vjp_family()));
+  register_family(unowned(add_norm::family()));
 }
 
 }  // namespace tokamax

@@ -111,7 +111,7 @@ TEST_F(Framework, ResidualsCallBorrowsTheEntryWithoutThem) {
   Resolution r = resolve_config(norm, native, *train_call, std::nullopt);
   EXPECT_EQ(r.rung, Rung::kDiskCache);
   EXPECT_EQ(r.config.json(), other.json());
-  EXPECT_NE(r.detail.find("without return_residuals"), std::string::npos) << r.detail;
+  EXPECT_NE(r.detail.find("without its residuals"), std::string::npos) << r.detail;
   {
     AutotuningScope scope(res);
     r = resolve_config(norm, native, *train_call, std::nullopt);
@@ -127,7 +127,7 @@ TEST_F(Framework, ResidualsCallBorrowsTheEntryWithoutThem) {
   r = resolve_config(norm, native, *train_call, std::nullopt);
   EXPECT_EQ(r.rung, Rung::kDiskCache);
   EXPECT_EQ(r.config.json(), heuristics.json());
-  EXPECT_EQ(r.detail.find("without return_residuals"), std::string::npos) << r.detail;
+  EXPECT_EQ(r.detail.find("without its residuals"), std::string::npos) << r.detail;
   // Never the other way.
   DiskCache::global().clear();
   std::filesystem::remove_all(dir_);

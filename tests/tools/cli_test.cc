@@ -57,7 +57,7 @@ TEST_F(Cli, OpsSpecsExplain) {
   ASSERT_EQ(ops[0]["op"], "ragged_dot");
   EXPECT_EQ(ops[0]["implementations"][0]["name"], "native");
   EXPECT_EQ(ops[0]["implementations"][0]["config_fields"].size(), 4u);
-  ASSERT_EQ(ops.size(), 9u);
+  ASSERT_EQ(ops.size(), 10u);
   EXPECT_EQ(ops[1]["op"], "dot_product_attention");
   EXPECT_EQ(ops[2]["op"], "dot_product_attention_vjp");
   EXPECT_EQ(ops[3]["op"], "layer_norm");
@@ -66,14 +66,23 @@ TEST_F(Cli, OpsSpecsExplain) {
   EXPECT_EQ(ops[6]["op"], "gated_linear_unit_vjp");
   EXPECT_EQ(ops[7]["op"], "linear_softmax_cross_entropy_loss");
   EXPECT_EQ(ops[8]["op"], "linear_softmax_cross_entropy_loss_vjp");
+  EXPECT_EQ(ops[9]["op"], "add_rms_norm");
+  // Each op's description: the layer norm's epsilon default is the public options'.
+  EXPECT_EQ(ops[3]["description"]["arguments"][4]["name"], "epsilon");
+  EXPECT_EQ(ops[3]["description"]["arguments"][4]["default"].get<double>(),
+            LayerNormOptions().epsilon);
+  r = run("ops --op add_rms_norm");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("epsilon  real = 1e-06"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("residual_out"), std::string::npos) << r.out;
   r = run("specs --op ragged_dot --tag smoke --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out).size(), 3u);
   r = run("specs --tag smoke --json");  // every family's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   // ragged_dot 3, attention 3, its backward 2, layer_norm 2, its backward 2, GLU 3, its
-  // backward 2 (the stacked-weight specs), the loss 2, its backward 2
-  EXPECT_EQ(Json::parse(r.out).size(), 21u);
+  // backward 2 (the stacked-weight specs), the loss 2, its backward 2, add_rms_norm 2
+  EXPECT_EQ(Json::parse(r.out).size(), 23u);
   r = run("explain --spec smoke_masked --json");  // the family is the spec's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out)["op"], "dot_product_attention");

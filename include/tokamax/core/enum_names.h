@@ -27,16 +27,21 @@ struct EnumNames {
     return "?";
   }
 
+  // "a, b or c": the names, for messages.
+  std::string expected() const {
+    std::string out;
+    for (size_t i = 0; i < N; ++i) {
+      out += i == 0 ? "" : i + 1 == N ? " or " : ", ";
+      out += table[i].second;
+    }
+    return out;
+  }
+
   E parse(std::string_view s) const {
     for (const auto& [v, n] : table) {
       if (n == s) return v;
     }
-    std::string expected;
-    for (size_t i = 0; i < N; ++i) {
-      expected += i == 0 ? "" : i + 1 == N ? " or " : ", ";
-      expected += table[i].second;
-    }
-    throw InvalidArgument(std::string(what) + " '" + std::string(s) + "': expected " + expected);
+    throw InvalidArgument(std::string(what) + " '" + std::string(s) + "': expected " + expected());
   }
 };
 

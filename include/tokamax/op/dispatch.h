@@ -95,11 +95,6 @@ void set_tuning_backend(const TuningBackend* backend);
 Resolution resolve_config(const OpFamily& family, const Implementation& impl, const CallBase& call,
                           const std::optional<Config>& explicit_config);
 
-struct CallOptions {
-  std::string implementation;    // empty: the family's default order
-  std::optional<Config> config;  // requires `implementation`
-};
-
 // Runs `call` with the first implementation that can serve it; returns its name.
 std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& options);
 

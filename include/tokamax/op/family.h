@@ -8,6 +8,7 @@
 // checked downcasts, and the public call path (bind, allocate, dispatch).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -56,6 +57,39 @@ struct ArgField {
   std::function<void(const CallT&, Signature&)> sign;
   // A required input: absent from a spec is an error.
   bool required = false;
+  // Inputs only: points the call at an array (the generic call path, run_named).
+  std::function<void(CallT&, const TensorView&)> assign;
+
+  // What users see of it: the op's description (OpFamily::description) drives the Python
+  // functions and their signatures and docstrings, the stubs, the torch schemas and fake
+  // implementations, and the backward family's fields; each default is the call struct's.
+  ArgKind kind = ArgKind::kCustom;
+  Json default_value;                // what an absent value means (null: none)
+  std::vector<std::string> choices;  // an enumeration's names
+  std::string doc;
+  std::string py_name;        // the Python keyword where it differs from `name` (query for q)
+  bool user = true;           // false: set by the library (packed flags, return_residuals)
+  bool keyword_only = false;  // an array that Python takes by keyword only
+  // A bool static that asks for the residual outputs (the backward's inputs): the same call
+  // without it shares its tuned config (dispatch's config_fallback).
+  bool selects_residuals = false;
+
+  ArgField describe(std::string text) && {
+    doc = std::move(text);
+    return std::move(*this);
+  }
+  ArgField python(std::string keyword) && {
+    py_name = std::move(keyword);
+    return std::move(*this);
+  }
+  ArgField internal() && {
+    user = false;
+    return std::move(*this);
+  }
+  ArgField keyword() && {
+    keyword_only = true;
+    return std::move(*this);
+  }
 };
 
 // Builders for the usual kinds of argument.
@@ -74,7 +108,9 @@ struct Args {
     Field f = array(
         std::move(name), [member](CallT& c) { return &(c.*member); }, std::move(fill));
     f.required = true;
+    f.kind = ArgKind::kArray;
     f.from_json = [member](CallT& c, const Json& j) { c.*member = view_of(j); };
+    f.assign = [member](CallT& c, const TensorView& v) { c.*member = v; };
     return f;
   }
 
@@ -84,12 +120,14 @@ struct Args {
     Field f = array(
         std::move(name), [member](CallT& c) { return c.*member ? &*(c.*member) : nullptr; },
         std::move(fill));
+    f.kind = ArgKind::kOptionalArray;
     f.from_json = [member](CallT& c, const Json& j) {
       if (j.is_null())
         c.*member = std::nullopt;
       else
         c.*member = view_of(j);
     };
+    f.assign = [member](CallT& c, const TensorView& v) { c.*member = v; };
     return f;
   }
 
@@ -97,6 +135,7 @@ struct Args {
   static Field optional_real(std::string name, std::optional<double> CallT::*member) {
     Field f;
     f.name = std::move(name);
+    f.kind = ArgKind::kOptionalReal;
     f.to_json = [member](const CallT& c) { return c.*member ? Json(*(c.*member)) : Json(); };
     f.from_json = [member](CallT& c, const Json& j) {
       if (j.is_null()) {
@@ -117,10 +156,13 @@ struct Args {
     return f;
   }
 
-  // A real static with a default for when the spec leaves it out.
-  static Field real(std::string name, double CallT::*member, double fallback) {
+  // A real static; absent from a spec, the call struct's default.
+  static Field real(std::string name, double CallT::*member) {
+    const double fallback = CallT().*member;
     Field f;
     f.name = std::move(name);
+    f.kind = ArgKind::kReal;
+    f.default_value = fallback;
     f.to_json = [member](const CallT& c) { return Json(c.*member); };
     f.from_json = [member, fallback](CallT& c, const Json& j) {
       if (j.is_null()) {
@@ -139,12 +181,15 @@ struct Args {
     return f;
   }
 
-  // An int or bool static with a default for when the spec leaves it out.
+  // An int or bool static; absent from a spec, the call struct's default.
   template <class T>
-  static Field value(std::string name, T CallT::*member, T fallback) {
+  static Field value(std::string name, T CallT::*member) {
     static_assert(std::is_integral_v<T>);
+    const T fallback = CallT().*member;
     Field f;
     f.name = std::move(name);
+    f.kind = std::is_same_v<T, bool> ? ArgKind::kBool : ArgKind::kInt;
+    f.default_value = fallback;
     f.to_json = [member](const CallT& c) { return Json(c.*member); };
     f.from_json = [member, fallback](CallT& c, const Json& j) {
       if (j.is_null()) {
@@ -163,20 +208,38 @@ struct Args {
     return f;
   }
 
-  // An enum static named by its table, with a default.
+  // The bool static that asks for the residual outputs (internal: the public functions set it).
+  static Field residuals_flag(bool CallT::*member) {
+    Field f = value("return_residuals", member);
+    f.selects_residuals = true;
+    f.user = false;
+    return f;
+  }
+
+  // An enum static named by its table; absent from a spec, the call struct's default.
   template <class E, size_t N>
-  static Field enumeration(std::string name, E CallT::*member, const EnumNames<E, N>& names,
-                           E fallback) {
+  static Field enumeration(std::string name, E CallT::*member, const EnumNames<E, N>& names) {
+    const E fallback = CallT().*member;
     Field f;
     f.name = std::move(name);
+    f.kind = ArgKind::kEnum;
+    f.default_value = std::string(names.name(fallback));
+    for (const auto& entry : names.table) f.choices.emplace_back(entry.second);
     f.to_json = [member, &names](const CallT& c) { return Json(names.name(c.*member)); };
     f.from_json = [member, &names, fallback](CallT& c, const Json& j) {
       if (j.is_null()) {
         c.*member = fallback;
         return;
       }
-      if (!j.is_string()) throw InvalidArgument("expected a name");
-      c.*member = names.parse(j.get<std::string>());
+      if (!j.is_string()) throw InvalidArgument("expected a name: " + names.expected());
+      const std::string name = j.get<std::string>();
+      for (const auto& [value, n] : names.table) {
+        if (n == name) {
+          c.*member = value;
+          return;
+        }
+      }
+      throw InvalidArgument("expected " + names.expected());
     };
     f.sign = [member](const CallT& c, Signature& sig) {
       sig.push_back(static_cast<int64_t>(c.*member));
@@ -268,6 +331,14 @@ class TypedFamily : public OpFamily {
   // packed_rhs spec here, as a program does at load time).
   virtual void finish_made_call(CallT&) const {}
 
+  // The description's parts beside the arguments (OpFamily::description): what the op
+  // computes, its outputs, its backward family and the Python aliases that fix some arguments
+  // (rms_norm: layer_norm with subtract_mean false and no offset).
+  virtual std::string summary() const { return ""; }
+  virtual std::vector<OutputDoc> output_docs() const { return {}; }
+  virtual std::string vjp_name() const { return ""; }
+  virtual Json aliases() const { return Json::array(); }
+
   // --- Written once here. ---
 
   std::string name() const final { return name_; }
@@ -354,6 +425,108 @@ class TypedFamily : public OpFamily {
     dispatch(*this, call, options);
   }
 
+  Json description() const final {
+    Json args = Json::array(), flag;
+    for (const ArgField<CallT>& f : fields_) {
+      if (f.selects_residuals) flag = f.name;
+      args.push_back({{"name", f.name},
+                      {"py_name", f.py_name.empty() ? f.name : f.py_name},
+                      {"kind", arg_kind_name(f.kind)},
+                      {"default", f.default_value},
+                      {"choices", f.choices},
+                      {"doc", f.doc},
+                      {"user", f.user && !f.selects_residuals},
+                      {"keyword_only", f.keyword_only}});
+    }
+    Json outs = Json::array();
+    for (const OutputDoc& o : output_docs()) {
+      outs.push_back({{"name", o.name},
+                      {"doc", o.doc},
+                      {"shape", o.shape},
+                      {"dtype", o.dtype},
+                      {"present", o.present.empty() ? Json() : Json(o.present)},
+                      {"residual", o.residual}});
+    }
+    const std::string vjp = vjp_name();
+    return {{"op", name_},
+            {"doc", summary()},
+            {"arguments", args},
+            {"outputs", outs},
+            {"vjp", vjp.empty() ? Json() : Json(vjp)},
+            {"aliases", aliases()},
+            {"residuals_flag", flag}};
+  }
+
+  std::vector<Tensor> run_named(const std::vector<std::pair<std::string, TensorView>>& arrays,
+                                const Json& statics, const CallOptions& options) const final {
+    if (!statics.is_object() && !statics.is_null())
+      throw InvalidArgument(name_ + ": the statics are " + canonical_dump(statics) +
+                            "; expected a JSON object");
+    CallT call;
+    call.num_threads = 0;  // the library's num_threads()
+    for (const auto& [k, v] : arrays) {
+      const ArgField<CallT>* f = field(k);
+      if (!f || !f->assign) {
+        throw InvalidArgument(name_ + ": unknown array argument '" + k + "'; expected " +
+                              join(array_names(), ", "));
+      }
+    }
+    for (const ArgField<CallT>& f : fields_) {
+      if (f.assign) {
+        const auto it = std::find_if(arrays.begin(), arrays.end(),
+                                     [&](const auto& a) { return a.first == f.name; });
+        if (it != arrays.end()) {
+          f.assign(call, it->second);
+        } else if (f.required) {
+          throw InvalidArgument(name_ + ": missing array argument '" + f.name + "'");
+        }
+        continue;
+      }
+      const Json* j = &null_json();
+      if (statics.is_object()) {
+        if (const auto it = statics.find(f.name); it != statics.end()) j = &*it;
+      }
+      try {
+        f.from_json(call, *j);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(name_ + ": " + f.name + " = " + canonical_dump(*j) + "; " +
+                              e.message());
+      }
+    }
+    if (statics.is_object()) {
+      for (const auto& [k, v] : statics.items()) {
+        if (k == "num_threads") {
+          call.num_threads = checked_num_threads(v);
+          continue;
+        }
+        const ArgField<CallT>* f = field(k);
+        if (!f || f->assign)
+          throw InvalidArgument(name_ + ": unknown argument '" + k + "'; expected " +
+                                join(field_names(), ", "));
+      }
+    }
+    return run(call, options);
+  }
+
+  std::vector<ShapeDtype> output_specs_json(const Json& arguments) const final {
+    CallT call = call_from_json(arguments);
+    bind_and_key(call);
+    return output_specs(call);
+  }
+
+  std::optional<BoundArguments> config_fallback(const BoundArguments& bound) const final {
+    for (const ArgField<CallT>& f : fields_) {
+      if (!f.selects_residuals) continue;
+      const auto it = bound.arguments().find(f.name);
+      if (it == bound.arguments().end() || !it->is_boolean() || !it->template get<bool>())
+        return std::nullopt;
+      Json plain = bound.arguments();
+      plain[f.name] = false;
+      return BoundArguments(bound.family(), bound.implementation(), std::move(plain));
+    }
+    return std::nullopt;
+  }
+
   BoundArguments bind_json(const Json& arguments, const std::string& implementation) const final {
     CallT call = call_from_json(arguments);
     bind_and_key(call);
@@ -415,12 +588,11 @@ class TypedFamily : public OpFamily {
     }
     call.num_threads = 0;
     if (const auto it = arguments.find("num_threads"); it != arguments.end()) {
-      if (!it->is_number_integer() || it->template get<int64_t>() <= 0 ||
-          it->template get<int64_t>() > kMaxThreads) {
-        throw bad("num_threads = " + canonical_dump(*it) + "; expected an integer in [1, " +
-                  std::to_string(kMaxThreads) + "]");
+      try {
+        call.num_threads = checked_num_threads(*it);
+      } catch (const InvalidArgument& e) {
+        throw bad(e.message());
       }
-      call.num_threads = it->template get<int>();
     }
     for (const auto& [k, v] : arguments.items()) {
       if (k == "num_threads") continue;
@@ -429,6 +601,28 @@ class TypedFamily : public OpFamily {
       if (!known) throw bad("unknown argument '" + k + "'; expected " + join(field_names(), ", "));
     }
     return call;
+  }
+
+  static int checked_num_threads(const Json& j) {
+    if (!j.is_number_integer() || j.template get<int64_t>() <= 0 ||
+        j.template get<int64_t>() > kMaxThreads) {
+      throw InvalidArgument("num_threads = " + canonical_dump(j) + "; expected an integer in [1, " +
+                            std::to_string(kMaxThreads) + "]");
+    }
+    return j.template get<int>();
+  }
+
+  const ArgField<CallT>* field(const std::string& name) const {
+    for (const ArgField<CallT>& f : fields_)
+      if (f.name == name) return &f;
+    return nullptr;
+  }
+
+  std::vector<std::string> array_names() const {
+    std::vector<std::string> out;
+    for (const ArgField<CallT>& f : fields_)
+      if (f.assign) out.push_back(f.name);
+    return out;
   }
 
   std::vector<std::string> field_names() const {

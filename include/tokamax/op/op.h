@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -152,6 +153,27 @@ struct ArgSpec {
   bool has_tag(const std::string& t) const;
 };
 
+// Which implementation and config a call asks for.
+struct CallOptions {
+  std::string implementation;    // empty: the family's default order
+  std::optional<Config> config;  // requires `implementation`
+};
+
+// The kinds of argument in an op's description.
+enum class ArgKind { kArray, kOptionalArray, kInt, kBool, kReal, kOptionalReal, kEnum, kCustom };
+std::string_view arg_kind_name(ArgKind kind);
+
+// One output in an op's description. `shape` and `dtype` are expressions over the inputs (their
+// .shape and .dtype) and statics by name, in the subset of Python that the bindings evaluate
+// for shapes they cannot run (torch's fake tensors, jax's abstract values): `x.shape`,
+// `x.shape[:-1] + (w.shape[-1],)`, `drop(x.shape, axis)`; a dtype is an input's (`x.dtype`) or a
+// name (`float32`). `present`: the optional input whose presence the output follows (dscale
+// and scale), else empty. `residual`: an output only return_residuals asks for.
+struct OutputDoc {
+  std::string name, doc, shape, dtype, present;
+  bool residual = false;
+};
+
 class OpFamily {
  public:
   virtual ~OpFamily() = default;
@@ -176,6 +198,25 @@ class OpFamily {
   // default one's argument variants after it, and the reference on memory-bound calls (there
   // plain loops can rival a library).
   virtual std::vector<std::string> bench_rows(const CallBase& call) const;
+
+  // What users see of the op, written once in the family: {"op", "doc", "arguments": [{"name",
+  // "py_name", "kind", "default", "choices", "doc", "user"}], "outputs": [OutputDoc...], "vjp"
+  // (the backward family's name, or null), "aliases": [{"name", "doc", "fixed": {...}}],
+  // "residuals_flag" (the bool argument that asks for the residual outputs, or null)}.
+  virtual Json description() const;
+  // The generic call path (the Python module's): arrays by argument name (absent optional
+  // ones left out), the other arguments as JSON by name (absent: their defaults); returns the
+  // outputs in order. InvalidArgument for an unknown name or a missing array.
+  virtual std::vector<Tensor> run_named(
+      const std::vector<std::pair<std::string, TensorView>>& arrays, const Json& statics,
+      const CallOptions& options) const;
+  // The outputs' specs of an argument spec (as bind_json takes it).
+  virtual std::vector<ShapeDtype> output_specs_json(const Json& arguments) const;
+  // A key whose tuned config also serves `bound` where it has no entry of its own (a forward
+  // asked for its residuals takes the plain call's), or nothing.
+  virtual std::optional<BoundArguments> config_fallback(const BoundArguments&) const {
+    return std::nullopt;
+  }
 
   // Any implementation by name, including "reference". InvalidArgument listing the names.
   std::shared_ptr<const Implementation> implementation(const std::string& name) const;

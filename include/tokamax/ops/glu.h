@@ -19,8 +19,10 @@ TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 struct GluOptions {
-  Activation activation = Activation::kSilu;  // SwiGLU by default
-  std::string implementation;                 // "", "native", "composed", "reference"
+  // The identity by default (a plain bilinear GLU), as tokamax's activation=None; kSilu is
+  // SwiGLU, kGelu GEGLU.
+  Activation activation = Activation::kNone;
+  std::string implementation;  // "", "native", "composed", "reference"
   std::optional<Config> config;
 };
 

@@ -18,7 +18,8 @@ namespace tokamax {
 enum class LossReduction { kSum, kMean, kNone };
 
 struct LossOptions {
-  LossReduction reduction = LossReduction::kMean;
+  // The sum by default, as tokamax's reduction="sum".
+  LossReduction reduction = LossReduction::kSum;
   std::string implementation;  // "", "native", "composed", "reference"
   std::optional<Config> config;
 };

@@ -76,8 +76,7 @@ ArgField<CallT> window_field() {
           throw InvalidArgument("expected [left, right] or null");
         c.window_left = j[0].get<int64_t>();
         c.window_right = j[1].get<int64_t>();
-        if (c.window_left < 0 || c.window_right < 0)
-          throw InvalidArgument("expected left, right >= 0");
+        if (c.window_left < 0 || c.window_right < 0) throw InvalidArgument("expected both >= 0");
       },
       [](const CallT& c, Signature& sig) {
         sig.push_back(c.window_left);
@@ -87,32 +86,45 @@ ArgField<CallT> window_field() {
 
 }  // namespace
 
-template <class CallT>
-std::vector<ArgField<CallT>> option_fields() {
-  using F = Args<CallT>;
-  using C = AttentionCall;
-  return {F::optional_input("bias", &C::bias),
-          F::optional_input("mask", &C::mask, mostly_true),
-          F::optional_input("q_seq_lengths", &C::q_seq_lengths, lengths_within(true)),
-          F::optional_input("kv_seq_lengths", &C::kv_seq_lengths, lengths_within(false)),
-          F::optional_real("scale", &C::scale),
-          F::template value<bool>("is_causal", &C::is_causal, false),
-          window_field<CallT>(),
-          F::optional_real("logits_soft_cap", &C::logits_soft_cap)};
-}
-template std::vector<ArgField<AttentionCall>> option_fields<AttentionCall>();
-template std::vector<ArgField<AttentionVjpCall>> option_fields<AttentionVjpCall>();
-
 namespace {
 std::vector<ArgField<AttentionCall>> forward_fields() {
-  std::vector<ArgField<AttentionCall>> f = {A::input("q", &AttentionCall::q),
-                                            A::input("k", &AttentionCall::k),
-                                            A::input("v", &AttentionCall::v)};
-  for (auto& o : option_fields<AttentionCall>()) f.push_back(std::move(o));
-  f.push_back(A::value("return_residuals", &AttentionCall::return_residuals, false));
-  return f;
+  using C = AttentionCall;
+  return {A::input("q", &C::q).python("query").describe("f32 or bf16 [B, T, N, H]"),
+          A::input("k", &C::k).python("key").describe("[B, S, K, H], N a multiple of K (GQA)"),
+          A::input("v", &C::v).python("value").describe("[B, S, K, Hv]"),
+          A::optional_input("bias", &C::bias)
+              .describe("added to the logits; broadcasts to [B, N, T, S]"),
+          A::optional_input("mask", &C::mask, mostly_true)
+              .describe("bool, broadcasts to [B, N, T, S]; false masks a logit out"),
+          A::optional_input("q_seq_lengths", &C::q_seq_lengths, lengths_within(true))
+              .python("query_seq_lengths")
+              .keyword()
+              .describe("int32 [B]: valid query rows per batch"),
+          A::optional_input("kv_seq_lengths", &C::kv_seq_lengths, lengths_within(false))
+              .python("key_value_seq_lengths")
+              .keyword()
+              .describe("int32 [B]: valid key rows per batch"),
+          A::optional_real("scale", &C::scale).describe("the logits' scale; None: 1/sqrt(H)"),
+          A::value("is_causal", &C::is_causal).describe("mask the logits above the diagonal"),
+          window_field<AttentionCall>().describe(
+              "(left, right): a query attends to keys within that many positions; None on a side "
+              "is unbounded"),
+          A::optional_real("logits_soft_cap", &C::logits_soft_cap)
+              .describe("logits become cap * tanh(logits / cap)"),
+          A::residuals_flag(&C::return_residuals)};
 }
 }  // namespace
+
+std::string Family::summary() const {
+  return "Scaled dot-product attention (tokamax's dot_product_attention): softmax(q k^T * scale "
+         "+ bias, masked) v, in one pass over the keys.";
+}
+
+std::vector<OutputDoc> Family::output_docs() const {
+  return {{"out", "[B, T, N, Hv], q's dtype", "q.shape[:3] + (v.shape[3],)", "q.dtype"},
+          {"lse", "f32 [B, N, T]: each row's log-sum-exp", "(q.shape[0], q.shape[2], q.shape[1])",
+           "float32", "", true}};
+}
 
 Family::Family()
     : TypedFamily(kFamily, forward_fields(), std::make_shared<Reference>(),

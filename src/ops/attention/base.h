@@ -10,6 +10,7 @@
 
 #include "kernels/microkernels.h"
 #include "ops/elements.h"
+#include "tokamax/op/backward_family.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/attention.h"
@@ -17,6 +18,7 @@
 namespace tokamax::attn {
 
 inline constexpr const char* kFamily = "dot_product_attention";
+inline constexpr const char* kVjpFamily = "dot_product_attention_vjp";
 
 struct AttentionCall : CallBase {
   // Inputs and statics (see Family's fields).
@@ -175,6 +177,9 @@ class Family : public TypedFamily<AttentionCall> {
  public:
   Family();
   void bind(AttentionCall& call) const override;
+  std::string summary() const override;
+  std::vector<OutputDoc> output_docs() const override;
+  std::string vjp_name() const override { return kVjpFamily; }
   std::vector<ShapeDtype> output_specs(const AttentionCall& call) const override;
   Tolerance tolerance_of(const AttentionCall& call) const override;
   std::vector<ArgSpec> arg_specs() const override { return attn::arg_specs(); }
@@ -184,24 +189,20 @@ class Family : public TypedFamily<AttentionCall> {
 
 const Family& family();
 
-// The attention options' argument fields (shared by the forward and the backward).
-template <class CallT>
-std::vector<ArgField<CallT>> option_fields();
 // The public options onto a call (forward or backward); InvalidArgument for a negative window.
 void set_options(AttentionCall& call, const AttentionOptions& options);
 // Validation of the forward's arguments (the backward's bind calls it first).
 void bind_forward(AttentionCall& call);
 
-class VjpFamily : public TypedFamily<AttentionVjpCall> {
+class VjpFamily : public BackwardFamily<AttentionVjpCall, AttentionCall> {
  public:
   VjpFamily();
-  void bind(AttentionVjpCall& call) const override;
   std::vector<ShapeDtype> output_specs(const AttentionVjpCall& call) const override;
+  std::vector<OutputDoc> output_docs() const override;
   Tolerance tolerance_of(const AttentionVjpCall& call) const override;
-  std::vector<ArgSpec> arg_specs() const override;
+  bool has_backward_spec(const ArgSpec& s) const override;
   CallCost cost_of(const AttentionVjpCall& call) const override;
 };
-inline constexpr const char* kVjpFamily = "dot_product_attention_vjp";
 const VjpFamily& vjp_family();
 
 // Useful flops: 4 * B * N * H-ish per allowed logit (q.k and p.v), counting only logits that

@@ -17,80 +17,26 @@
 namespace tokamax {
 namespace attn {
 
-namespace {
-
-using V = Args<AttentionVjpCall>;
-
-// The forward's options of a (made) backward call, to recompute its residuals.
-AttentionOptions options_of(const AttentionVjpCall& c) {
-  AttentionOptions o;
-  o.bias = c.bias;
-  o.mask = c.mask;
-  o.q_seq_lengths = c.q_seq_lengths;
-  o.kv_seq_lengths = c.kv_seq_lengths;
-  o.scale = c.scale;
-  o.is_causal = c.is_causal;
-  if (c.window_left >= 0) o.local_window_size = std::pair{c.window_left, c.window_right};
-  o.logits_soft_cap = c.logits_soft_cap;
-  o.implementation = "native";
-  return o;
-}
-
-// A made call's out and lse are the forward's, not random values: random residuals make
-// probabilities far from normalized, and the gradients' sums cancel badly (every
-// implementation then disagrees with the reference by more than the tolerance).
-V::Fill forward_residual(bool lse) {
-  return [lse](const AttentionVjpCall& c, const TensorView& dst, uint64_t) {
-    const AttentionResult r = dot_product_attention_with_residuals(c.q, c.k, c.v, options_of(c));
-    const Tensor& src = lse ? r.lse : r.out;
-    std::memcpy(dst.data(), src.data(), src.nbytes());
-  };
-}
-
-std::vector<ArgField<AttentionVjpCall>> vjp_fields() {
-  using C = AttentionCall;
-  // Options before out and lse: their fills run the forward with the options filled.
-  std::vector<ArgField<AttentionVjpCall>> f = {V::input("q", &C::q), V::input("k", &C::k),
-                                               V::input("v", &C::v)};
-  for (auto& o : option_fields<AttentionVjpCall>()) f.push_back(std::move(o));
-  f.push_back(V::input("out", &AttentionVjpCall::o, forward_residual(false)));
-  f.push_back(V::input("lse", &AttentionVjpCall::lse_in, forward_residual(true)));
-  f.push_back(V::input("dout", &AttentionVjpCall::dout));
-  return f;
-}
-
-InvalidArgument bad(const std::string& what) {
-  return InvalidArgument("dot_product_attention_vjp: " + what);
-}
-
-}  // namespace
-
 VjpFamily::VjpFamily()
-    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
-                  {make_vjp_native(), make_vjp_composed()}) {}
+    : BackwardFamily(kVjpFamily, family(),
+                     {{"out", &AttentionVjpCall::o, "the forward's output"},
+                      {"lse", &AttentionVjpCall::lse_in, "the forward's residual, f32 [B, N, T]"}},
+                     {"dout", &AttentionVjpCall::dout, "the cotangent of out"},
+                     std::make_shared<VjpReference>(), {make_vjp_native(), make_vjp_composed()}) {}
 
 const VjpFamily& vjp_family() { return family_instance<VjpFamily>(); }
-
-void VjpFamily::bind(AttentionVjpCall& c) const {
-  bind_forward(c);
-  const ShapeDtype out{{c.b, c.t, c.n, c.hv}, c.q.dtype()};
-  for (const auto& [name, x] : {std::pair{"out", &c.o}, std::pair{"dout", &c.dout}}) {
-    if (x->spec() != out || !x->is_contiguous()) {
-      throw bad(fmt::format("{} has spec {}; expected contiguous {} (the forward's output)", name,
-                            x->spec().str(), out.str()));
-    }
-  }
-  const ShapeDtype lse{{c.b, c.n, c.t}, DType::kF32};
-  if (c.lse_in.spec() != lse || !c.lse_in.is_contiguous()) {
-    throw bad(fmt::format("lse has spec {}; expected contiguous {} (the forward's residuals)",
-                          c.lse_in.spec().str(), lse.str()));
-  }
-}
 
 std::vector<ShapeDtype> VjpFamily::output_specs(const AttentionVjpCall& c) const {
   std::vector<ShapeDtype> out = {c.q.spec(), c.k.spec(), c.v.spec()};
   if (c.bias) out.push_back({c.bias->shape(), DType::kF32});
   return out;
+}
+
+std::vector<OutputDoc> VjpFamily::output_docs() const {
+  return {{"dq", "q's shape and dtype", "q.shape", "q.dtype"},
+          {"dk", "k's shape and dtype", "k.shape", "k.dtype"},
+          {"dv", "v's shape and dtype", "v.shape", "v.dtype"},
+          {"dbias", "f32, bias's shape, with a bias", "bias.shape", "float32", "bias"}};
 }
 
 Tolerance VjpFamily::tolerance_of(const AttentionVjpCall& c) const {
@@ -104,24 +50,9 @@ CallCost VjpFamily::cost_of(const AttentionVjpCall& c) const {
   return {2.5 * call_flops(c), 0.0, false};  // the usual count: 2.5x the forward's
 }
 
-std::vector<ArgSpec> VjpFamily::arg_specs() const {
-  std::vector<ArgSpec> out;
-  for (const ArgSpec& s : attn::arg_specs()) {
-    if (s.name != "smoke" && s.name != "smoke_masked" && s.name != "prefill" &&
-        s.name != "prefill_causal")
-      continue;
-    const ShapeDtype q = ShapeDtype::parse(s.arguments["q"].get<std::string>());
-    const ShapeDtype v = ShapeDtype::parse(s.arguments["v"].get<std::string>());
-    Json a = s.arguments;
-    const ShapeDtype o{{q.shape[0], q.shape[1], q.shape[2], v.shape[3]}, q.dtype};
-    a["out"] = o.str();
-    a["dout"] = o.str();
-    a["lse"] = ShapeDtype{{q.shape[0], q.shape[2], q.shape[1]}, DType::kF32}.str();
-    std::vector<std::string> tags = s.tags;
-    tags.push_back("backward");
-    out.push_back(ArgSpec{kVjpFamily, s.name + "_backward", std::move(a), std::move(tags)});
-  }
-  return out;
+bool VjpFamily::has_backward_spec(const ArgSpec& s) const {
+  return s.name == "smoke" || s.name == "smoke_masked" || s.name == "prefill" ||
+         s.name == "prefill_causal";
 }
 
 // --- reference: per (batch, kv head), every row of its group recomputed in full ---

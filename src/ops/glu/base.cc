@@ -21,18 +21,35 @@ InvalidArgument bad(const std::string& what) {
 }
 
 std::vector<ArgField<GluCall>> forward_fields() {
-  return {A::input("x", &GluCall::x),
-          A::input("w", &GluCall::w),
-          A::optional_input("w_up", &GluCall::w_up),
-          A::enumeration("activation", &GluCall::activation, kernels::activation_names(),
-                         Activation::kSilu),
-          A::value("packed_w", &GluCall::packed_w, false),
-          A::value("return_residuals", &GluCall::return_residuals, false)};
+  return {A::input("x", &GluCall::x).describe("f32 or bf16 [..., M, K]"),
+          A::input("w", &GluCall::w)
+              .python("weights")
+              .describe("f32 or bf16: [K, 2, N] (gate then up), a (w_gate, w_up) pair of [K, N], "
+                        "or pack_glu_weights' result"),
+          A::optional_input("w_up", &GluCall::w_up)
+              .describe("[K, N] the up projection when w is the gate's alone")
+              .internal(),
+          A::enumeration("activation", &GluCall::activation, kernels::activation_names())
+              .describe("applied to the gate: silu (SwiGLU), gelu (GEGLU), relu, ...; none: "
+                        "the identity"),
+          A::value("packed_w", &GluCall::packed_w).internal(),
+          A::residuals_flag(&GluCall::return_residuals)};
 }
 
 bool f32_or_bf16(DType d) { return d == DType::kF32 || d == DType::kBF16; }
 
 }  // namespace
+
+std::string Family::summary() const {
+  return "Gated linear unit: out = activation(x w_gate) * (x w_up), products accumulated in f32; "
+         "out has x's dtype.";
+}
+
+std::vector<OutputDoc> Family::output_docs() const {
+  return {{"out", "[..., M, N], x's dtype", "x.shape[:-1] + (w.shape[-1],)", "x.dtype"},
+          {"h", "x w: [..., M, 2, N] f32, the gate and up products before the activation",
+           "x.shape[:-1] + (2, w.shape[-1])", "float32", "", true}};
+}
 
 const void* GluCall::weights(int half, int64_t* ld) const {
   const size_t es = dtype_size(w_dtype);

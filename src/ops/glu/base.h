@@ -11,6 +11,7 @@
 #include "kernels/activation.h"
 #include "kernels/microkernels.h"
 #include "ops/elements.h"
+#include "tokamax/op/backward_family.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/glu.h"
@@ -26,7 +27,7 @@ struct GluCall : CallBase {
   std::optional<TensorView> w_up;  // [K, N]
   PackedGluWeights packed;         // native's pre-packed weights (w then has no data)
   bool packed_w = false;           // part of the key: a pre-packed call tunes apart
-  Activation activation = Activation::kSilu;
+  Activation activation = GluOptions().activation;
   bool return_residuals = false;
 
   // Filled by bind.
@@ -84,6 +85,9 @@ class Family : public TypedFamily<GluCall> {
  public:
   Family();
   void bind(GluCall& call) const override { bind_forward(call); }
+  std::string summary() const override;
+  std::vector<OutputDoc> output_docs() const override;
+  std::string vjp_name() const override { return kVjpFamily; }
   std::vector<ShapeDtype> output_specs(const GluCall& call) const override;
   Tolerance tolerance_of(const GluCall& call) const override;
   std::vector<ArgSpec> arg_specs() const override { return glu::arg_specs(); }
@@ -98,13 +102,12 @@ class Family : public TypedFamily<GluCall> {
 };
 const Family& family();
 
-class VjpFamily : public TypedFamily<GluVjpCall> {
+class VjpFamily : public BackwardFamily<GluVjpCall, GluCall> {
  public:
   VjpFamily();
-  void bind(GluVjpCall& call) const override;
   std::vector<ShapeDtype> output_specs(const GluVjpCall& call) const override;
+  std::vector<OutputDoc> output_docs() const override;
   Tolerance tolerance_of(const GluVjpCall& call) const override;
-  std::vector<ArgSpec> arg_specs() const override;
   CallCost cost_of(const GluVjpCall& call) const override;
 };
 const VjpFamily& vjp_family();

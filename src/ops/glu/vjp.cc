@@ -18,32 +18,6 @@
 namespace tokamax {
 namespace glu {
 
-namespace {
-
-using V = Args<GluVjpCall>;
-
-InvalidArgument bad(const std::string& what) {
-  return InvalidArgument("gated_linear_unit_vjp: " + what);
-}
-
-// A made call's h is the forward's x w (random values would not be the product).
-void forward_residual(const GluVjpCall& c, const TensorView& dst, uint64_t) {
-  GluOptions o;
-  o.activation = c.activation;
-  o.implementation = "native";
-  const GluResult r = gated_linear_unit_with_residuals(c.x, c.w, o);
-  std::memcpy(dst.data(), r.h.data(), r.h.nbytes());
-}
-
-std::vector<ArgField<GluVjpCall>> vjp_fields() {
-  return {V::input("x", &GluCall::x), V::input("w", &GluCall::w),
-          V::enumeration<Activation, 6>("activation", &GluCall::activation,
-                                        kernels::activation_names(), Activation::kSilu),
-          V::input("h", &GluVjpCall::h_in, forward_residual), V::input("dout", &GluVjpCall::dout)};
-}
-
-}  // namespace
-
 // dh (f32 [M, 2N], rows of gate then up) from h and dout, a row at a time on the ISA's loop.
 void compute_dh(const GluVjpCall& c, float* dh, kernels::Isa isa) {
   const int64_t N = c.n;
@@ -62,26 +36,21 @@ void compute_dh(const GluVjpCall& c, float* dh, kernels::Isa isa) {
 }
 
 VjpFamily::VjpFamily()
-    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
-                  {make_vjp_native(), make_vjp_composed()}) {}
+    : BackwardFamily(kVjpFamily, family(),
+                     {{"h", &GluVjpCall::h_in, "the forward's residual x w, [..., M, 2, N] f32"}},
+                     {"dout", &GluVjpCall::dout, "the cotangent of out"},
+                     std::make_shared<VjpReference>(), {make_vjp_native(), make_vjp_composed()},
+                     {"w_up"}) {}
 
 const VjpFamily& vjp_family() { return family_instance<VjpFamily>(); }
 
-void VjpFamily::bind(GluVjpCall& c) const {
-  bind_forward(c);
-  const ShapeDtype h{c.h_shape(), DType::kF32}, out{c.out_shape(), c.x.dtype()};
-  if (c.h_in.spec() != h || !c.h_in.is_contiguous()) {
-    throw bad(fmt::format("h has spec {}; expected contiguous {} (the forward's residual)",
-                          c.h_in.spec().str(), h.str()));
-  }
-  if (c.dout.spec() != out || !c.dout.is_contiguous()) {
-    throw bad(fmt::format("dout has spec {}; expected contiguous {} (the forward's output)",
-                          c.dout.spec().str(), out.str()));
-  }
-}
-
 std::vector<ShapeDtype> VjpFamily::output_specs(const GluVjpCall& c) const {
   return {c.x.spec(), {c.w.shape(), DType::kF32}};
+}
+
+std::vector<OutputDoc> VjpFamily::output_docs() const {
+  return {{"dx", "x's shape and dtype", "x.shape", "x.dtype"},
+          {"dw", "w's shape, f32", "w.shape", "float32"}};
 }
 
 Tolerance VjpFamily::tolerance_of(const GluVjpCall& c) const {
@@ -94,28 +63,6 @@ Tolerance VjpFamily::tolerance_of(const GluVjpCall& c) const {
 }
 
 CallCost VjpFamily::cost_of(const GluVjpCall& c) const { return {2 * call_flops(c), 0.0, false}; }
-
-std::vector<ArgSpec> VjpFamily::arg_specs() const {
-  std::vector<ArgSpec> out;
-  for (const ArgSpec& s : glu::arg_specs()) {
-    if (s.arguments.contains("w_up")) continue;  // the backward takes the stacked w
-    GluCall c;
-    const ShapeDtype x = ShapeDtype::parse(s.arguments["x"].get<std::string>());
-    const ShapeDtype w = ShapeDtype::parse(s.arguments["w"].get<std::string>());
-    c.x = TensorView(nullptr, x.dtype, x.shape);
-    c.w = TensorView(nullptr, w.dtype, w.shape);
-    bind_forward(c);
-    Json a = {{"x", x.str()},
-              {"w", w.str()},
-              {"activation", s.arguments.value("activation", "silu")},
-              {"h", ShapeDtype{c.h_shape(), DType::kF32}.str()},
-              {"dout", ShapeDtype{c.out_shape(), x.dtype}.str()}};
-    std::vector<std::string> tags = s.tags;
-    tags.push_back("backward");
-    out.push_back(ArgSpec{kVjpFamily, s.name + "_backward", std::move(a), std::move(tags)});
-  }
-  return out;
-}
 
 // --- reference: f64 sums ---
 

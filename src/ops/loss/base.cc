@@ -32,14 +32,26 @@ const EnumNames<LossReduction, 3>& reduction_names() {
 
 namespace {
 std::vector<ArgField<LossCall>> forward_fields() {
-  // w before labels: the labels' fill reads V from it.
   return {
-      A::input("x", &LossCall::x), A::input("w", &LossCall::w),
-      A::input("labels", &LossCall::labels, labels_within<LossCall>),
-      A::enumeration("reduction", &LossCall::reduction, reduction_names(), LossReduction::kMean),
-      A::value("return_residuals", &LossCall::return_residuals, false)};
+      A::input("x", &LossCall::x).describe("f32 or bf16 [B, H]"),
+      A::input("labels", &LossCall::labels, labels_within).describe("int32 [B], each in [0, V)"),
+      A::input("w", &LossCall::w).python("weights").describe("f32 or bf16 [H, V]"),
+      A::enumeration("reduction", &LossCall::reduction, reduction_names())
+          .describe("sum, mean or none (the per-row losses)"),
+      A::residuals_flag(&LossCall::return_residuals)};
 }
 }  // namespace
+
+std::string Family::summary() const {
+  return "The cross-entropy loss of a linear classifier head without its logits: loss_b = "
+         "logsumexp(x_b w) - (x_b w)[labels_b] in f32, reduced; [B, V] is never materialized.";
+}
+
+std::vector<OutputDoc> Family::output_docs() const {
+  return {{"loss", "f32: [] for sum and mean, [B] for none",
+           "(x.shape[0],) if reduction == 'none' else ()", "float32"},
+          {"lse", "f32 [B]: each row's log-sum-exp", "(x.shape[0],)", "float32", "", true}};
+}
 
 Family::Family()
     : TypedFamily(kFamily, forward_fields(), std::make_shared<Reference>(),

@@ -9,6 +9,7 @@
 
 #include "ops/elements.h"
 #include "tokamax/core/enum_names.h"
+#include "tokamax/op/backward_family.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/loss.h"
@@ -22,7 +23,7 @@ const EnumNames<LossReduction, 3>& reduction_names();
 
 struct LossCall : CallBase {
   TensorView x, labels, w;  // [B, H], i32 [B], [H, V]
-  LossReduction reduction = LossReduction::kMean;
+  LossReduction reduction = LossOptions().reduction;
   bool return_residuals = false;
 
   // Filled by bind.
@@ -44,9 +45,8 @@ struct LossVjpCall : LossCall {
   float row_weight(int64_t row) const;
 };
 
-// A made call's labels (forward or backward): uniform in [0, V), V read from its w.
-template <class CallT>
-void labels_within(const CallT& c, const TensorView& v, uint64_t seed) {
+// A made call's labels: uniform in [0, V), V read from its w's shape (set before any fill).
+inline void labels_within(const LossCall& c, const TensorView& v, uint64_t seed) {
   const int64_t vocab = c.w.rank() == 2 ? c.w.dim(1) : 0;
   Tensor u = Tensor::uniform(v.shape(), DType::kF64, seed);
   for (int64_t i = 0; i < v.size(); ++i) {
@@ -78,6 +78,9 @@ class Family : public TypedFamily<LossCall> {
  public:
   Family();
   void bind(LossCall& call) const override { bind_forward(call); }
+  std::string summary() const override;
+  std::vector<OutputDoc> output_docs() const override;
+  std::string vjp_name() const override { return kVjpFamily; }
   std::vector<ShapeDtype> output_specs(const LossCall& call) const override;
   Tolerance tolerance_of(const LossCall& call) const override;
   std::vector<ArgSpec> arg_specs() const override { return loss::arg_specs(); }
@@ -85,13 +88,12 @@ class Family : public TypedFamily<LossCall> {
 };
 const Family& family();
 
-class VjpFamily : public TypedFamily<LossVjpCall> {
+class VjpFamily : public BackwardFamily<LossVjpCall, LossCall> {
  public:
   VjpFamily();
-  void bind(LossVjpCall& call) const override;
   std::vector<ShapeDtype> output_specs(const LossVjpCall& call) const override;
+  std::vector<OutputDoc> output_docs() const override;
   Tolerance tolerance_of(const LossVjpCall& call) const override;
-  std::vector<ArgSpec> arg_specs() const override;
   CallCost cost_of(const LossVjpCall& call) const override;
 };
 const VjpFamily& vjp_family();

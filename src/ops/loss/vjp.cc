@@ -13,56 +13,21 @@
 namespace tokamax {
 namespace loss {
 
-namespace {
-
-using V = Args<LossVjpCall>;
-
-InvalidArgument bad(const std::string& what) {
-  return InvalidArgument("linear_softmax_cross_entropy_loss_vjp: " + what);
-}
-
-// A made call's lse is the forward's (any other value is not a normalizer).
-void forward_lse(const LossVjpCall& c, const TensorView& dst, uint64_t) {
-  LossOptions o;
-  o.reduction = c.reduction;
-  o.implementation = "native";
-  const LossResult r = linear_softmax_cross_entropy_loss_with_residuals(c.x, c.labels, c.w, o);
-  std::memcpy(dst.data(), r.lse.data(), r.lse.nbytes());
-}
-
-std::vector<ArgField<LossVjpCall>> vjp_fields() {
-  return {V::input("x", &LossCall::x),
-          V::input("w", &LossCall::w),
-          V::input("labels", &LossCall::labels, labels_within<LossVjpCall>),
-          V::enumeration<LossReduction, 3>("reduction", &LossCall::reduction, reduction_names(),
-                                           LossReduction::kMean),
-          V::input("lse", &LossVjpCall::lse_in, forward_lse),
-          V::input("dloss", &LossVjpCall::dloss)};
-}
-
-}  // namespace
-
 VjpFamily::VjpFamily()
-    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
-                  {make_vjp_native(), make_vjp_composed()}) {}
+    : BackwardFamily(kVjpFamily, family(),
+                     {{"lse", &LossVjpCall::lse_in, "the forward's residual, f32 [B]"}},
+                     {"dloss", &LossVjpCall::dloss, "the cotangent of loss, its shape, f32"},
+                     std::make_shared<VjpReference>(), {make_vjp_native(), make_vjp_composed()}) {}
 
 const VjpFamily& vjp_family() { return family_instance<VjpFamily>(); }
 
-void VjpFamily::bind(LossVjpCall& c) const {
-  bind_forward(c);
-  const ShapeDtype lse{{c.b}, DType::kF32}, dl{c.loss_shape(), DType::kF32};
-  if (c.lse_in.spec() != lse || !c.lse_in.is_contiguous()) {
-    throw bad(fmt::format("lse has spec {}; expected contiguous {} (the forward's residual)",
-                          c.lse_in.spec().str(), lse.str()));
-  }
-  if (c.dloss.spec() != dl || !c.dloss.is_contiguous()) {
-    throw bad(fmt::format("dloss has spec {}; expected {} (the loss's, reduction {})",
-                          c.dloss.spec().str(), dl.str(), reduction_names().name(c.reduction)));
-  }
-}
-
 std::vector<ShapeDtype> VjpFamily::output_specs(const LossVjpCall& c) const {
   return {c.x.spec(), {c.w.shape(), DType::kF32}};
+}
+
+std::vector<OutputDoc> VjpFamily::output_docs() const {
+  return {{"dx", "x's shape and dtype", "x.shape", "x.dtype"},
+          {"dw", "w's shape, f32", "w.shape", "float32"}};
 }
 
 Tolerance VjpFamily::tolerance_of(const LossVjpCall& c) const {
@@ -73,22 +38,6 @@ Tolerance VjpFamily::tolerance_of(const LossVjpCall& c) const {
 
 CallCost VjpFamily::cost_of(const LossVjpCall& c) const {
   return {3 * call_flops(c), 0.0, false};  // the logits again, dx and dw
-}
-
-std::vector<ArgSpec> VjpFamily::arg_specs() const {
-  std::vector<ArgSpec> out;
-  for (const ArgSpec& s : loss::arg_specs()) {
-    LossCall c;
-    const ShapeDtype x = ShapeDtype::parse(s.arguments["x"].get<std::string>());
-    Json a = s.arguments;
-    a["lse"] = ShapeDtype{{x.shape[0]}, DType::kF32}.str();
-    const std::string red = a.value("reduction", "mean");
-    a["dloss"] = ShapeDtype{red == "none" ? Shape{x.shape[0]} : Shape{}, DType::kF32}.str();
-    std::vector<std::string> tags = s.tags;
-    tags.push_back("backward");
-    out.push_back(ArgSpec{kVjpFamily, s.name + "_backward", std::move(a), std::move(tags)});
-  }
-  return out;
 }
 
 // --- reference: per row in f64; dw summed over rows in row order ---

@@ -16,13 +16,17 @@ using A = Args<NormCall>;
 InvalidArgument bad(const std::string& what) { return InvalidArgument("layer_norm: " + what); }
 
 std::vector<ArgField<NormCall>> forward_fields() {
-  return {A::input("x", &NormCall::x),
-          A::optional_input("scale", &NormCall::scale),
-          A::optional_input("offset", &NormCall::offset),
-          A::value<int64_t>("axis", &NormCall::axis, -1),
-          A::real("epsilon", &NormCall::epsilon, 1e-6),
-          A::value("subtract_mean", &NormCall::subtract_mean, true),
-          A::value("return_residuals", &NormCall::return_residuals, false)};
+  return {A::input("x", &NormCall::x).describe("f32 or bf16, any rank >= 1, contiguous"),
+          A::optional_input("scale", &NormCall::scale)
+              .describe("f32 or bf16 [D], D = x.shape[axis]; multiplies the normalized x"),
+          A::optional_input("offset", &NormCall::offset)
+              .describe("f32 or bf16 [D]; added after the scale"),
+          A::value("axis", &NormCall::axis)
+              .describe("the normalized axis; negative counts from the end"),
+          A::real("epsilon", &NormCall::epsilon).describe("added to the variance, >= 0"),
+          A::value("subtract_mean", &NormCall::subtract_mean)
+              .describe("false: rms_norm (the mean taken as 0)"),
+          A::residuals_flag(&NormCall::return_residuals)};
 }
 
 }  // namespace
@@ -32,6 +36,25 @@ Family::Family()
                   {make_native(), make_composed()}) {}
 
 const Family& family() { return family_instance<Family>(); }
+
+std::string Family::summary() const {
+  return "Layer normalization over one axis: y = (x - mean) / sqrt(var + epsilon) * scale + "
+         "offset, the statistics in f64 from f32 values; y has x's dtype. subtract_mean=False "
+         "is RMSNorm.";
+}
+
+std::vector<OutputDoc> Family::output_docs() const {
+  return {{"y", "the normalized x, x's shape and dtype", "x.shape", "x.dtype"},
+          {"mean", "per row, x's shape without the axis (zeros for rms_norm)",
+           "drop(x.shape, axis)", "float32", "", true},
+          {"rstd", "1 / sqrt(var + epsilon) per row", "drop(x.shape, axis)", "float32", "", true}};
+}
+
+Json Family::aliases() const {
+  return Json::array({{{"name", "rms_norm"},
+                       {"doc", "RMSNorm: layer_norm with subtract_mean=False and no offset."},
+                       {"fixed", {{"subtract_mean", false}, {"offset", nullptr}}}}});
+}
 
 void set_options(NormCall& c, const LayerNormOptions& o) {
   c.axis = o.axis;

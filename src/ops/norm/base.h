@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ops/elements.h"
+#include "tokamax/op/backward_family.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/norm.h"
@@ -21,9 +22,10 @@ inline constexpr const char* kVjpFamily = "layer_norm_vjp";
 struct NormCall : CallBase {
   TensorView x;
   std::optional<TensorView> scale, offset;  // [D], f32 or bf16
-  int64_t axis = -1;
-  double epsilon = 1e-6;
-  bool subtract_mean = true;
+  // The defaults are the public options' (the description reads them from here).
+  int64_t axis = LayerNormOptions().axis;
+  double epsilon = LayerNormOptions().epsilon;
+  bool subtract_mean = LayerNormOptions().subtract_mean;
   bool return_residuals = false;
 
   // Filled by bind.
@@ -79,6 +81,10 @@ class Family : public TypedFamily<NormCall> {
  public:
   Family();
   void bind(NormCall& call) const override { bind_forward(call); }
+  std::string summary() const override;
+  std::vector<OutputDoc> output_docs() const override;
+  std::string vjp_name() const override { return kVjpFamily; }
+  Json aliases() const override;
   std::vector<ShapeDtype> output_specs(const NormCall& call) const override;
   Tolerance tolerance_of(const NormCall& call) const override;
   std::vector<ArgSpec> arg_specs() const override { return norm::arg_specs(); }
@@ -87,13 +93,12 @@ class Family : public TypedFamily<NormCall> {
 };
 const Family& family();
 
-class VjpFamily : public TypedFamily<NormVjpCall> {
+class VjpFamily : public BackwardFamily<NormVjpCall, NormCall> {
  public:
   VjpFamily();
-  void bind(NormVjpCall& call) const override;
   std::vector<ShapeDtype> output_specs(const NormVjpCall& call) const override;
+  std::vector<OutputDoc> output_docs() const override;
   Tolerance tolerance_of(const NormVjpCall& call) const override;
-  std::vector<ArgSpec> arg_specs() const override;
   bool memory_bound_of(const NormVjpCall&) const override { return true; }
   CallCost cost_of(const NormVjpCall& call) const override;
 };

@@ -14,68 +14,26 @@
 namespace tokamax {
 namespace norm {
 
-namespace {
-
-using V = Args<NormVjpCall>;
-
-InvalidArgument bad(const std::string& what) { return InvalidArgument("layer_norm_vjp: " + what); }
-
-// A made call's mean and rstd are the forward's (random ones would not be x's statistics).
-V::Fill forward_residual(bool rstd) {
-  return [rstd](const NormVjpCall& c, const TensorView& dst, uint64_t) {
-    LayerNormOptions o;
-    o.axis = c.axis;
-    o.epsilon = c.epsilon;
-    o.subtract_mean = c.subtract_mean;
-    o.implementation = "native";
-    const LayerNormResult r = layer_norm_with_residuals(c.x, c.scale, c.offset, o);
-    const Tensor& src = rstd ? r.rstd : r.mean;
-    std::memcpy(dst.data(), src.data(), src.nbytes());
-  };
-}
-
-std::vector<ArgField<NormVjpCall>> vjp_fields() {
-  using C = NormCall;
-  // The statics before mean and rstd: their fills run the forward with them set.
-  return {V::input("x", &C::x),
-          V::optional_input("scale", &C::scale),
-          V::optional_input("offset", &C::offset),
-          V::value<int64_t>("axis", &C::axis, -1),
-          V::real("epsilon", &C::epsilon, 1e-6),
-          V::value<bool>("subtract_mean", &C::subtract_mean, true),
-          V::input("mean", &NormVjpCall::mean_in, forward_residual(false)),
-          V::input("rstd", &NormVjpCall::rstd_in, forward_residual(true)),
-          V::input("dy", &NormVjpCall::dy)};
-}
-
-}  // namespace
-
 VjpFamily::VjpFamily()
-    : TypedFamily(kVjpFamily, vjp_fields(), std::make_shared<VjpReference>(),
-                  {make_vjp_native(), make_vjp_composed()}) {}
+    : BackwardFamily(kVjpFamily, family(),
+                     {{"mean", &NormVjpCall::mean_in, "the forward's mean residual"},
+                      {"rstd", &NormVjpCall::rstd_in, "the forward's rstd residual"}},
+                     {"dy", &NormVjpCall::dy, "the cotangent of y, x's shape and dtype"},
+                     std::make_shared<VjpReference>(), {make_vjp_native(), make_vjp_composed()}) {}
 
 const VjpFamily& vjp_family() { return family_instance<VjpFamily>(); }
-
-void VjpFamily::bind(NormVjpCall& c) const {
-  bind_forward(c);
-  if (c.dy.spec() != c.x.spec() || !c.dy.is_contiguous()) {
-    throw bad(fmt::format("dy has spec {}; expected contiguous {} (x's)", c.dy.spec().str(),
-                          c.x.spec().str()));
-  }
-  const ShapeDtype stats{c.stats_shape(), DType::kF32};
-  for (const auto& [name, v] : {std::pair{"mean", &c.mean_in}, std::pair{"rstd", &c.rstd_in}}) {
-    if (v->spec() != stats || !v->is_contiguous()) {
-      throw bad(fmt::format("{} has spec {}; expected contiguous {} (the forward's residuals)",
-                            name, v->spec().str(), stats.str()));
-    }
-  }
-}
 
 std::vector<ShapeDtype> VjpFamily::output_specs(const NormVjpCall& c) const {
   std::vector<ShapeDtype> out = {c.x.spec()};
   if (c.scale) out.push_back({{c.d}, DType::kF32});
   if (c.offset) out.push_back({{c.d}, DType::kF32});
   return out;
+}
+
+std::vector<OutputDoc> VjpFamily::output_docs() const {
+  return {{"dx", "x's shape and dtype", "x.shape", "x.dtype"},
+          {"dscale", "f32 [D], with a scale", "(x.shape[axis],)", "float32", "scale"},
+          {"doffset", "f32 [D], with an offset", "(x.shape[axis],)", "float32", "offset"}};
 }
 
 Tolerance VjpFamily::tolerance_of(const NormVjpCall& c) const {
@@ -93,26 +51,6 @@ CallCost VjpFamily::cost_of(const NormVjpCall& c) const {
   // x and dy read, dx written.
   return {12.0 * static_cast<double>(c.x.size()),
           3.0 * static_cast<double>(c.x.size() * dtype_size(c.x.dtype())), false, true};
-}
-
-std::vector<ArgSpec> VjpFamily::arg_specs() const {
-  std::vector<ArgSpec> out;
-  for (const ArgSpec& s : norm::arg_specs()) {
-    const ShapeDtype x = ShapeDtype::parse(s.arguments["x"].get<std::string>());
-    Json a = s.arguments;
-    NormCall c;
-    c.x = TensorView(nullptr, x.dtype, x.shape);
-    c.axis = a.value("axis", int64_t{-1});
-    bind_forward(c);
-    const std::string stats = ShapeDtype{c.stats_shape(), DType::kF32}.str();
-    a["mean"] = stats;
-    a["rstd"] = stats;
-    a["dy"] = x.str();
-    std::vector<std::string> tags = s.tags;
-    tags.push_back("backward");
-    out.push_back(ArgSpec{kVjpFamily, s.name + "_backward", std::move(a), std::move(tags)});
-  }
-  return out;
 }
 
 // --- reference: per row in f64; dscale and doffset summed over rows in row order ---

@@ -305,15 +305,19 @@ Field out_dtype_field() {
 Family::Family()
     : TypedFamily(
           kFamily,
-          {A::input("lhs", &RaggedDotCall::lhs), A::input("rhs", &RaggedDotCall::rhs),
-           group_sizes_field(),
-           A::enumeration("dimension_numbers", &RaggedDotCall::dims, kDimNums,
-                          RaggedDimNums::kForward),
-           out_dtype_field(),
-           A::enumeration("activation", &RaggedDotCall::activation, kernels::activation_names(),
-                          Activation::kNone),
-           A::enumeration("precision", &RaggedDotCall::precision, kPrecisions, Precision::kDefault),
-           A::value("packed_rhs", &RaggedDotCall::packed_rhs, false)},
+          {A::input("lhs", &RaggedDotCall::lhs).describe("f32 or bf16 [M, K], rows grouped"),
+           A::input("rhs", &RaggedDotCall::rhs)
+               .describe("f32 or bf16 [G, K, N] (or pack_rhs' result)"),
+           group_sizes_field().describe("int32 [G] or a list: the rows of each group, in order"),
+           A::enumeration("dimension_numbers", &RaggedDotCall::dims, kDimNums)
+               .python("dim_nums")
+               .describe("forward, the transposed rhs, or the weight gradient"),
+           out_dtype_field().describe("float32 or bfloat16; None: f32 unless both are bf16"),
+           A::enumeration("activation", &RaggedDotCall::activation, kernels::activation_names())
+               .describe("applied to each output element (f32) before it is stored"),
+           A::enumeration("precision", &RaggedDotCall::precision, kPrecisions)
+               .describe("default, or highest (f32 products even for bf16 inputs)"),
+           A::value("packed_rhs", &RaggedDotCall::packed_rhs).internal()},
           std::make_shared<Reference>(), {make_native(), make_blas()}) {}
 
 const Family& family() { return family_instance<Family>(); }

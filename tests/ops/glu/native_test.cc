@@ -36,6 +36,7 @@ TEST(GluNative, StripsOfGateUpPanelPairs) {
         c.separate = separate;
         const Inputs in = make_inputs(c);
         GluOptions o;
+        o.activation = c.act;
         o.implementation = "native";
         o.config = Config::make(GluNativeConfig{mr, mc, 32, nc});
         const Tensor got = separate ? gated_linear_unit(in.x, in.gate, in.up, o)

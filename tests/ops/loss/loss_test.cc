@@ -40,7 +40,8 @@ TEST(Loss, BadInputIsAClearError) {
       [&] {
         linear_softmax_cross_entropy_loss_vjp(x, labels, w, r.lse, Tensor::zeros({4}, DType::kF32));
       },
-      "dloss has spec f32[4]; expected f32[] (the loss's, reduction mean)");
+      "dloss has spec f32[4]; expected contiguous f32[] (the cotangent of the forward's output "
+      "'loss')");
   expect_invalid_argument(
       [&] { linear_softmax_cross_entropy_loss_vjp(x, labels, w, r.loss, r.loss); },
       "lse has spec f32[]; expected contiguous f32[4]");

@@ -1,0 +1,63 @@
+// The native add_rms_norm: per row, the sum written once (kernels' add), its statistics and the
+// normalized row read back from L1/L2 while the row is hot; threads over items of rows_per_item
+// rows (the layer norm's config). Memory sees x and residual read once, y and the sum written
+// once: 4 passes where the unfused pair makes 5.
+#include <algorithm>
+
+#include "core/thread_pool.h"
+#include "kernels/microkernels.h"
+#include "kernels/norm.h"
+#include "ops/add_norm/base.h"
+#include "ops/norm/base.h"
+
+namespace tokamax::add_norm {
+namespace {
+
+class Native : public TypedImplementation<AddNormCall, LayerNormNativeConfig> {
+ public:
+  std::string name() const override { return "native"; }
+  std::vector<std::string> config_fields() const override { return {"rows_per_item"}; }
+  void check_config(const LayerNormNativeConfig& cfg) const override {
+    if (cfg.rows_per_item < 1)
+      throw InvalidArgument(cfg.to_json().dump() + ": expected rows_per_item >= 1");
+  }
+  // Items of about 256 KiB of x (at least one row), 8 per thread where the rows allow: the
+  // layer norm's measured rule.
+  LayerNormNativeConfig heuristics(const AddNormCall& c) const override {
+    const int64_t row_bytes = std::max<int64_t>(1, c.d * dtype_size(c.x.dtype()));
+    const int64_t cap = std::max<int64_t>(1, (int64_t{256} << 10) / row_bytes);
+    return {
+        static_cast<int>(std::clamp<int64_t>(c.rows / (8 * std::max(1, c.num_threads)), 1, cap))};
+  }
+  std::vector<LayerNormNativeConfig> search_space(const AddNormCall& c) const override {
+    std::vector<LayerNormNativeConfig> out;
+    for (int r = 1; r <= 512 && (r <= c.rows || out.empty()); r *= 2) out.push_back({r});
+    return out;
+  }
+  void run_call(AddNormCall& c, const LayerNormNativeConfig& cfg, const Prepared*) const override {
+    static const kernels::NormKernels k = kernels::norm_kernels(kernels::best_kernels().isa);
+    Tensor scale_storage;
+    const float* scale = norm::params_f32(c.scale, &scale_storage);
+    const int64_t es = static_cast<int64_t>(dtype_size(c.x.dtype())), rpi = cfg.rows_per_item;
+    const auto* x = static_cast<const char*>(c.x.data());
+    const auto* res = static_cast<const char*>(c.residual.data());
+    auto* sum = static_cast<char*>(c.sum().data());
+    auto* y = static_cast<char*>(c.y().data());
+    const float eps = static_cast<float>(c.epsilon);
+    parallel_for((c.rows + rpi - 1) / rpi, c.num_threads, [&](int64_t item, int) {
+      for (int64_t r = item * rpi; r < std::min(c.rows, (item + 1) * rpi); ++r) {
+        const int64_t at = r * c.d * es;
+        float mean, rstd;
+        k.add(x + at, res + at, c.bf16, c.d, sum + at);
+        k.stats(sum + at, c.bf16, c.d, /*subtract_mean=*/false, eps, &mean, &rstd);
+        k.apply(sum + at, c.bf16, c.d, 0.0f, rstd, scale, nullptr, y + at, /*stream=*/false);
+      }
+    });
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
+
+}  // namespace tokamax::add_norm
