@@ -16,6 +16,13 @@ using A = Args<AddNormCall>;
 
 InvalidArgument bad(const std::string& what) { return InvalidArgument("add_rms_norm: " + what); }
 
+// Per row, the sum rounded to x's dtype, then its mean square in f64.
+class Reference : public TypedImplementation<AddNormCall, void> {
+ public:
+  std::string name() const override { return "reference"; }
+  void run_call(AddNormCall& call, const Prepared* prepared) const override;
+};
+
 std::vector<ArgField<AddNormCall>> argument_fields() {
   return {A::input("x", &AddNormCall::x).describe("f32 or bf16 [..., D], contiguous"),
           A::input("residual", &AddNormCall::residual)
@@ -78,8 +85,6 @@ CallCost Family::cost_of(const AddNormCall& c) const {
   const double n = static_cast<double>(c.x.size());
   return {5.0 * n, 4.0 * n * static_cast<double>(dtype_size(c.x.dtype())), false, true};
 }
-
-// --- reference: per row, the sum rounded to x's dtype, then its mean square in f64 ---
 
 void Reference::run_call(AddNormCall& c, const Prepared*) const {
   parallel_for(c.rows, c.num_threads, [&](int64_t r, int) {

@@ -26,12 +26,6 @@ struct AddNormCall : CallBase {
   const TensorView& sum() const { return outputs.at(1); }
 };
 
-class Reference : public TypedImplementation<AddNormCall, void> {
- public:
-  std::string name() const override { return "reference"; }
-  void run_call(AddNormCall& call, const Prepared* prepared) const override;
-};
-
 std::shared_ptr<const Implementation> make_native();
 std::shared_ptr<const Implementation> make_composed();
 std::vector<ArgSpec> arg_specs();

@@ -1,14 +1,16 @@
-// The native add_rms_norm: per row, the sum written once (kernels' add), its statistics and the
-// normalized row read back from L1/L2 while the row is hot; threads over items of rows_per_item
-// rows (the layer norm's config). Memory sees x and residual read once, y and the sum written
-// once: 4 passes where the unfused pair makes 5.
+// The native add_rms_norm: per row, the sum (kernels' add), its statistics and the normalized
+// row read back from L1/L2 while the row is hot; threads over items of rows_per_item rows (the
+// layer norm's config). Memory sees x and residual read once, y and the sum written once: 4
+// passes where the unfused pair makes 5.
 #include <algorithm>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
 #include "kernels/norm.h"
 #include "ops/add_norm/base.h"
 #include "ops/norm/base.h"
+#include "tokamax/core/device.h"
 
 namespace tokamax::add_norm {
 namespace {
@@ -44,14 +46,26 @@ class Native : public TypedImplementation<AddNormCall, LayerNormNativeConfig> {
     auto* sum = static_cast<char*>(c.sum().data());
     auto* y = static_cast<char*>(c.y().data());
     const float eps = static_cast<float>(c.epsilon);
-    parallel_for((c.rows + rpi - 1) / rpi, c.num_threads, [&](int64_t item, int) {
+    // Outputs that cannot stay in the last-level cache are written non-temporally (NormKernels'
+    // `stream`: an ordinary store reads each line first). The sum is then made in a row of
+    // scratch that stays in L1/L2, its statistics read from there, and written out as it is
+    // normalized; a streamed row is never read back.
+    const int64_t l3 = device_info().l3_bytes;
+    const bool stream = l3 > 0 && 2 * c.x.size() * es >= l3;
+    const int threads = std::max(1, c.num_threads);
+    std::vector<std::vector<char>> scratch(stream ? static_cast<size_t>(threads) : 0);
+    for (auto& row : scratch) row.resize(static_cast<size_t>(c.d * es));
+    parallel_for((c.rows + rpi - 1) / rpi, threads, [&](int64_t item, int t) {
       for (int64_t r = item * rpi; r < std::min(c.rows, (item + 1) * rpi); ++r) {
         const int64_t at = r * c.d * es;
+        char* s = stream ? scratch[static_cast<size_t>(t)].data() : sum + at;
         float mean, rstd;
-        k.add(x + at, res + at, c.bf16, c.d, sum + at);
-        k.stats(sum + at, c.bf16, c.d, /*subtract_mean=*/false, eps, &mean, &rstd);
-        k.apply(sum + at, c.bf16, c.d, 0.0f, rstd, scale, nullptr, y + at, /*stream=*/false);
+        k.add(x + at, res + at, c.bf16, c.d, s);
+        k.stats(s, c.bf16, c.d, /*subtract_mean=*/false, eps, &mean, &rstd);
+        if (stream) k.apply(s, c.bf16, c.d, 0.0f, 1.0f, nullptr, nullptr, sum + at, true);
+        k.apply(s, c.bf16, c.d, 0.0f, rstd, scale, nullptr, y + at, stream);
       }
+      if (stream) k.fence();
     });
   }
 };
