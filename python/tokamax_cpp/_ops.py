@@ -307,12 +307,29 @@ def functions(ops: Optional[list[str]] = None,
     return out
 
 
-def described_ops() -> list[str]:
-    """The forward families whose functions come from their descriptions alone (the module's
-    own functions serve the others)."""
+def forward_ops() -> list[str]:
+    """Every forward family (a backward is its forward's `vjp`)."""
     backward = {description(op).vjp for op in _core.op_names()} - {None}
-    return [op for op in _core.op_names()
-            if op not in backward and not hasattr(_core, op) and description(op).args]
+    return [op for op in _core.op_names() if op not in backward and description(op).args]
+
+
+def described_ops() -> list[str]:
+    """The forward families whose package functions come from their descriptions alone (the
+    module's own functions serve the others: ragged_dot's group sizes as a list and packed
+    weights, the GLU's (w_gate, w_up) pair and packed weights)."""
+    return [op for op in forward_ops() if not hasattr(_core, op)]
+
+
+# Custom arguments whose Python value the bindings know how to pass.
+KNOWN_CUSTOM = set(_CUSTOM)
+
+
+def tensor_ops() -> list[str]:
+    """The forward families whose arguments are all arrays and plain values (or a known custom
+    one): the ones torch_ops makes operators for from the description alone."""
+    return [op for op in forward_ops()
+            if all(a.kind != "custom" or a.name in KNOWN_CUSTOM
+                   for a in description(op).args if a.user)]
 
 
 # --- output shapes for abstract values (torch's fake tensors, jax's ShapeDtypeStruct) --------

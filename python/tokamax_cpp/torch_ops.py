@@ -133,49 +133,6 @@ def _register(suffix: str, fixed_impl: Optional[str]) -> dict[str, Callable[...,
     ragged_dot_op.register_autograd(ragged_dot_backward, setup_context=ragged_dot_setup)
     ops["ragged_dot"], ops["ragged_dot_vjp"] = ragged_dot_op, ragged_dot_vjp_op
 
-    # --- gated_linear_unit: (out, h) ---
-    @torch.library.custom_op(ns + "gated_linear_unit" + suffix, mutates_args=())
-    def glu_op(x: Tensor, weights: Tensor, activation: Optional[str] = None,
-               implementation: Optional[str] = None,
-               config: Optional[str] = None) -> tuple[Tensor, Tensor]:
-        return _core.gated_linear_unit(x, weights, activation=activation,
-                                       implementation=_impl(fixed_impl, implementation),
-                                       config=config, return_residuals=True,
-                                       heuristics_only=True)
-
-    @glu_op.register_fake
-    def _(x, weights, activation=None, implementation=None, config=None):
-        n = weights.shape[2]
-        out = x.new_empty(tuple(x.shape[:-1]) + (n,))
-        h = x.new_empty(tuple(x.shape[:-1]) + (2, n), dtype=torch.float32)
-        return out, h
-
-    @torch.library.custom_op(ns + "gated_linear_unit" + suffix + "_vjp", mutates_args=())
-    def glu_vjp_op(x: Tensor, weights: Tensor, h: Tensor, dout: Tensor,
-                   activation: Optional[str] = None, implementation: Optional[str] = None,
-                   config: Optional[str] = None) -> tuple[Tensor, Tensor]:
-        return _core.gated_linear_unit_vjp(x, weights, h, dout, activation=activation,
-                                           implementation=_impl(fixed_impl, implementation),
-                                           config=config, heuristics_only=True)
-
-    @glu_vjp_op.register_fake
-    def _(x, weights, h, dout, *args):
-        return torch.empty_like(x), weights.new_empty(weights.shape, dtype=torch.float32)
-
-    def glu_setup(ctx, inputs, output):
-        x, weights, activation, implementation, _ = inputs
-        ctx.save_for_backward(x, weights, output[1])
-        ctx.statics = (activation, implementation)
-
-    def glu_backward(ctx, dout, dh):
-        x, weights, h = ctx.saved_tensors
-        activation, implementation = ctx.statics
-        dx, dw = glu_vjp_op(x, weights, h, dout.contiguous(), activation, implementation, None)
-        return dx, dw.to(weights.dtype), None, None, None
-
-    glu_op.register_autograd(glu_backward, setup_context=glu_setup)
-    ops["gated_linear_unit"], ops["gated_linear_unit_vjp"] = glu_op, glu_vjp_op
-
     return ops
 
 
@@ -315,7 +272,7 @@ def _wire_autograd(op: str, forward: Any, backward: Any) -> None:
 
 def _register_all_described(suffix: str, fixed_impl: Optional[str]) -> dict[str, Any]:
     ops = {}
-    for op in _ops.described_ops():
+    for op in _ops.tensor_ops():
         ops[op] = _register_described(op, suffix, fixed_impl)
         vjp = _ops.description(op).vjp
         if vjp:
@@ -372,7 +329,7 @@ class _Family:
     def __init__(self, ops: dict[str, Callable[..., Any]]):
         self._ops = ops
         # The described families' functions, with the package's signatures and docstrings.
-        for name, fn in _ops.functions(_ops.described_ops(), run=_runner(ops)).items():
+        for name, fn in _ops.functions(_ops.tensor_ops(), run=_runner(ops)).items():
             setattr(self, name, fn)
 
     def ragged_dot(self, lhs, rhs, group_sizes, *, preferred_element_type=None, activation=None,
@@ -380,13 +337,6 @@ class _Family:
         return self._ops["ragged_dot"](lhs, rhs, group_sizes, preferred_element_type,
                                        activation, precision, implementation,
                                        _config_text(config))
-
-    def gated_linear_unit(self, x, weights, *, activation=None, implementation=None,
-                          config=None, return_residuals=False):
-        out, h = self._ops["gated_linear_unit"](x, weights, activation, implementation,
-                                                _config_text(config))
-        return (out, h) if return_residuals else out
-
 
 
 _fast = _Family(_FAST)
@@ -431,18 +381,6 @@ def _ragged_dot_pair(kw):
     return fwd, bwd
 
 
-def _glu_pair(kw):
-    def fwd(x, weights):
-        return _core.gated_linear_unit(x, weights, return_residuals=True, **kw)
-
-    def bwd(res, x, weights):
-        out, h = res
-        kw2 = {k: v for k, v in kw.items() if k != "config"}
-        return _core.gated_linear_unit_vjp(x, weights, h, out, **kw2)
-
-    return fwd, bwd
-
-
 def _described_pair(op):
     """A described family's pair: the forward through the library's call path with its
     residuals, the backward from its description (the forward's arrays and statics, the
@@ -483,8 +421,7 @@ def _described_pair(op):
 
 _PAIRS = {
     "ragged_dot": _ragged_dot_pair,
-    "gated_linear_unit": _glu_pair,
-    **{op: _described_pair(op) for op in _ops.described_ops()},
+    **{op: _described_pair(op) for op in _ops.tensor_ops()},
 }
 
 
@@ -497,7 +434,7 @@ def get_configs(op, *args, from_autotuning_cache: bool = False, **kwargs) -> Con
     the heuristics. ``kwargs`` are the op's keyword arguments (activation, is_causal, ...).
     """
     name = op if isinstance(op, str) else getattr(op, "__name__", "")
-    for family in _ops.described_ops():  # an alias (rms_norm): its family, its fixed values
+    for family in _ops.tensor_ops():  # an alias (rms_norm): its family, its fixed values
         for alias in _ops.description(family).aliases:
             if alias["name"] == name:
                 name, kwargs = family, {**kwargs, **alias["fixed"]}
