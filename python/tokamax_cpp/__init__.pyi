@@ -26,216 +26,36 @@ from ._core import (
 )
 
 def add_rms_norm(x: Array, residual: Array, scale: Optional[Array] = None, *, epsilon: float = 1e-06, implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
-    """The residual add fused with the RMSNorm after it: residual_out = x + residual (in x's dtype), y = rms_norm(residual_out) * scale over the last axis.
-
-    Args:
-      x: f32 or bf16 [..., D], contiguous
-      residual: the residual stream: x's shape and dtype
-      scale: f32 or bf16 [D]
-      epsilon: added to the mean square, >= 0; default 1e-06
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-
-    Returns:
-      y: the normalized sum, x's shape and dtype
-      residual_out: x + residual, x's shape and dtype: the next block's residual
-    """
-    ...
+    """The residual add fused with the RMSNorm after it: residual_out = x + residual (in x's dtype), y = rms_norm(residual_out) * scale over the last axis."""
 
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None, mask: Optional[Array] = None, *, query_seq_lengths: Optional[Array] = None, key_value_seq_lengths: Optional[Array] = None, scale: Optional[float] = None, is_causal: bool = False, local_window_size: Any = None, logits_soft_cap: Optional[float] = None, implementation: Optional[str] = None, config: Any = None, return_residuals: bool = False, heuristics_only: bool = False) -> Any:
-    """Scaled dot-product attention (tokamax's dot_product_attention): softmax(q k^T * scale + bias, masked) v, in one pass over the keys.
-
-    Args:
-      query: f32 or bf16 [B, T, N, H]
-      key: [B, S, K, H], N a multiple of K (GQA)
-      value: [B, S, K, Hv]
-      bias: added to the logits; broadcasts to [B, N, T, S]
-      mask: bool, broadcasts to [B, N, T, S]; false masks a logit out
-      query_seq_lengths: int32 [B]: valid query rows per batch
-      key_value_seq_lengths: int32 [B]: valid key rows per batch
-      scale: the logits' scale; None: 1/sqrt(H)
-      is_causal: mask the logits above the diagonal; default False
-      local_window_size: (left, right): a query attends to keys within that many positions; None on a side is unbounded
-      logits_soft_cap: logits become cap * tanh(logits / cap)
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-      return_residuals: also return the residuals the backward takes
-
-    Returns:
-      out: [B, T, N, Hv], q's dtype
-      lse (with return_residuals): f32 [B, N, T]: each row's log-sum-exp
-
-    Backward: dot_product_attention_vjp (and torch autograd through torch_ops).
-    """
-    ...
+    """Scaled dot-product attention (tokamax's dot_product_attention): softmax(q k^T * scale + bias, masked) v, in one pass over the keys."""
 
 def dot_product_attention_vjp(query: Array, key: Array, value: Array, out: Array, lse: Array, dout: Array, bias: Optional[Array] = None, mask: Optional[Array] = None, *, query_seq_lengths: Optional[Array] = None, key_value_seq_lengths: Optional[Array] = None, scale: Optional[float] = None, is_causal: bool = False, local_window_size: Any = None, logits_soft_cap: Optional[float] = None, implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
-    """The backward of dot_product_attention: the gradients of its inputs from its arguments, its residuals and the cotangent 'dout'.
-
-    Args:
-      query: f32 or bf16 [B, T, N, H]
-      key: [B, S, K, H], N a multiple of K (GQA)
-      value: [B, S, K, Hv]
-      bias: added to the logits; broadcasts to [B, N, T, S]
-      mask: bool, broadcasts to [B, N, T, S]; false masks a logit out
-      query_seq_lengths: int32 [B]: valid query rows per batch
-      key_value_seq_lengths: int32 [B]: valid key rows per batch
-      scale: the logits' scale; None: 1/sqrt(H)
-      is_causal: mask the logits above the diagonal; default False
-      local_window_size: (left, right): a query attends to keys within that many positions; None on a side is unbounded
-      logits_soft_cap: logits become cap * tanh(logits / cap)
-      out: the forward's output
-      lse: the forward's residual, f32 [B, N, T]
-      dout: the cotangent of out
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-
-    Returns:
-      dq: q's shape and dtype
-      dk: k's shape and dtype
-      dv: v's shape and dtype
-      dbias: f32, bias's shape, with a bias (None without bias)
-    """
-    ...
+    """The backward of dot_product_attention: the gradients of its inputs from its arguments, its residuals and the cotangent 'dout'."""
 
 def layer_norm(x: Array, scale: Optional[Array] = None, offset: Optional[Array] = None, *, axis: int = -1, epsilon: float = 1e-06, subtract_mean: bool = True, implementation: Optional[str] = None, config: Any = None, return_residuals: bool = False, heuristics_only: bool = False) -> Any:
-    """Layer normalization over one axis: y = (x - mean) / sqrt(var + epsilon) * scale + offset, the statistics in f64 from f32 values; y has x's dtype. subtract_mean=False is RMSNorm.
-
-    Args:
-      x: f32 or bf16, any rank >= 1, contiguous
-      scale: f32 or bf16 [D], D = x.shape[axis]; multiplies the normalized x
-      offset: f32 or bf16 [D]; added after the scale
-      axis: the normalized axis; negative counts from the end; default -1
-      epsilon: added to the variance, >= 0; default 1e-06
-      subtract_mean: false: rms_norm (the mean taken as 0); default True
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-      return_residuals: also return the residuals the backward takes
-
-    Returns:
-      y: the normalized x, x's shape and dtype
-      mean (with return_residuals): per row, x's shape without the axis (zeros for rms_norm)
-      rstd (with return_residuals): 1 / sqrt(var + epsilon) per row
-
-    Backward: layer_norm_vjp (and torch autograd through torch_ops).
-    """
-    ...
+    """Layer normalization over one axis: y = (x - mean) / sqrt(var + epsilon) * scale + offset, the statistics in f64 from f32 values; y has x's dtype. subtract_mean=False is RMSNorm."""
 
 def layer_norm_vjp(x: Array, mean: Array, rstd: Array, dy: Array, scale: Optional[Array] = None, offset: Optional[Array] = None, *, axis: int = -1, epsilon: float = 1e-06, subtract_mean: bool = True, implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
-    """The backward of layer_norm: the gradients of its inputs from its arguments, its residuals and the cotangent 'dy'.
-
-    Args:
-      x: f32 or bf16, any rank >= 1, contiguous
-      scale: f32 or bf16 [D], D = x.shape[axis]; multiplies the normalized x
-      offset: f32 or bf16 [D]; added after the scale
-      axis: the normalized axis; negative counts from the end; default -1
-      epsilon: added to the variance, >= 0; default 1e-06
-      subtract_mean: false: rms_norm (the mean taken as 0); default True
-      mean: the forward's mean residual
-      rstd: the forward's rstd residual
-      dy: the cotangent of y, x's shape and dtype
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-
-    Returns:
-      dx: x's shape and dtype
-      dscale: f32 [D], with a scale (None without scale)
-      doffset: f32 [D], with an offset (None without offset)
-    """
-    ...
+    """The backward of layer_norm: the gradients of its inputs from its arguments, its residuals and the cotangent 'dy'."""
 
 def linear_softmax_cross_entropy_loss(x: Array, labels: Array, weights: Array, *, reduction: Optional[str] = 'sum', implementation: Optional[str] = None, config: Any = None, return_residuals: bool = False, heuristics_only: bool = False) -> Any:
-    """The cross-entropy loss of a linear classifier head without its logits: loss_b = logsumexp(x_b w) - (x_b w)[labels_b] in f32, reduced; [B, V] is never materialized.
-
-    Args:
-      x: f32 or bf16 [B, H]
-      labels: int32 [B], each in [0, V)
-      weights: f32 or bf16 [H, V]
-      reduction: sum, mean or none (the per-row losses) (one of sum, mean, none); default 'sum'
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-      return_residuals: also return the residuals the backward takes
-
-    Returns:
-      loss: f32: [] for sum and mean, [B] for none
-      lse (with return_residuals): f32 [B]: each row's log-sum-exp
-
-    Backward: linear_softmax_cross_entropy_loss_vjp (and torch autograd through torch_ops).
-    """
-    ...
+    """The cross-entropy loss of a linear classifier head without its logits: loss_b = logsumexp(x_b w) - (x_b w)[labels_b] in f32, reduced; [B, V] is never materialized."""
 
 def linear_softmax_cross_entropy_loss_vjp(x: Array, labels: Array, weights: Array, lse: Array, dloss: Array, *, reduction: Optional[str] = 'sum', implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
-    """The backward of linear_softmax_cross_entropy_loss: the gradients of its inputs from its arguments, its residuals and the cotangent 'dloss'.
-
-    Args:
-      x: f32 or bf16 [B, H]
-      labels: int32 [B], each in [0, V)
-      weights: f32 or bf16 [H, V]
-      reduction: sum, mean or none (the per-row losses) (one of sum, mean, none); default 'sum'
-      lse: the forward's residual, f32 [B]
-      dloss: the cotangent of loss, its shape, f32
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-
-    Returns:
-      dx: x's shape and dtype
-      dw: w's shape, f32
-    """
-    ...
+    """The backward of linear_softmax_cross_entropy_loss: the gradients of its inputs from its arguments, its residuals and the cotangent 'dloss'."""
 
 def rms_norm(x: Array, scale: Optional[Array] = None, *, axis: int = -1, epsilon: float = 1e-06, implementation: Optional[str] = None, config: Any = None, return_residuals: bool = False, heuristics_only: bool = False) -> Any:
-    """RMSNorm: layer_norm with subtract_mean=False and no offset.
-
-    Args:
-      x: f32 or bf16, any rank >= 1, contiguous
-      scale: f32 or bf16 [D], D = x.shape[axis]; multiplies the normalized x
-      axis: the normalized axis; negative counts from the end; default -1
-      epsilon: added to the variance, >= 0; default 1e-06
-      implementation: None (the best available), or one of native, composed, reference
-      config: the implementation's config (a dict or JSON); needs implementation
-      heuristics_only: skip the autotuning cache (the implementation's heuristics)
-      return_residuals: also return the residuals the backward takes
-
-    Returns:
-      y: the normalized x, x's shape and dtype
-      mean (with return_residuals): per row, x's shape without the axis (zeros for rms_norm)
-      rstd (with return_residuals): 1 / sqrt(var + epsilon) per row
-
-    Backward: layer_norm_vjp (and torch autograd through torch_ops).
-    """
-    ...
+    """RMSNorm: layer_norm with subtract_mean=False and no offset."""
 
 def autotune(f: Callable[..., Any] | Sequence[BoundArguments] | str | os.PathLike, args: Any, *, ignore_cache: bool = False, all_implementations: bool = False, budget_s: float | None = None, measure_budget_s: float | None = None, max_candidates: int | None = None, seed: int = 0, store: str | None = None, run_id: str | None = None, rank: int | None = None, world_size: int | None = None, lease_s: float = 30.0, deadline_s: float = 86400.0) -> Any:
-    """Tunes the op calls of ``f(*args)``, a list of BoundArguments, or a bound-args file.
-
-    With ``store="redis://host:port/db"`` and a ``run_id``, a list or file is tuned together
-    with every other process of the run that gives the same inputs (README "Fleet tuning over
-    Redis"); each returns the complete merged result. ``rank``/``world_size`` default to the
-    launcher's variables (OpenMPI, Slurm, torchrun). A store that cannot be reached raises
-    ConnectionError.
-
-    A callable runs once on this thread while its op calls are recorded; keys that an active
-    ``with result:`` scope or the disk cache already answers are skipped unless
-    ``ignore_cache``. Measurement is the library's (interleaved rounds against the heuristics
-    config; README "How the autotuner measures"). The GIL is released while it measures.
-    """
-    ...
+    """Tunes the op calls of ``f(*args)``, a list of BoundArguments, or a bound-args file."""
 
 def bound_args_from_json(text: str) -> Any:
-    """
-    """
-    ...
+    """"""
 
 def bound_args_to_json(bound_args: Sequence[BoundArguments]) -> Any:
-    """A bound-args file's text: the JSON list `tokamax autotune --bound-args` reads.
-    """
-    ...
+    """A bound-args file's text: the JSON list `tokamax autotune --bound-args` reads."""
 
 __version__: str

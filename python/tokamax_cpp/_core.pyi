@@ -1,5 +1,3 @@
-"""tokamax C++ kernels (see the tokamax_cpp package)"""
-
 from collections.abc import Callable, Sequence
 
 from tokamax_cpp import CacheMissError as CacheMissError
@@ -13,35 +11,19 @@ def num_threads() -> int: ...
 
 def set_num_threads(n: int) -> None: ...
 
-def op_names() -> list[str]:
-    """The names of every op family, backward families included."""
+def op_names() -> list[str]: ...
 
-def describe(op: str) -> object:
-    """
-    An op's description: its arguments, outputs, backward and aliases (a dict).
-    """
+def describe(op: str) -> object: ...
 
-def output_specs(op: str, arguments: object) -> list:
-    """
-    The outputs' (shape, dtype) of an argument spec (as `tokamax specs` prints them).
-    """
+def output_specs(op: str, arguments: object) -> list: ...
 
-def call(op: str, arrays: list, statics: dict, implementation: object | None = None, config: object | None = None, heuristics_only: bool = False) -> tuple:
-    """
-    Runs op on arrays ((name, keyword, array) triples) and statics (a dict) named as in its description; returns every output. The package's typed functions are built on this.
-    """
+def call(op: str, arrays: list, statics: dict, implementation: object | None = None, config: object | None = None, heuristics_only: bool = False) -> tuple: ...
 
-def arg_specs(op: str | None = None, tag: str | None = None) -> list:
-    """
-    The named workloads (tokamax specs) of op (None: every op's) with tag (None: any).
-    """
+def arg_specs(op: str | None = None, tag: str | None = None) -> list: ...
 
-def implementation_names(op: str) -> list[str]:
-    """An op's implementations in their default order, then the reference."""
+def implementation_names(op: str) -> list[str]: ...
 
 class PackedRhs:
-    """Weights packed once for the native kernel (pack_rhs); immutable."""
-
     @property
     def shape(self) -> tuple: ...
 
@@ -65,8 +47,6 @@ def ragged_dot_general(lhs: object | None, rhs: object | None, group_sizes: obje
 def ragged_dot_vjp(lhs: object | None, rhs: object | None, group_sizes: object | None, dout: object | None, *, preferred_element_type: object | None = None, activation: object | None = None, precision: object | None = None, implementation: object | None = None, heuristics_only: bool = False) -> tuple: ...
 
 class PackedGluWeights:
-    """GLU weights packed once for the native kernel; immutable."""
-
     @property
     def k(self) -> int: ...
 
@@ -82,16 +62,9 @@ def gated_linear_unit(x: object | None, weights: object | None, *, activation: o
 
 def gated_linear_unit_vjp(x: object | None, weights: object | None, h: object | None, dout: object | None, *, activation: object | None = None, implementation: object | None = None, config: object | None = None, heuristics_only: bool = False) -> tuple: ...
 
-def query_configs(fn: Callable) -> list:
-    """
-    Runs fn() with every op call on this thread resolved but not run (outputs unwritten); returns, per call, its op, implementation, heuristics config and the config the ladder (scopes, disk cache, heuristics) would choose.
-    """
+def query_configs(fn: Callable) -> list: ...
 
 class BoundArguments:
-    """
-    An op call's identity: family, implementation, canonical argument spec (shapes, dtypes, statics; never array values).
-    """
-
     @property
     def op(self) -> str: ...
 
@@ -121,14 +94,9 @@ def load_bound_args_file(path: str) -> list: ...
 
 def load_bound_args(text: str) -> list: ...
 
-def get_bound_args(fn: Callable, *args) -> list:
-    """The bound arguments of every op call fn(*args) makes on this thread."""
+def get_bound_args(fn: Callable, *args) -> list: ...
 
 class AutotuningResult:
-    """
-    Tuned configs per key. `with result:` applies them to the op calls made on the entering thread (a C++ thread-local scope: other threads, such as a thread pool's, do not see it); scopes nest, innermost first.
-    """
-
     def __init__(self) -> None: ...
 
     @property

@@ -38,9 +38,9 @@ def function_stub(name: str, fn) -> str:
             parts.append("*")
             star = True
         parts.append(_param(p))
-    doc = (fn.__doc__ or "").replace('"""', "'''")
-    body = "\n".join("    " + line if line else "" for line in doc.splitlines())
-    return f'def {name}({", ".join(parts)}) -> Any:\n    """{body.strip()}\n    """\n    ...\n'
+    # The first paragraph only: help() shows the whole docstring, made from the description.
+    doc = (fn.__doc__ or "").split("\n\n")[0].replace('"""', "'''").strip()
+    return f'def {name}({", ".join(parts)}) -> Any:\n    """{doc}"""\n'
 
 
 def init_stub() -> str:
@@ -62,7 +62,7 @@ def init_stub() -> str:
 def core_stub() -> str:
     from nanobind.stubgen import StubGen
 
-    gen = StubGen(_core, include_docstrings=True, include_private=False)
+    gen = StubGen(_core, include_docstrings=False, include_private=False)
     gen.put(_core)
     return gen.get()
 
