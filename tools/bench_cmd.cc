@@ -166,12 +166,8 @@ struct RowVariant {
   }
 };
 
-}  // namespace
-
-std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
-                                const std::vector<std::string>& impls_in,
-                                const BenchOptions& opts) {
-  // Bounded so that a typo cannot run for days: 1000 of each, an hour of measuring a row.
+// Bounded so that a typo cannot run for days: 1000 of each, an hour of measuring a row.
+void check_bench_options(const BenchOptions& opts) {
   constexpr int kMaxCount = 1000;
   constexpr double kMaxSeconds = 3600;
   if (opts.rounds < 1 || opts.rounds > kMaxCount || opts.samples < 1 || opts.samples > kMaxCount ||
@@ -182,14 +178,230 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
         "--min-time {} in [0, {}] seconds",
         opts.rounds, opts.samples, kMaxCount, opts.warmup, kMaxCount, opts.min_time_s,
         kMaxSeconds));
+}
+
+// Unknown op and implementation names are bad usage, said before any measuring (they were
+// error rows of a run that exited 0).
+void check_row_names(const std::string& op, const std::vector<ArgSpec>& specs,
+                     const std::vector<std::string>& impls) {
   if (!op.empty()) find_family(op);
-  // Unknown implementation names are bad usage, said before any measuring (they were error
-  // rows of a run that exited 0).
   for (const ArgSpec& s : specs) {
     const OpFamily& fam = find_family(s.family);
-    for (const std::string& name : impls_in)
+    for (const std::string& name : impls)
       fam.implementation(RowVariant::parse(fam, name).implementation);
   }
+}
+
+TimingOptions round_timing(const BenchOptions& opts, int round) {
+  TimingOptions t;
+  t.warmup = round == 0 ? opts.warmup : std::min(opts.warmup, 1);
+  t.min_time_s = opts.min_time_s / opts.rounds;
+  t.min_samples = opts.samples;
+  t.max_time_s = std::max(2.0, opts.min_time_s);
+  return t;
+}
+
+// One row's implementation, prepared before any measuring (nullptr impl: the row errored).
+struct Runner {
+  std::shared_ptr<const Implementation> impl;
+  CallBase* call = nullptr;
+  Config config;
+  bool bf16_dot = false;  // its ceiling is the bf16 dot's (else the f32 FMA's)
+  std::shared_ptr<const Prepared> prepared;
+  std::vector<double> samples;
+};
+
+// Each row against the fastest row of another implementation in the same rounds (for native
+// rows: the better of blas and the reference loops), named in the row.
+void set_baselines(std::vector<BenchRow>& rows) {
+  for (auto& r : rows) {
+    const std::string impl = r.implementation.substr(0, r.implementation.find(':'));
+    const BenchRow* base = nullptr;
+    for (const auto& o : rows) {
+      if (o.median_ms <= 0 || o.implementation.substr(0, o.implementation.find(':')) == impl)
+        continue;
+      if (!base || o.median_ms < base->median_ms) base = &o;
+    }
+    r.baseline = base ? base->implementation : "";
+    r.speedup_vs_baseline = base && r.median_ms > 0 ? base->median_ms / r.median_ms : 0;
+  }
+}
+
+// The rows of one spec. Every implementation is prepared first, then measured interleaved in
+// rounds, so that drift in the machine's state (a noisy VM) hits all of them alike.
+class SpecBench {
+ public:
+  SpecBench(const ArgSpec& s, const Roofline& roof)
+      : spec_(s),
+        fam_(find_family(s.family)),
+        call_(fam_.make_call(fam_.bind_json(s.arguments, ""), 0)),
+        cost_(fam_.cost(*call_)),
+        mem_(fam_.memory_bound(*call_)),
+        roof_(roof) {}
+
+  std::vector<BenchRow> run(const std::vector<std::string>& impls_in, const BenchOptions& opts,
+                            ReadProbe& probe);
+
+ private:
+  // Resolves and prepares row `name`; a row that cannot run keeps its error as its rung.
+  void prepare(const std::string& name);
+
+  // The same call as an argument variant (same seed: same values), made once, on demand.
+  CallBase* variant_call(const RowVariant& v);
+
+  // Row i errored: it says why and is not run again.
+  void fail(size_t i, const std::exception& e);
+
+  // One untimed run each, counting what it allocates (the outputs already exist).
+  void run_untimed();
+
+  // The interleaved rounds; returns the memory ceiling in GB/s, the probe's when it ran in them.
+  double measure(const BenchOptions& opts, ReadProbe& probe);
+
+  // Each measured row's figures, its percentage against `read_gbps` for memory-bound specs.
+  void set_stats(double read_gbps);
+
+  const ArgSpec& spec_;
+  const OpFamily& fam_;
+  std::unique_ptr<CallBase> call_;
+  std::map<std::string, std::unique_ptr<CallBase>> variant_calls_;  // by variant name
+  const CallCost cost_;
+  const bool mem_;
+  const Roofline& roof_;
+  std::vector<BenchRow> rows_;
+  std::vector<Runner> runners_;  // one per row, in the same order
+};
+
+std::vector<BenchRow> SpecBench::run(const std::vector<std::string>& impls_in,
+                                     const BenchOptions& opts, ReadProbe& probe) {
+  const std::vector<std::string> impls = impls_in.empty() ? fam_.bench_rows(*call_) : impls_in;
+  for (const std::string& name : impls) prepare(name);
+  run_untimed();
+  const double read_gbps = measure(opts, probe);
+  set_stats(read_gbps);
+  set_baselines(rows_);
+  return rows_;
+}
+
+void SpecBench::prepare(const std::string& name) {
+  BenchRow r;
+  r.spec = spec_.name;
+  r.implementation = name;
+  Runner run;
+  try {
+    const RowVariant v = RowVariant::parse(fam_, name);
+    run.impl = fam_.implementation(v.implementation);
+    run.call = v.variant.empty() ? call_.get() : variant_call(v);
+    run.bf16_dot = fam_.cost(*run.call).bf16_dot && roof_.bf16_gflops_all > 0;
+    run.impl->validate(*run.call);
+    const Resolution res = v.heuristics ? Resolution{run.impl->heuristics_config(*run.call),
+                                                     Rung::kHeuristics, "pinned"}
+                                        : resolve_config(fam_, *run.impl, *run.call, std::nullopt);
+    run.config = res.config;
+    r.config = res.config.str();
+    r.rung = std::string(rung_name(res.rung));
+    // Preparation is what a program does once; an unpacked call packs inside its own time.
+    run.prepared = run.impl->prepare(*run.call, res.config);
+  } catch (const std::exception& e) {
+    r.rung = std::string("error: ") + e.what();
+    run.impl = nullptr;
+  }
+  rows_.push_back(r);
+  runners_.push_back(std::move(run));
+}
+
+CallBase* SpecBench::variant_call(const RowVariant& v) {
+  auto& vc = variant_calls_[v.variant];
+  if (!vc) {
+    Json args = spec_.arguments;
+    args.update(v.overlay);
+    vc = fam_.make_call(fam_.bind_json(args, ""), 0);
+  }
+  return vc.get();
+}
+
+void SpecBench::fail(size_t i, const std::exception& e) {
+  rows_[i].rung = std::string("error: ") + e.what();
+  runners_[i].impl = nullptr;
+}
+
+void SpecBench::run_untimed() {
+  for (size_t i = 0; i < runners_.size(); ++i) {
+    Runner& run = runners_[i];
+    if (!run.impl) continue;
+    try {
+      const TensorAllocations before = tensor_allocations();
+      run.impl->run(*run.call, run.config, run.prepared.get());
+      rows_[i].allocated_bytes = tensor_allocations().bytes - before.bytes;
+    } catch (const std::exception& e) {
+      fail(i, e);
+    }
+  }
+}
+
+double SpecBench::measure(const BenchOptions& opts, ReadProbe& probe) {
+  const bool probing = mem_ && probe.available();
+  std::vector<double> probe_samples;
+  for (int round = 0; round < opts.rounds; ++round) {
+    if (probing) {
+      TimingOptions t = round_timing(opts, round);
+      t.warmup = round == 0 ? 1 : 0;  // its buffer defeats the caches on its own
+      const SampleStats st =
+          time_callable([&] { cost_.read_write ? probe.run_copy_pass() : probe.run_pass(); }, t);
+      probe_samples.insert(probe_samples.end(), st.samples_ms.begin(), st.samples_ms.end());
+    }
+    for (size_t i = 0; i < runners_.size(); ++i) {
+      Runner& run = runners_[i];
+      if (!run.impl) continue;
+      TimingOptions t = round_timing(opts, round);
+      t.cold_cache = mem_;
+      try {
+        const SampleStats st =
+            time_callable([&] { run.impl->run(*run.call, run.config, run.prepared.get()); }, t);
+        run.samples.insert(run.samples.end(), st.samples_ms.begin(), st.samples_ms.end());
+      } catch (const std::exception& e) {
+        fail(i, e);
+      }
+    }
+  }
+  if (!probing) return cost_.read_write ? roof_.copy_gbps_all : roof_.read_gbps_all;
+  // A copy pass moves its buffer's bytes twice (read and written).
+  const double probe_bytes = probe.bytes_per_pass() * (cost_.read_write ? 2 : 1);
+  return probe_bytes / (SampleStats::of(probe_samples).median_ms * 1e-3) / 1e9;
+}
+
+void SpecBench::set_stats(double read_gbps) {
+  for (size_t i = 0; i < runners_.size(); ++i) {
+    if (!runners_[i].impl) continue;
+    BenchRow& r = rows_[i];
+    const SampleStats st = SampleStats::of(runners_[i].samples);
+    r.median_ms = st.median_ms;
+    r.iqr_ms = st.iqr_ms();
+    r.samples = static_cast<int>(runners_[i].samples.size());
+    r.flops = cost_.flops;
+    r.bytes = cost_.bytes > 0 ? cost_.bytes : tensor_bytes(*runners_[i].call);
+    r.bytes_source = cost_.bytes > 0 ? "cost" : "tensors";
+    r.gflops = cost_.flops / (st.median_ms * 1e-3) / 1e9;
+    r.gbps = cost_.bytes / (st.median_ms * 1e-3) / 1e9;
+    if (mem_) {
+      r.peak_kind = cost_.read_write ? "mem_copy" : "mem_read";
+      r.peak_value = read_gbps;
+    } else {
+      const bool bf16_dot = runners_[i].bf16_dot;
+      r.peak_kind = !bf16_dot ? "f32_fma" : roof_.bf16_dot_unit == "amx" ? "bf16_amx" : "bf16_dot";
+      r.peak_value = bf16_dot ? roof_.bf16_gflops_all : roof_.f32_gflops_all;
+    }
+    const double achieved = mem_ ? r.gbps : r.gflops;
+    r.pct_of_peak = r.peak_value > 0 ? 100 * achieved / r.peak_value : 0;
+  }
+}
+
+}  // namespace
+
+std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
+                                const std::vector<std::string>& impls, const BenchOptions& opts) {
+  check_bench_options(opts);
+  check_row_names(op, specs, impls);
   // The read ceiling for memory-bound specs is timed in the same rounds as their rows (below);
   // the process-wide roofline figure can be minutes old, and this machine's bandwidth is not
   // steady over minutes. The probe exists before the roofline is measured, which then streams
@@ -199,149 +411,7 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
   const Roofline& roof = cached_roofline();
   std::vector<BenchRow> rows;
   for (const ArgSpec& s : specs) {
-    const OpFamily& fam = find_family(s.family);
-    const BoundArguments b = fam.bind_json(s.arguments, "");
-    auto call = fam.make_call(b, 0);
-    // The same call as each argument variant (same seed: same values), made on demand.
-    std::map<std::string, std::unique_ptr<CallBase>> variant_calls;
-    const CallCost cost = fam.cost(*call);
-    const bool mem = fam.memory_bound(*call);
-    const std::vector<std::string> impls = impls_in.empty() ? fam.bench_rows(*call) : impls_in;
-    // Prepare every implementation first, then measure them interleaved in rounds, so that
-    // drift in the machine's state (a noisy VM) hits all of them alike.
-    struct Runner {
-      std::shared_ptr<const Implementation> impl;
-      CallBase* call = nullptr;
-      Config config;
-      bool bf16_dot = false;  // its ceiling is the bf16 dot's (else the f32 FMA's)
-      std::shared_ptr<const Prepared> prepared;
-      std::vector<double> samples;
-    };
-    std::vector<BenchRow> these;
-    std::vector<Runner> runners;
-    for (const std::string& name : impls) {
-      BenchRow r;
-      r.spec = s.name;
-      r.implementation = name;
-      Runner run;
-      try {
-        const RowVariant v = RowVariant::parse(fam, name);
-        run.impl = fam.implementation(v.implementation);
-        run.call = call.get();
-        if (!v.variant.empty()) {
-          auto& vc = variant_calls[v.variant];
-          if (!vc) {
-            Json args = s.arguments;
-            args.update(v.overlay);
-            vc = fam.make_call(fam.bind_json(args, ""), 0);
-          }
-          run.call = vc.get();
-        }
-        run.bf16_dot = fam.cost(*run.call).bf16_dot && roof.bf16_gflops_all > 0;
-        run.impl->validate(*run.call);
-        const Resolution res =
-            v.heuristics
-                ? Resolution{run.impl->heuristics_config(*run.call), Rung::kHeuristics, "pinned"}
-                : resolve_config(fam, *run.impl, *run.call, std::nullopt);
-        run.config = res.config;
-        r.config = res.config.str();
-        r.rung = std::string(rung_name(res.rung));
-        // Preparation is what a program does once; an unpacked call packs inside its own time.
-        run.prepared = run.impl->prepare(*run.call, res.config);
-      } catch (const std::exception& e) {
-        r.rung = std::string("error: ") + e.what();
-        run.impl = nullptr;
-      }
-      these.push_back(r);
-      runners.push_back(std::move(run));
-    }
-    // One untimed run each, counting what it allocates (the outputs already exist).
-    for (size_t i = 0; i < runners.size(); ++i) {
-      Runner& run = runners[i];
-      if (!run.impl) continue;
-      try {
-        const TensorAllocations before = tensor_allocations();
-        run.impl->run(*run.call, run.config, run.prepared.get());
-        these[i].allocated_bytes = tensor_allocations().bytes - before.bytes;
-      } catch (const std::exception& e) {
-        these[i].rung = std::string("error: ") + e.what();
-        run.impl = nullptr;
-      }
-    }
-    const bool probing = mem && probe->available();
-    std::vector<double> probe_samples;
-    auto round_timing = [&](int round) {
-      TimingOptions t;
-      t.warmup = round == 0 ? opts.warmup : std::min(opts.warmup, 1);
-      t.min_time_s = opts.min_time_s / opts.rounds;
-      t.min_samples = opts.samples;
-      t.max_time_s = std::max(2.0, opts.min_time_s);
-      return t;
-    };
-    for (int round = 0; round < opts.rounds; ++round) {
-      if (probing) {
-        TimingOptions t = round_timing(round);
-        t.warmup = round == 0 ? 1 : 0;  // its buffer defeats the caches on its own
-        const SampleStats st =
-            time_callable([&] { cost.read_write ? probe->run_copy_pass() : probe->run_pass(); }, t);
-        probe_samples.insert(probe_samples.end(), st.samples_ms.begin(), st.samples_ms.end());
-      }
-      for (size_t i = 0; i < runners.size(); ++i) {
-        Runner& run = runners[i];
-        if (!run.impl) continue;
-        TimingOptions t = round_timing(round);
-        t.cold_cache = mem;
-        try {
-          const SampleStats st =
-              time_callable([&] { run.impl->run(*run.call, run.config, run.prepared.get()); }, t);
-          run.samples.insert(run.samples.end(), st.samples_ms.begin(), st.samples_ms.end());
-        } catch (const std::exception& e) {
-          these[i].rung = std::string("error: ") + e.what();
-          run.impl = nullptr;
-        }
-      }
-    }
-    // A copy pass moves its buffer's bytes twice (read and written).
-    const double probe_bytes = probing ? probe->bytes_per_pass() * (cost.read_write ? 2 : 1) : 0;
-    const double read_gbps =
-        probing ? probe_bytes / (SampleStats::of(probe_samples).median_ms * 1e-3) / 1e9
-                : (cost.read_write ? roof.copy_gbps_all : roof.read_gbps_all);
-    for (size_t i = 0; i < runners.size(); ++i) {
-      if (!runners[i].impl) continue;
-      BenchRow& r = these[i];
-      const SampleStats st = SampleStats::of(runners[i].samples);
-      r.median_ms = st.median_ms;
-      r.iqr_ms = st.iqr_ms();
-      r.samples = static_cast<int>(runners[i].samples.size());
-      r.flops = cost.flops;
-      r.bytes = cost.bytes > 0 ? cost.bytes : tensor_bytes(*runners[i].call);
-      r.bytes_source = cost.bytes > 0 ? "cost" : "tensors";
-      r.gflops = cost.flops / (st.median_ms * 1e-3) / 1e9;
-      r.gbps = cost.bytes / (st.median_ms * 1e-3) / 1e9;
-      if (mem) {
-        r.peak_kind = cost.read_write ? "mem_copy" : "mem_read";
-        r.peak_value = read_gbps;
-      } else {
-        const bool bf16_dot = runners[i].bf16_dot;
-        r.peak_kind = !bf16_dot ? "f32_fma" : roof.bf16_dot_unit == "amx" ? "bf16_amx" : "bf16_dot";
-        r.peak_value = bf16_dot ? roof.bf16_gflops_all : roof.f32_gflops_all;
-      }
-      const double achieved = mem ? r.gbps : r.gflops;
-      r.pct_of_peak = r.peak_value > 0 ? 100 * achieved / r.peak_value : 0;
-    }
-    // Each row against the fastest row of another implementation in the same rounds (for
-    // native rows: the better of blas and the reference loops), named in the row.
-    for (auto& r : these) {
-      const std::string impl = r.implementation.substr(0, r.implementation.find(':'));
-      const BenchRow* base = nullptr;
-      for (const auto& o : these) {
-        if (o.median_ms <= 0 || o.implementation.substr(0, o.implementation.find(':')) == impl)
-          continue;
-        if (!base || o.median_ms < base->median_ms) base = &o;
-      }
-      r.baseline = base ? base->implementation : "";
-      r.speedup_vs_baseline = base && r.median_ms > 0 ? base->median_ms / r.median_ms : 0;
-    }
+    const std::vector<BenchRow> these = SpecBench(s, roof).run(impls, opts, *probe);
     rows.insert(rows.end(), these.begin(), these.end());
   }
   return rows;

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include "report/report.h"
 #include "tools/commands.h"
@@ -235,7 +237,7 @@ void print_result_table(const tk::AutotuningResult& r) {
   }
 }
 
-// Every command-line value, bound by main and read by the command functions.
+// Every command-line value, bound by the add_*_command functions and read by the handlers.
 struct Args {
   bool json = false, roofline = false;
   std::string op, tag, spec, bound_args, impl_csv, out_path, into_cache_dir;
@@ -491,41 +493,97 @@ int cmd_report(Args& a) {
   return 0;
 }
 
-}  // namespace
+// A leaf subcommand and its handler; main runs the one the command line chose.
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+using Commands = std::vector<Command>;
 
-int main(int argc, char** argv) {
-  // Before anything else: the baselines' OpenBLAS at its best kernels here (core/blas.h).
-  tk::reexec_with_best_blas(argv);
-  tk::cli::set_command_line(argc, argv);
-  CLI::App app{"tokamax: fast CPU ML kernels and their autotuner"};
-  app.require_subcommand(0, 1);
-  app.set_version_flag("--version", "tokamax " + tk::library_version());
-  Args a;
+// --threads on the commands that measure or key by the thread count (the cache key holds it):
+// the library's set_num_threads, the same as TOKAMAX_NUM_THREADS.
+struct ThreadsOption {
+  int value = 0;
+  std::vector<CLI::Option*> options;
 
-  // --threads on the commands that measure or key by the thread count (the cache key holds
-  // it): the library's set_num_threads, the same as TOKAMAX_NUM_THREADS.
-  int threads = 0;
-  std::vector<CLI::Option*> threads_opts;
-  auto add_threads = [&](CLI::App* sub) {
-    threads_opts.push_back(
-        sub->add_option("--threads", threads,
+  void add_to(CLI::App* sub) {
+    options.push_back(
+        sub->add_option("--threads", value,
                         "threads the kernels use (default: TOKAMAX_NUM_THREADS, else all cores)"));
-  };
+  }
+  // After parsing, before any command runs: its threads count in every measurement and key.
+  void apply() const {
+    if (std::none_of(options.begin(), options.end(),
+                     [](const CLI::Option* o) { return o->count() > 0; }))
+      return;
+    if (value <= 0 || value > tk::kMaxThreads) {
+      throw tk::InvalidArgument("--threads " + std::to_string(value) +
+                                ": expected a positive integer (at most " +
+                                std::to_string(tk::kMaxThreads) + ")");
+    }
+    tk::set_num_threads(value);
+  }
+};
+
+void add_device_command(CLI::App& app, Args& a, ThreadsOption& threads, Commands& commands) {
   auto* device = app.add_subcommand(
       "device", "print this CPU, its device kind and (--roofline) its measured ceilings");
   device->add_flag("--json", a.json, "JSON output");
   device->add_flag("--roofline", a.roofline, "measure peak FLOP/s and memory bandwidth");
-  add_threads(device);
+  threads.add_to(device);
+  commands.push_back({device, [&a] {
+                        print_device(a.json, a.roofline);
+                        return 0;
+                      }});
+}
 
+void add_ops_command(CLI::App& app, Args& a, Commands& commands) {
   auto* ops = app.add_subcommand("ops", "list op families, implementations and config fields");
   ops->add_flag("--json", a.json, "JSON output");
   ops->add_option("--op", a.op, "one op: also its arguments, defaults and outputs");
+  commands.push_back({ops, [&a] {
+                        if (!a.op.empty())
+                          tk::find_family(a.op);  // an unknown op: an error listing the known
+                        print_ops(a.op, a.json);
+                        return 0;
+                      }});
+}
 
+void add_specs_command(CLI::App& app, Args& a, Commands& commands) {
   auto* specs = app.add_subcommand("specs", "list named workloads");
   specs->add_option("--op", a.op, "op family");
   specs->add_option("--tag", a.tag, "only specs with this tag");
   specs->add_flag("--json", a.json, "JSON output");
+  commands.push_back({specs, [&a] {
+                        print_specs(a.op, a.tag, a.json);  // find_arg_specs names an unknown op
+                        return 0;
+                      }});
+}
 
+// autotune --store ...: the sharded run's options (fleet_cmd.cc).
+void add_fleet_options(CLI::App* autotune, tk::cli::FleetArgs& fleet) {
+  autotune->add_option("--store", fleet.store,
+                       "sharded tuning through this store: redis://host:port/db[?prefix=ns]; "
+                       "every process of the run gives the same --bound-args and --run-id");
+  autotune->add_option("--run-id", fleet.run_id, "with --store: the run's name");
+  autotune->add_option("--rank", fleet.rank,
+                       "with --store: this process's rank (default: OMPI_COMM_WORLD_RANK, "
+                       "SLURM_PROCID or RANK)");
+  autotune->add_option("--world-size", fleet.world_size, "with --store: number of processes");
+  autotune->add_option("--lease-s", fleet.lease_s,
+                       "with --store: a claim's lease, renewed while tuning (default 30)");
+  autotune->add_option("--deadline-s", fleet.deadline_s,
+                       "with --store: the whole run's deadline (default 86400)");
+  autotune->add_option("--poll-s", fleet.poll_s,
+                       "with --store: wait between looks while others tune (default 1)");
+  autotune->add_option("--host-lock", fleet.host_lock,
+                       "with --store: the file locked while measuring, shared by the processes "
+                       "of this machine (default $TMPDIR/tokamax-measure.lock)");
+  autotune->add_option("--store-timeout-s", fleet.command_timeout_s,
+                       "with --store: connect and command timeout (default 2)");
+}
+
+void add_autotune_command(CLI::App& app, Args& a, ThreadsOption& threads, Commands& commands) {
   auto* autotune = app.add_subcommand("autotune", "tune specs or a bound-args file");
   autotune->add_option("--op", a.op, "op family");
   autotune->add_option("--spec", a.spec, "a spec name");
@@ -547,96 +605,105 @@ int main(int argc, char** argv) {
                        "for a slow key the time of 4 rounds of its candidates, at most 120)");
   autotune->add_option("--max-candidates", a.max_candidates,
                        "at most this many candidates per key (the heuristics config is kept)");
-  autotune->add_option("--store", a.fleet.store,
-                       "sharded tuning through this store: redis://host:port/db[?prefix=ns]; "
-                       "every process of the run gives the same --bound-args and --run-id");
-  autotune->add_option("--run-id", a.fleet.run_id, "with --store: the run's name");
-  autotune->add_option("--rank", a.fleet.rank,
-                       "with --store: this process's rank (default: OMPI_COMM_WORLD_RANK, "
-                       "SLURM_PROCID or RANK)");
-  autotune->add_option("--world-size", a.fleet.world_size, "with --store: number of processes");
-  autotune->add_option("--lease-s", a.fleet.lease_s,
-                       "with --store: a claim's lease, renewed while tuning (default 30)");
-  autotune->add_option("--deadline-s", a.fleet.deadline_s,
-                       "with --store: the whole run's deadline (default 86400)");
-  autotune->add_option("--poll-s", a.fleet.poll_s,
-                       "with --store: wait between looks while others tune (default 1)");
-  autotune->add_option("--host-lock", a.fleet.host_lock,
-                       "with --store: the file locked while measuring, shared by the processes "
-                       "of this machine (default $TMPDIR/tokamax-measure.lock)");
-  autotune->add_option("--store-timeout-s", a.fleet.command_timeout_s,
-                       "with --store: connect and command timeout (default 2)");
-  add_threads(autotune);
+  add_fleet_options(autotune, a.fleet);
+  threads.add_to(autotune);
+  commands.push_back({autotune, [&a, budget_opt] {
+                        a.have_budget = budget_opt->count() > 0;
+                        return cmd_autotune(a);
+                      }});
+}
 
-  tk::cli::CheckOptions check_opts;
-  std::string check_impls;
+void add_autotune_check_command(CLI::App& app, ThreadsOption& threads, Commands& commands) {
+  // Owned by the handler, which outlives parsing (the options write into it).
+  auto co = std::make_shared<tk::cli::CheckOptions>();
+  auto impls = std::make_shared<std::string>();
   auto* check = app.add_subcommand(
       "autotune-check",
       "re-tune specs several times and score the winners against an oracle (regret, agreement)");
-  check->add_option("--op", check_opts.op, "op family");
-  check->add_option("--spec", check_opts.spec, "a spec name");
-  check->add_option("--tag", check_opts.tag, "every spec with this tag");
-  check->add_option("--impl", check_impls,
-                    "implementations, comma separated (default: all tunable)");
-  check->add_option("--reruns", check_opts.reruns, "tuning runs per spec (default 3)");
-  check->add_flag("--noise", check_opts.noise,
+  check->add_option("--op", co->op, "op family");
+  check->add_option("--spec", co->spec, "a spec name");
+  check->add_option("--tag", co->tag, "every spec with this tag");
+  check->add_option("--impl", *impls, "implementations, comma separated (default: all tunable)");
+  check->add_option("--reruns", co->reruns, "tuning runs per spec (default 3)");
+  check->add_flag("--noise", co->noise,
                   "a busy process on one core in random on/off phases during the tuning runs");
-  check->add_option("--oracle-rounds", check_opts.oracle_rounds,
+  check->add_option("--oracle-rounds", co->oracle_rounds,
                     "interleaved rounds of every candidate in the oracle (default 15)");
-  check->add_option("--oracle-refine-rounds", check_opts.oracle_refine_rounds,
+  check->add_option("--oracle-refine-rounds", co->oracle_refine_rounds,
                     "rounds of the oracle's second stage: the candidates within 4% of its first "
                     "stage's best and every run's winner (default 40; 0: none)");
-  check->add_option("--oracle-budget-s", check_opts.oracle_budget_s,
+  check->add_option("--oracle-budget-s", co->oracle_budget_s,
                     "the oracle's measuring budget per spec in seconds (default 180)");
-  check->add_option("-o,--output", check_opts.out_path, "write the JSON report here");
-  check->add_flag("--json", check_opts.json, "JSON output");
-  add_threads(check);
+  check->add_option("-o,--output", co->out_path, "write the JSON report here");
+  check->add_flag("--json", co->json, "JSON output");
+  threads.add_to(check);
+  commands.push_back({check, [co, impls] {
+                        co->impls = split_csv(*impls);
+                        return tk::cli::autotune_check(*co);
+                      }});
+}
 
+void add_explain_command(CLI::App& app, Args& a, ThreadsOption& threads, Commands& commands) {
   auto* explain =
       app.add_subcommand("explain", "which implementation and config a call would use, and why");
   explain->add_option("--op", a.op, "op family");
   explain->add_option("--spec", a.spec, "a spec name")->required();
   explain->add_option("--impl", a.impl_csv, "pin an implementation");
   explain->add_flag("--json", a.json, "JSON output");
-  add_threads(explain);
+  threads.add_to(explain);
+  commands.push_back({explain, [&a] { return cmd_explain(a); }});
+}
 
+void add_cache_command(CLI::App& app, Args& a, Commands& commands) {
   auto* cache = app.add_subcommand("cache", "inspect, merge and verify cache and result files");
   cache->require_subcommand(1);
-  auto* cache_show =
-      cache->add_subcommand("show", "entries of the cache files for this device kind");
-  cache_show->add_option("--op", a.op, "op family");
-  cache_show->add_flag("--json", a.json, "JSON output");
-  cache_show->add_option("--store", a.fleet.store, "the remote cache's entries in this store");
-  auto* cache_merge =
-      cache->add_subcommand("merge", "merge AutotuningResult files (right wins per config)");
-  cache_merge->add_option("files", a.files, "result files")->required()->expected(1, -1);
-  cache_merge->add_option("-o,--output", a.out_path, "output file");
-  cache_merge->add_option("--store", a.fleet.store,
-                          "publish the merged winners to this store's remote cache instead");
-  auto* cache_verify =
-      cache->add_subcommand("verify", "check cache or result files parse and match this library");
-  cache_verify->add_option("files", a.files,
-                           "files (default: every cache file for this device kind)");
-  cache_verify->add_option("--store", a.fleet.store,
-                           "verify this store's remote cache entries instead");
+  auto* show = cache->add_subcommand("show", "entries of the cache files for this device kind");
+  show->add_option("--op", a.op, "op family");
+  show->add_flag("--json", a.json, "JSON output");
+  show->add_option("--store", a.fleet.store, "the remote cache's entries in this store");
+  commands.push_back({show, [&a] { return cmd_cache_show(a); }});
 
+  auto* merge =
+      cache->add_subcommand("merge", "merge AutotuningResult files (right wins per config)");
+  merge->add_option("files", a.files, "result files")->required()->expected(1, -1);
+  merge->add_option("-o,--output", a.out_path, "output file");
+  merge->add_option("--store", a.fleet.store,
+                    "publish the merged winners to this store's remote cache instead");
+  commands.push_back({merge, [&a] { return cmd_cache_merge(a); }});
+
+  auto* verify =
+      cache->add_subcommand("verify", "check cache or result files parse and match this library");
+  verify->add_option("files", a.files, "files (default: every cache file for this device kind)");
+  verify->add_option("--store", a.fleet.store, "verify this store's remote cache entries instead");
+  commands.push_back({verify, [&a] { return cmd_cache_verify(a); }});
+}
+
+void add_trace_command(CLI::App& app, Args& a, Commands& commands) {
   auto* trace = app.add_subcommand("trace", "work with traces of op calls");
   trace->require_subcommand(1);
-  auto* trace_extract = trace->add_subcommand(
+  auto* extract = trace->add_subcommand(
       "extract", "bound arguments of every tokamax op call in a trace (for offline tuning)");
-  trace_extract
+  extract
       ->add_option("traces", a.trace_files,
                    "Chrome traces (TOKAMAX_TRACE, TraceSession); several are merged and deduped")
       ->required();
-  trace_extract->add_option("-o,--output", a.out_path,
-                            "bound-args file to write (default: stdout)");
-  trace_extract->add_option("--op", a.op, "keep only this op family (default: all)");
-  trace_extract->add_flag("--json", a.json, "print the counts and warnings as JSON on stderr");
-  auto* trace_summary =
-      trace->add_subcommand("summary", "op calls in a trace by op, key, config and rung");
-  trace_summary->add_option("trace", a.trace_file, "a Chrome trace")->required();
-  trace_summary->add_flag("--json", a.json, "JSON output");
+  extract->add_option("-o,--output", a.out_path, "bound-args file to write (default: stdout)");
+  extract->add_option("--op", a.op, "keep only this op family (default: all)");
+  extract->add_flag("--json", a.json, "print the counts and warnings as JSON on stderr");
+  commands.push_back({extract, [&a, extract] {
+                        a.op_given = extract->count("--op") > 0;
+                        return tk::cli::trace_extract(a.trace_files, a.out_path,
+                                                      a.op_given ? a.op : "", a.json);
+                      }});
 
+  auto* summary =
+      trace->add_subcommand("summary", "op calls in a trace by op, key, config and rung");
+  summary->add_option("trace", a.trace_file, "a Chrome trace")->required();
+  summary->add_flag("--json", a.json, "JSON output");
+  commands.push_back({summary, [&a] { return tk::cli::trace_summary(a.trace_file, a.json); }});
+}
+
+void add_bench_command(CLI::App& app, Args& a, ThreadsOption& threads, Commands& commands) {
   auto* bench = app.add_subcommand("bench", "benchmark implementations side by side");
   bench->add_option("--op", a.op, "op family");
   bench->add_option("--spec", a.spec, "a spec name");
@@ -659,14 +726,58 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", a.json, "JSON output");
   bench->add_option("-o,--output", a.out_path,
                     "also write the JSON document here (for tokamax report)");
-  add_threads(bench);
+  threads.add_to(bench);
+  commands.push_back({bench, [&a] { return cmd_bench(a); }});
+}
 
+void add_report_command(CLI::App& app, Args& a, Commands& commands) {
   auto* report = app.add_subcommand(
       "report", "one self-contained HTML page of results, benchmarks and a trace, with charts");
   report->add_option("results", a.files, "autotuning result files (tokamax autotune -o)");
   report->add_option("--bench", a.bench_files, "bench documents (tokamax bench --json or -o)");
   report->add_option("--trace", a.trace_files, "traces (TOKAMAX_TRACE)");
   report->add_option("-o,--output", a.out_path, "the HTML file to write");
+  commands.push_back({report, [&a] { return cmd_report(a); }});
+}
+
+// The chosen command after the settings every command shares; with no subcommand, `device`.
+int run_command(const CLI::App& app, const Commands& commands, const ThreadsOption& threads) {
+  // The library only warns about a malformed TOKAMAX_LOG (a logging setting must not stop a
+  // program); the command reports it as the error it is.
+  if (const char* log = std::getenv("TOKAMAX_LOG"); log && *log) {
+    tk::set_log_settings(tk::LogSettings::parse(log));
+  }
+  threads.apply();
+  if (app.get_subcommands().empty()) return commands.front().run();
+  for (const Command& c : commands) {
+    if (c.app->parsed()) return c.run();
+  }
+  return tk::cli::kExitSuccess;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before anything else: the baselines' OpenBLAS at its best kernels here (core/blas.h).
+  tk::reexec_with_best_blas(argv);
+  tk::cli::set_command_line(argc, argv);
+  CLI::App app{"tokamax: fast CPU ML kernels and their autotuner"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", "tokamax " + tk::library_version());
+  Args a;
+  ThreadsOption threads;
+  Commands commands;
+  // In this order in --help; device first, as it is also the command when none is given.
+  add_device_command(app, a, threads, commands);
+  add_ops_command(app, a, commands);
+  add_specs_command(app, a, commands);
+  add_autotune_command(app, a, threads, commands);
+  add_autotune_check_command(app, threads, commands);
+  add_explain_command(app, a, threads, commands);
+  add_cache_command(app, a, commands);
+  add_trace_command(app, a, commands);
+  add_bench_command(app, a, threads, commands);
+  add_report_command(app, a, commands);
 
   try {
     app.parse(argc, argv);
@@ -675,56 +786,10 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : tk::cli::kExitBadInput;
   }
-  a.have_budget = budget_opt->count() > 0;
-  a.op_given = trace_extract->count("--op") > 0;
-
   try {
-    // The library only warns about a malformed TOKAMAX_LOG (a logging setting must not stop a
-    // program); the command reports it as the error it is.
-    if (const char* log = std::getenv("TOKAMAX_LOG"); log && *log) {
-      tk::set_log_settings(tk::LogSettings::parse(log));
-    }
-    if (std::any_of(threads_opts.begin(), threads_opts.end(),
-                    [](const CLI::Option* o) { return o->count() > 0; })) {
-      if (threads <= 0 || threads > tk::kMaxThreads) {
-        throw tk::InvalidArgument("--threads " + std::to_string(threads) +
-                                  ": expected a positive integer (at most " +
-                                  std::to_string(tk::kMaxThreads) + ")");
-      }
-      tk::set_num_threads(threads);
-    }
-    if (device->parsed() || app.get_subcommands().empty()) {
-      print_device(a.json, a.roofline);
-    } else if (ops->parsed()) {
-      if (!a.op.empty()) tk::find_family(a.op);  // an unknown op: an error listing the known
-      print_ops(a.op, a.json);
-    } else if (specs->parsed()) {
-      print_specs(a.op, a.tag, a.json);  // find_arg_specs names an unknown op
-    } else if (autotune->parsed()) {
-      return cmd_autotune(a);
-    } else if (check->parsed()) {
-      check_opts.impls = split_csv(check_impls);
-      return tk::cli::autotune_check(check_opts);
-    } else if (explain->parsed()) {
-      return cmd_explain(a);
-    } else if (cache_show->parsed()) {
-      return cmd_cache_show(a);
-    } else if (cache_merge->parsed()) {
-      return cmd_cache_merge(a);
-    } else if (cache_verify->parsed()) {
-      return cmd_cache_verify(a);
-    } else if (trace_extract->parsed()) {
-      return tk::cli::trace_extract(a.trace_files, a.out_path, a.op_given ? a.op : "", a.json);
-    } else if (trace_summary->parsed()) {
-      return tk::cli::trace_summary(a.trace_file, a.json);
-    } else if (bench->parsed()) {
-      return cmd_bench(a);
-    } else if (report->parsed()) {
-      return cmd_report(a);
-    }
+    return run_command(app, commands, threads);
   } catch (const std::exception& e) {
     std::cerr << "tokamax: " << e.what() << "\n";
     return tk::cli::exit_status_of(e);
   }
-  return tk::cli::kExitSuccess;
 }

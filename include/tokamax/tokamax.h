@@ -6,6 +6,7 @@
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/autotuning/measurement.h"
 #include "tokamax/autotuning/roofline.h"
+#include "tokamax/core/activation.h"
 #include "tokamax/core/blas.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/dtype.h"

@@ -1,12 +1,14 @@
 // The tuning backend of the resolution ladder (see backend.h).
 #include "autotuning/backend.h"
 
+#include <atomic>
+
+#include "autotuning/remote_rung.h"
 #include "autotuning/scope_stack.h"
 #include "op/builtins.h"
 #include "tokamax/autotuning/autotuner.h"
 #include "tokamax/autotuning/cache.h"
 #include "tokamax/core/log.h"
-#include "tokamax/fleet/remote_cache.h"
 #include "tokamax/op/dispatch.h"
 
 namespace tokamax {
@@ -41,7 +43,8 @@ class Backend : public TuningBackend {
   }
   std::optional<Config> remote_lookup(const Implementation& impl, const BoundArguments& bound,
                                       std::string* detail) const override {
-    return RemoteCache::global().lookup(impl, bound, detail);
+    const RemoteRung* rung = remote_rung();
+    return rung ? rung->lookup(impl, bound, detail) : std::nullopt;
   }
   std::optional<Config> autotune_now(const OpFamily&, const Implementation& impl,
                                      const BoundArguments& bound,
@@ -64,15 +67,19 @@ class Backend : public TuningBackend {
     } catch (const std::exception& e) {
       TOKAMAX_LOG("cache", kWarning, std::string("could not write the user cache: ") + e.what());
     }
-    RemoteCache::global().publish(r);  // the fleet's too (logs its own failures)
+    if (const RemoteRung* rung = remote_rung()) rung->publish(r);  // the fleet's too
     if (detail) *detail = "tuned on cache miss";
     return best;
   }
 };
 
 const Backend g_backend;
+std::atomic<const RemoteRung*> g_remote_rung{nullptr};
 
 }  // namespace
+
+const RemoteRung* remote_rung() { return g_remote_rung.load(std::memory_order_acquire); }
+void set_remote_rung(const RemoteRung* rung) { g_remote_rung.store(rung); }
 
 bool already_tuned(const Implementation& impl, const BoundArguments& bound) {
   return !impl.has_config() || g_backend.scope_lookup(impl, bound, nullptr) ||

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "autotuning/remote_rung.h"
+#include "op/builtins.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/json.h"
 #include "tokamax/core/log.h"
@@ -188,6 +190,25 @@ int RemoteCache::publish(const AutotuningResult& result, Store* store) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   known_.clear();  // what was published must be read, not a remembered miss
   return n;
+}
+
+namespace {
+// The remote cache as the ladder's remote rung (autotuning/remote_rung.h).
+class Rung : public RemoteRung {
+ public:
+  std::optional<Config> lookup(const Implementation& impl, const BoundArguments& bound,
+                               std::string* detail) const override {
+    return RemoteCache::global().lookup(impl, bound, detail);
+  }
+  void publish(const AutotuningResult& result) const override {
+    RemoteCache::global().publish(result);
+  }
+};
+}  // namespace
+
+void install_remote_rung() {
+  static const Rung rung;
+  set_remote_rung(&rung);
 }
 
 }  // namespace tokamax

@@ -1,5 +1,6 @@
 // Sharded tuning through a shared store: the claim protocol, the runner, the host-wide
-// measurement lock, launcher ranks and the protocol's simulation (see tokamax/fleet/sharded.h).
+// measurement lock and launcher ranks (see tokamax/fleet/sharded.h). The protocol's simulation
+// is in simulation.cc.
 #include "tokamax/fleet/sharded.h"
 
 #include <fcntl.h>
@@ -15,7 +16,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <queue>
 #include <random>
 #include <set>
 #include <thread>
@@ -434,6 +434,307 @@ class Renewer {
   std::thread thread_;
 };
 
+// The lock file must be usable before any work: a key whose measurement cannot take it would
+// fail for every process of this machine.
+void check_host_lock(const std::string& lock_path) {
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+  if (fd < 0) {
+    throw InvalidArgument("the host measurement lock " + lock_path + " cannot be opened (" +
+                          std::strerror(errno) + "); give another path (--host-lock)");
+  }
+  ::close(fd);
+}
+
+// The ids of `work`, most expensive first by estimate_cost_ms: the plan's order, so that the
+// longest keys start first and the run does not end waiting for one started last.
+std::vector<std::string> ids_by_cost(const Autotuner& tuner,
+                                     const std::vector<BoundArguments>& work) {
+  const double t0 = now_s();
+  std::vector<std::pair<double, std::string>> costed;
+  for (const auto& b : work) costed.emplace_back(estimate_cost_ms(tuner, b), id_of(b));
+  TOKAMAX_LOG("fleet", kInfo,
+              fmt::format("estimated the cost of {} keys in {:.1f} s", work.size(), now_s() - t0));
+  std::stable_sort(costed.begin(), costed.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> ids;
+  for (const auto& [_, id] : costed) ids.push_back(id);
+  return ids;
+}
+
+// Joins the run (its plan made by the first process to come, its order checked by the others).
+// Joining retries a store that fails (until the deadline), as the run's loop does.
+void join_run(ClaimProtocol& proto, const Autotuner& tuner, const std::vector<BoundArguments>& work,
+              const std::unordered_map<std::string, const BoundArguments*>& by_id,
+              std::vector<std::string> ids, const FleetOptions& options, double deadline) {
+  for (double backoff = options.poll_s;; backoff = std::min(backoff * 2, 10.0)) {
+    try {
+      // A run that has a plan needs no estimates: the plan's order is used.
+      if (!proto.existing_order()) ids = ids_by_cost(tuner, work);
+      {
+        std::vector<std::string> full;
+        for (const auto& id : ids) full.push_back(full_key(*by_id.at(id)));
+        proto.join(ids, full);
+      }
+      break;
+    } catch (const StoreError& e) {
+      if (now_s() + backoff > deadline) throw;
+      TOKAMAX_LOG("fleet", kWarning, std::string(e.what()) + "; retrying");
+      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    }
+  }
+}
+
+// One process's part of a joined run: claims keys, tunes them and publishes their results until
+// every key has one, then merges them. It survives the store's failures (results it could not
+// publish are kept and published when the store is back) until the run's deadline.
+class ShardedRunner {
+ public:
+  ShardedRunner(Store& store, ClaimProtocol& proto, std::mutex& store_mu, const AutotuneOptions& to,
+                const FleetOptions& options,
+                const std::unordered_map<std::string, const BoundArguments*>& by_id,
+                std::string worker, double start, double deadline, double tune_until)
+      : store_(store),
+        proto_(proto),
+        store_mu_(store_mu),
+        to_(to),
+        options_(options),
+        by_id_(by_id),
+        worker_(std::move(worker)),
+        start_(start),
+        deadline_(deadline),
+        tune_until_(tune_until),
+        fields_(proto.fields()),
+        n_(fields_.size()),
+        remaining_(static_cast<int64_t>(n_)),
+        backoff_(options.poll_s),
+        idle_poll_(options.poll_s) {}
+
+  AutotuningResult run();
+
+ private:
+  void report(const std::string& key);
+  void wait(double s);
+  void idle();
+  [[noreturn]] void fail_at_deadline();
+  void publish_unpublished();
+  void tune_claimed(size_t i, std::unique_lock<std::mutex>& lock);
+  std::optional<std::string> tune_key(const BoundArguments& b, size_t i);
+  std::optional<AutotuningResult> merge_results();
+
+  Store& store_;
+  ClaimProtocol& proto_;
+  std::mutex& store_mu_;  // the store object is shared with the lease renewer
+  const AutotuneOptions& to_;
+  const FleetOptions& options_;
+  const std::unordered_map<std::string, const BoundArguments*>& by_id_;
+  const std::string worker_;
+  const double start_, deadline_, tune_until_;
+  const std::vector<std::string>& fields_;
+  const size_t n_;
+  // Results this process produced and has not yet managed to publish (the store was down).
+  std::map<size_t, std::string> unpublished_;
+  int64_t remaining_;  // as last seen
+  int mine_ = 0;
+  double backoff_, idle_poll_;
+  bool store_down_ = false, scan_all_ = false;
+};
+
+void ShardedRunner::report(const std::string& key) {
+  if (!options_.progress) return;
+  FleetProgress p;
+  p.total = static_cast<int>(n_);
+  p.done = static_cast<int>(static_cast<int64_t>(n_) - remaining_);
+  p.mine = mine_;
+  p.elapsed_s = now_s() - start_;
+  // From this process's own pace: others' keys and a resumed run's do not shorten it.
+  p.eta_s =
+      mine_ > 0 ? p.elapsed_s / mine_ * (p.total - p.done) / std::max(1, options_.world_size) : 0;
+  p.key = key;
+  p.worker = worker_;
+  options_.progress(p);
+}
+
+void ShardedRunner::wait(double s) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(s, deadline_ - now_s())));
+}
+
+void ShardedRunner::idle() {
+  // Idle until others finish: polls back off to the lease's length (a dead process's key is
+  // taken over within about two leases), so that many idle processes do not load the store.
+  wait(idle_poll_);
+  idle_poll_ = std::min(idle_poll_ * 1.5, std::max(options_.poll_s, options_.lease_s));
+}
+
+void ShardedRunner::fail_at_deadline() {
+  std::string names;
+  try {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    const auto missing = proto_.missing();
+    remaining_ = static_cast<int64_t>(missing.size());
+    for (size_t k = 0; k < missing.size() && k < 20; ++k) {
+      names += fmt::format("\n  {} (last claimed by {})", fields_[missing[k]],
+                           proto_.claimant(missing[k]));
+    }
+    if (missing.size() > 20) names += "\n  ...";
+  } catch (const StoreError& e) {
+    names =
+        fmt::format(" (the store is unreachable, so which ones cannot be listed: {})", e.what());
+  }
+  throw Error(
+      fmt::format("run {} on {}: the deadline of {:g} s passed with {} of {} keys "
+                  "still missing{}",
+                  options_.run_id, store_.describe(), options_.deadline_s, remaining_, n_, names));
+}
+
+// With the store lock held: what the store missed while it was down.
+void ShardedRunner::publish_unpublished() {
+  for (auto it = unpublished_.begin(); it != unpublished_.end();) {
+    proto_.publish(it->first, it->second);
+    it = unpublished_.erase(it);
+  }
+  if (store_down_) {
+    TOKAMAX_LOG("fleet", kWarning, "store " + store_.describe() + " is reachable again");
+    store_down_ = false;
+  }
+  backoff_ = options_.poll_s;
+}
+
+// Tunes the claimed key i (`lock`, on the store, is not held then) and publishes its result,
+// or releases the key when the failure was transient.
+void ShardedRunner::tune_claimed(size_t i, std::unique_lock<std::mutex>& lock) {
+  const BoundArguments& b = *by_id_.at(proto_.order()[i]);
+  report(fields_[i]);
+  const std::optional<std::string> value = tune_key(b, i);
+  lock.lock();
+  if (!value) {
+    proto_.release(i);
+    lock.unlock();
+    idle();
+    return;
+  }
+  ++mine_;
+  unpublished_[i] = *value;
+  proto_.publish(i, unpublished_[i]);
+  unpublished_.erase(i);
+  remaining_ = proto_.remaining();
+  lock.unlock();
+  report("");
+}
+
+// The value to publish for key i: its result, or why no process can tune it; nothing when the
+// failure may pass (another look may tune it). The lease is renewed meanwhile.
+std::optional<std::string> ShardedRunner::tune_key(const BoundArguments& b, size_t i) {
+  Json value = {{"worker", worker_}};
+  bool keep = true;
+  {
+    Renewer renewer(proto_, store_mu_, i, options_.lease_s);
+    try {
+      AutotuneOptions o = to_;
+      o.budget_s = std::max(1.0, tune_until_ - now_s());
+      AutotuningResult r;
+      r.add(b, Autotuner(o).tune(b));
+      value["result"] = parse_json(r.dumps(), "result");
+    } catch (const StoreError&) {
+      throw;
+    } catch (const Error& e) {
+      const bool deterministic =
+          dynamic_cast<const InvalidArgument*>(&e) || dynamic_cast<const Unsupported*>(&e);
+      TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
+      if (deterministic) {
+        // Published: the others must not wait for a key no process can tune.
+        value["failed"] = e.what();
+      } else {
+        keep = false;  // transient (the host lock's wait, ...): another look may tune it
+      }
+    } catch (const std::exception& e) {
+      TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
+      keep = false;
+    }
+  }
+  if (!keep) return std::nullopt;
+  return value.dump();
+}
+
+// With the store lock held and every key published: the merged results, or nothing when one is
+// missing after all. A value this library cannot use is removed so that its key is tuned again.
+std::optional<AutotuningResult> ShardedRunner::merge_results() {
+  AutotuningResult merged;
+  bool all_good = true;
+  const auto values = proto_.results();
+  for (size_t k = 0; k < n_; ++k) {
+    auto it = values.find(fields_[k]);
+    if (it == values.end()) {
+      all_good = false;
+      continue;
+    }
+    try {
+      const Json j = parse_json(it->second, "result " + fields_[k]);
+      if (j.contains("failed")) {
+        TOKAMAX_LOG("fleet", kWarning,
+                    fmt::format("{} could not be tuned by {}: {}", fields_[k],
+                                j.value("worker", "?"), j["failed"].dump()));
+        continue;
+      }
+      const AutotuningResult r =
+          AutotuningResult::loads(j.at("result").dump(), "result " + fields_[k]);
+      if (r.device_kind() != device_kind() || r.data().size() != 1 ||
+          id_of(r.data()[0].first) != proto_.order()[k]) {
+        throw InvalidArgument("not the result of this key on " + device_kind());
+      }
+      merged = merged | r;
+    } catch (const std::exception& e) {
+      TOKAMAX_LOG("fleet", kWarning,
+                  "discarding the unusable result under " + fields_[k] + " (" + e.what() +
+                      "); it is tuned again");
+      proto_.discard(fields_[k], it->second);
+      all_good = false;
+    }
+  }
+  if (!all_good) return std::nullopt;
+  return merged;
+}
+
+AutotuningResult ShardedRunner::run() {
+  for (;;) {
+    if (now_s() > deadline_) fail_at_deadline();
+    try {
+      std::unique_lock<std::mutex> lock(store_mu_);
+      publish_unpublished();
+      // No key is started with less than a second left to tune it.
+      const auto i = now_s() + 1 < tune_until_ ? proto_.claim_next(scan_all_) : std::nullopt;
+      scan_all_ = false;
+      if (i) {
+        idle_poll_ = options_.poll_s;
+        lock.unlock();
+        tune_claimed(*i, lock);
+        continue;
+      }
+      remaining_ = proto_.remaining();
+      if (remaining_ > 0) {
+        lock.unlock();
+        report("");
+        idle();
+        continue;
+      }
+      // Every key has a result: read them all.
+      if (std::optional<AutotuningResult> merged = merge_results()) {
+        report("");
+        return std::move(*merged);
+      }
+      // Something is missing after all (a result discarded, or others' fields in the hash):
+      // look for it, after a pause.
+      scan_all_ = true;
+      lock.unlock();
+      idle();
+    } catch (const StoreError& e) {
+      if (!store_down_) TOKAMAX_LOG("fleet", kWarning, std::string(e.what()) + "; retrying");
+      store_down_ = true;
+      wait(backoff_);
+      backoff_ = std::min(backoff_ * 2, 10.0);
+    }
+  }
+}
+
 }  // namespace
 
 AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& store,
@@ -444,17 +745,7 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
   const std::string worker = fmt::format("{}:{}/rank{}", host_name(), getpid(), options.rank);
   const std::string lock_path =
       options.host_lock_path.empty() ? default_lock_path() : options.host_lock_path;
-
-  {
-    // The lock file must be usable before any work: a key whose measurement cannot take it
-    // would fail for every process of this machine.
-    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (fd < 0) {
-      throw InvalidArgument("the host measurement lock " + lock_path + " cannot be opened (" +
-                            std::strerror(errno) + "); give another path (--host-lock)");
-    }
-    ::close(fd);
-  }
+  check_host_lock(lock_path);
   AutotuneOptions to = tune_options;
   to.exclusive = [lock_path, deadline] {
     return lock_host_measurement(lock_path, std::max(1.0, deadline - now_s()));
@@ -471,353 +762,13 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
   std::mutex store_mu;  // the store object is shared with the lease renewer
   ClaimProtocol proto(store, options.run_id, device_kind() + "@" + library_version(), worker,
                       static_cast<int64_t>(options.lease_s * 1000));
-  // Joining retries a store that fails (until the deadline), as the run's loop below does.
-  for (double backoff = options.poll_s;; backoff = std::min(backoff * 2, 10.0)) {
-    try {
-      // A run that has a plan needs no estimates: the plan's order is used.
-      if (!proto.existing_order()) {
-        const double t0 = now_s();
-        std::vector<std::pair<double, std::string>> costed;
-        for (const auto& b : work) costed.emplace_back(estimate_cost_ms(tuner, b), id_of(b));
-        TOKAMAX_LOG(
-            "fleet", kInfo,
-            fmt::format("estimated the cost of {} keys in {:.1f} s", work.size(), now_s() - t0));
-        std::stable_sort(costed.begin(), costed.end(),
-                         [](const auto& a, const auto& b) { return a.first > b.first; });
-        ids.clear();
-        for (const auto& [_, id] : costed) ids.push_back(id);
-      }
-      {
-        std::vector<std::string> full;
-        for (const auto& id : ids) full.push_back(full_key(*by_id.at(id)));
-        proto.join(ids, full);
-      }
-      break;
-    } catch (const StoreError& e) {
-      if (now_s() + backoff > deadline) throw;
-      TOKAMAX_LOG("fleet", kWarning, std::string(e.what()) + "; retrying");
-      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
-    }
-  }
-  const std::vector<std::string>& fields = proto.fields();
-  const size_t n = fields.size();
+  join_run(proto, tuner, work, by_id, std::move(ids), options, deadline);
   // --budget-s bounds this process's tuning (no key is started after it); the deadline bounds
   // the whole run, waiting for the others included.
   const double tune_until = std::min(deadline, start + tune_options.budget_s);
-
-  // Results this process produced and has not yet managed to publish (the store was down).
-  std::map<size_t, std::string> unpublished;
-  int64_t remaining = static_cast<int64_t>(n);  // as last seen
-  int mine = 0;
-  double backoff = options.poll_s, idle_poll = options.poll_s;
-  bool store_down = false, scan_all = false;
-  auto report = [&](const std::string& key) {
-    if (!options.progress) return;
-    FleetProgress p;
-    p.total = static_cast<int>(n);
-    p.done = static_cast<int>(static_cast<int64_t>(n) - remaining);
-    p.mine = mine;
-    p.elapsed_s = now_s() - start;
-    // From this process's own pace: others' keys and a resumed run's do not shorten it.
-    p.eta_s =
-        mine > 0 ? p.elapsed_s / mine * (p.total - p.done) / std::max(1, options.world_size) : 0;
-    p.key = key;
-    p.worker = worker;
-    options.progress(p);
-  };
-  auto wait = [&](double s) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(s, deadline - now_s())));
-  };
-  auto idle = [&] {
-    // Idle until others finish: polls back off to the lease's length (a dead process's key is
-    // taken over within about two leases), so that many idle processes do not load the store.
-    wait(idle_poll);
-    idle_poll = std::min(idle_poll * 1.5, std::max(options.poll_s, options.lease_s));
-  };
-
-  for (;;) {
-    if (now_s() > deadline) {
-      std::string names;
-      try {
-        std::lock_guard<std::mutex> lock(store_mu);
-        const auto missing = proto.missing();
-        remaining = static_cast<int64_t>(missing.size());
-        for (size_t k = 0; k < missing.size() && k < 20; ++k) {
-          names += fmt::format("\n  {} (last claimed by {})", fields[missing[k]],
-                               proto.claimant(missing[k]));
-        }
-        if (missing.size() > 20) names += "\n  ...";
-      } catch (const StoreError& e) {
-        names = fmt::format(" (the store is unreachable, so which ones cannot be listed: {})",
-                            e.what());
-      }
-      throw Error(
-          fmt::format("run {} on {}: the deadline of {:g} s passed with {} of {} keys "
-                      "still missing{}",
-                      options.run_id, store.describe(), options.deadline_s, remaining, n, names));
-    }
-    try {
-      std::unique_lock<std::mutex> lock(store_mu);
-      for (auto it = unpublished.begin(); it != unpublished.end();) {
-        proto.publish(it->first, it->second);
-        it = unpublished.erase(it);
-      }
-      if (store_down) {
-        TOKAMAX_LOG("fleet", kWarning, "store " + store.describe() + " is reachable again");
-        store_down = false;
-      }
-      backoff = options.poll_s;
-      // No key is started with less than a second left to tune it.
-      const auto i = now_s() + 1 < tune_until ? proto.claim_next(scan_all) : std::nullopt;
-      scan_all = false;
-      if (i) {
-        idle_poll = options.poll_s;
-        lock.unlock();
-        const BoundArguments& b = *by_id.at(proto.order()[*i]);
-        report(fields[*i]);
-        Json value = {{"worker", worker}};
-        bool keep = true;
-        {
-          Renewer renewer(proto, store_mu, *i, options.lease_s);
-          try {
-            AutotuneOptions o = to;
-            o.budget_s = std::max(1.0, tune_until - now_s());
-            AutotuningResult r;
-            r.add(b, Autotuner(o).tune(b));
-            value["result"] = parse_json(r.dumps(), "result");
-          } catch (const StoreError&) {
-            throw;
-          } catch (const Error& e) {
-            const bool deterministic =
-                dynamic_cast<const InvalidArgument*>(&e) || dynamic_cast<const Unsupported*>(&e);
-            TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
-            if (deterministic) {
-              // Published: the others must not wait for a key no process can tune.
-              value["failed"] = e.what();
-            } else {
-              keep = false;  // transient (the host lock's wait, ...): another look may tune it
-            }
-          } catch (const std::exception& e) {
-            TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
-            keep = false;
-          }
-        }
-        lock.lock();
-        if (!keep) {
-          proto.release(*i);
-          lock.unlock();
-          idle();
-          continue;
-        }
-        ++mine;
-        unpublished[*i] = value.dump();
-        proto.publish(*i, unpublished[*i]);
-        unpublished.erase(*i);
-        remaining = proto.remaining();
-        lock.unlock();
-        report("");
-        continue;
-      }
-      remaining = proto.remaining();
-      if (remaining > 0) {
-        lock.unlock();
-        report("");
-        idle();
-        continue;
-      }
-      // Every key has a result: read them all; a value this library cannot use is removed so
-      // that its key is tuned again.
-      AutotuningResult merged;
-      bool all_good = true;
-      const auto values = proto.results();
-      for (size_t k = 0; k < n; ++k) {
-        auto it = values.find(fields[k]);
-        if (it == values.end()) {
-          all_good = false;
-          continue;
-        }
-        try {
-          const Json j = parse_json(it->second, "result " + fields[k]);
-          if (j.contains("failed")) {
-            TOKAMAX_LOG("fleet", kWarning,
-                        fmt::format("{} could not be tuned by {}: {}", fields[k],
-                                    j.value("worker", "?"), j["failed"].dump()));
-            continue;
-          }
-          const AutotuningResult r =
-              AutotuningResult::loads(j.at("result").dump(), "result " + fields[k]);
-          if (r.device_kind() != device_kind() || r.data().size() != 1 ||
-              id_of(r.data()[0].first) != proto.order()[k]) {
-            throw InvalidArgument("not the result of this key on " + device_kind());
-          }
-          merged = merged | r;
-        } catch (const std::exception& e) {
-          TOKAMAX_LOG("fleet", kWarning,
-                      "discarding the unusable result under " + fields[k] + " (" + e.what() +
-                          "); it is tuned again");
-          proto.discard(fields[k], it->second);
-          all_good = false;
-        }
-      }
-      if (all_good) {
-        report("");
-        return merged;
-      }
-      // Something is missing after all (a result discarded, or others' fields in the hash):
-      // look for it, after a pause.
-      scan_all = true;
-      lock.unlock();
-      idle();
-    } catch (const StoreError& e) {
-      if (!store_down) TOKAMAX_LOG("fleet", kWarning, std::string(e.what()) + "; retrying");
-      store_down = true;
-      wait(backoff);
-      backoff = std::min(backoff * 2, 10.0);
-    }
-  }
-}
-
-// ---- Simulation --------------------------------------------------------------------------------
-
-FleetSimulationResult simulate_fleet(const FleetSimulation& sim) {
-  const int w = sim.workers;
-  const size_t n = sim.costs_ms.size();
-  FleetSimulationResult out;
-  out.finish_ms.assign(w, 0);
-  out.died.assign(w, false);
-  if (sim.count_shards) {
-    // XLA's split: worker r tunes the contiguous r-th slice of the list, by count.
-    for (int r = 0; r < w; ++r) {
-      const size_t lo = n * r / w, hi = n * (r + 1) / w;
-      for (size_t i = lo; i < hi; ++i) out.finish_ms[r] += sim.costs_ms[i];
-      out.tunings_started += static_cast<int>(hi - lo);
-    }
-    out.keys_published = static_cast<int>(n);
-    out.makespan_ms = *std::max_element(out.finish_ms.begin(), out.finish_ms.end());
-  } else {
-    double now = 0;
-    const std::string name = "simulate_fleet";
-    MemoryStore::reset(name);
-    std::mt19937_64 rng(sim.seed);
-    std::vector<std::string> ids(n);
-    for (size_t i = 0; i < n; ++i) ids[i] = "key" + std::to_string(i);
-    // The plan: largest estimated cost first (the simulation's estimate is exact).
-    std::vector<std::string> order = ids;
-    std::unordered_map<std::string, double> cost;
-    for (size_t i = 0; i < n; ++i) cost[ids[i]] = sim.costs_ms[i];
-    std::stable_sort(order.begin(), order.end(),
-                     [&](const auto& a, const auto& b) { return cost[a] > cost[b]; });
-    double total = 0;
-    for (double c : sim.costs_ms) total += c;
-    struct Worker {
-      std::unique_ptr<MemoryStore> store;
-      std::unique_ptr<ClaimProtocol> proto;
-      std::optional<size_t> holding;
-      double finish_at = 0, die_at = 1e300;
-      double idle_poll = 0;
-      bool done = false;
-    };
-    std::vector<Worker> ws(w);
-    // Latency is charged to the worker that sent the command: its next step is that much later.
-    double charged = 0;
-    std::uniform_real_distribution<double> unit(0, 1);
-    const int dying = static_cast<int>(std::round(sim.die_fraction * w));
-    std::vector<int> perm(w);
-    for (int i = 0; i < w; ++i) perm[i] = i;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int k = 0; k < w; ++k) {
-      Worker& wk = ws[k];
-      wk.store = std::make_unique<MemoryStore>(name);
-      wk.store->set_clock([&now] { return static_cast<int64_t>(now); });
-      MemoryStore::Faults f;
-      f.failure_rate = sim.failure_rate;
-      f.latency_ms = sim.latency_ms;
-      f.on_latency = [&charged](double ms) { charged += ms; };
-      f.seed = sim.seed * 7919 + k;
-      wk.store->set_faults(f);
-      // (std::string("w") += ...: GCC 12 warns -Wrestrict on "w" + std::to_string(k) here.)
-      std::string owner = "w";
-      owner += std::to_string(k);
-      wk.proto = std::make_unique<ClaimProtocol>(*wk.store, "sim", "scope", owner,
-                                                 static_cast<int64_t>(sim.lease_ms));
-    }
-    // Each dying worker dies at a random moment before the work could be done.
-    for (int k = 0; k < dying; ++k) ws[perm[k]].die_at = unit(rng) * total / w;
-    using Event = std::pair<double, int>;
-    std::priority_queue<Event, std::vector<Event>, std::greater<Event>> q;
-    std::vector<bool> joined(w, false);
-    std::vector<int> publications(n, 0);  // per plan position
-    for (int k = 0; k < w; ++k) q.push({0, k});
-    const double renew_every = sim.lease_ms / 3;
-    while (!q.empty()) {
-      auto [t, k] = q.top();
-      q.pop();
-      now = t;
-      Worker& wk = ws[k];
-      if (t >= wk.die_at) {
-        out.died[k] = true;
-        out.finish_ms[k] = wk.die_at;
-        continue;
-      }
-      charged = 0;
-      double next = -1;
-      try {
-        if (!joined[k]) {
-          wk.proto->join(order, order);
-          joined[k] = true;
-        }
-        if (wk.holding && t >= wk.finish_at) {
-          const size_t i = *wk.holding;
-          wk.proto->publish(i, "done");
-          ++publications[i];
-          wk.holding.reset();
-          out.finish_ms[k] = t;
-        }
-        if (wk.holding) {
-          wk.proto->renew(*wk.holding);
-          next = std::min(t + renew_every, wk.finish_at);
-        } else if (const auto i = wk.proto->claim_next()) {
-          wk.holding = i;
-          ++out.tunings_started;
-          wk.finish_at = t + cost[wk.proto->order()[*i]];
-          next = std::min(t + renew_every, wk.finish_at);
-          wk.idle_poll = sim.poll_ms;
-        } else if (wk.proto->remaining() > 0) {
-          // The runner's idle back-off.
-          wk.idle_poll = std::max(wk.idle_poll, sim.poll_ms);
-          next = t + wk.idle_poll;
-          wk.idle_poll = std::min(wk.idle_poll * 1.5, std::max(sim.poll_ms, sim.lease_ms));
-        } else {
-          wk.done = true;
-        }
-      } catch (const StoreError&) {
-        next = t + sim.poll_ms;  // the runner's back-off
-      }
-      if (next >= 0) q.push({next + charged, k});
-    }
-    MemoryStore check(name);
-    const auto results = check.hash_get_all("tokamax:{sim}:scope:results");
-    out.keys_published = static_cast<int>(results.size());
-    for (int p : publications) {
-      out.keys_published_once += p == 1;
-      out.keys_published_more += p > 1;
-    }
-    for (const auto& wk : ws) {
-      out.store_operations += wk.store->operations();
-      for (const auto& [c, m] : wk.store->operation_counts()) out.operations_by_command[c] += m;
-    }
-    out.makespan_ms = now;
-    MemoryStore::reset(name);
-  }
-  int alive = 0;
-  for (int k = 0; k < w; ++k) {
-    if (out.died[k]) continue;
-    ++alive;
-    out.mean_finish_ms += out.finish_ms[k];
-    out.max_finish_ms = std::max(out.max_finish_ms, out.finish_ms[k]);
-  }
-  if (alive) out.mean_finish_ms /= alive;
-  return out;
+  ShardedRunner runner(store, proto, store_mu, to, options, by_id, worker, start, deadline,
+                       tune_until);
+  return runner.run();
 }
 
 }  // namespace tokamax

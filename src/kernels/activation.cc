@@ -1,22 +1,10 @@
-// The activations: their names and derivatives (src/kernels/activation.h has their arithmetic).
+// The activations' derivatives (src/kernels/activation.h has their arithmetic; their names are
+// core's, tokamax/core/activation.h).
 #include "kernels/activation.h"
 
 #include <cmath>
 
-namespace tokamax {
-
-namespace kernels {
-
-const EnumNames<Activation, 6>& activation_names() {
-  static constexpr EnumNames<Activation, 6> kNames{"activation",
-                                                   {{{Activation::kNone, "none"},
-                                                     {Activation::kRelu, "relu"},
-                                                     {Activation::kSilu, "silu"},
-                                                     {Activation::kGelu, "gelu"},
-                                                     {Activation::kGeluTanh, "gelu_tanh"},
-                                                     {Activation::kSigmoid, "sigmoid"}}}};
-  return kNames;
-}
+namespace tokamax::kernels {
 
 // 1 - sigmoid(x) is taken as sigmoid(-x) throughout: the subtraction cancels in the tails
 // (gelu_tanh's 0.5 (1 + tanh(z)) reads 0 at x = -9 where the derivative is -1e-34).
@@ -45,9 +33,4 @@ double activation_grad(Activation a, double x) {
   return 1;
 }
 
-}  // namespace kernels
-
-std::string_view activation_name(Activation a) { return kernels::activation_names().name(a); }
-Activation parse_activation(std::string_view s) { return kernels::activation_names().parse(s); }
-
-}  // namespace tokamax
+}  // namespace tokamax::kernels

@@ -4,8 +4,7 @@
 
 #include <cmath>
 
-#include "tokamax/core/enum_names.h"
-#include "tokamax/ops/activation.h"
+#include "tokamax/core/activation.h"
 
 namespace tokamax::kernels {
 
@@ -26,9 +25,6 @@ inline float apply_activation(Activation a, float x) {
   }
   return x;
 }
-
-// The names' table (specs, keys, the CLI).
-const EnumNames<Activation, 6>& activation_names();
 
 // d activation / dx at x, in double (gradients and their tests).
 double activation_grad(Activation a, double x);

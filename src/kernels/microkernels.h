@@ -190,7 +190,7 @@ struct RowKernels {
                    int64_t n);
 };
 RowKernels row_kernels(Isa isa);
-// act is an Activation's value (tokamax/ops/activation.h; the ISA files see these codes only, no
+// act is an Activation's value (tokamax/core/activation.h; the ISA files see these codes only, no
 // library headers: microkernels.cc checks that they agree). The portable loop is also the
 // vector loops' fallback (gelu).
 enum ActCode : int { kActNone, kActRelu, kActSilu, kActGelu, kActGeluTanh, kActSigmoid };
@@ -229,13 +229,8 @@ const KernelSet& best_kernels();
 // The best set this CPU runs, whatever TOKAMAX_ISA says: what tuning data for this device kind
 // was made on (check_isa_config).
 const KernelSet& cpu_best_kernels();
-// Whether bf16 weights should go through the bf16 dot (pairs) rather than be widened to f32 for
-// the f32 FMA: only where the dot does more flops per cycle. TOKAMAX_BF16_DOT=0|1 overrides.
-bool bf16_dot_pays();
-// Whether the vector bf16 dot (vdpbf16ps, the dot_stream kernels) outruns widening bf16 to f32
-// FMAs: bf16_dot_pays() without AMX tiles (where it is the tiles that pay, while the vector dot
-// issues at half the FMA's flops, as on every Intel core measured).
-bool vector_bf16_dot_pays();
+// (Whether the bf16 dot pays on this CPU is measured above the kernels:
+// autotuning/bf16_dot.h.)
 
 // Packs rows [0,K) x columns [0,N) of one group's weights into panels of nr columns; panels
 // [panel_begin, panel_end) go to dst one after the other (dst holds panel_begin's).

@@ -20,6 +20,9 @@ void register_builtin_families();
 // set_builtin_tuning_backend (src/op/dispatch.cc), which, unlike the public
 // set_tuning_backend, does not itself wait for ensure_builtins.
 void install_autotuning_backend();
+// src/fleet/remote_cache.cc: installs the fleet's remote cache as the ladder's remote rung
+// (autotuning/remote_rung.h), keeping the autotuning layer free of includes from the fleet's.
+void install_remote_rung();
 void set_builtin_tuning_backend(const TuningBackend* backend);
 
 }  // namespace tokamax

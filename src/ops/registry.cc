@@ -21,6 +21,7 @@ std::shared_ptr<const OpFamily> unowned(const F& family) {
 
 void register_builtin_families() {
   install_autotuning_backend();
+  install_remote_rung();
   register_family(unowned(rdot::family()));
   register_family(unowned(attn::family()));
   register_family(unowned(attn::vjp_family()));

@@ -1,19 +1,5 @@
-// Elementwise activations that ops apply to their f32 results (ragged_dot's epilogue; the gated
-// linear unit's gate), with their names as specs and the CLI spell them.
+// The activations' public names, kept here for the programs that include this header: the type
+// is core vocabulary now (tokamax/core/activation.h).
 #pragma once
 
-#include <string_view>
-
-#include "tokamax/core/export.h"
-
-TOKAMAX_PUBLIC_BEGIN
-namespace tokamax {
-
-enum class Activation { kNone, kRelu, kSilu, kGelu, kGeluTanh, kSigmoid };
-
-std::string_view activation_name(Activation a);
-// InvalidArgument listing the names.
-Activation parse_activation(std::string_view s);
-
-}  // namespace tokamax
-TOKAMAX_PUBLIC_END
+#include "tokamax/core/activation.h"

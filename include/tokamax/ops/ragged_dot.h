@@ -20,7 +20,7 @@
 #include "tokamax/core/export.h"
 #include "tokamax/core/tensor.h"
 #include "tokamax/op/config.h"
-#include "tokamax/ops/activation.h"
+#include "tokamax/core/activation.h"
 
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "autotuning/bf16_dot.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
@@ -259,8 +260,8 @@ bool Family::memory_bound_of(const AttentionCall& c) const {
 }
 
 bool native_uses_bf16_pairs(const AttentionCall& c) {
-  return (kernels::best_kernels().amx || kernels::vector_bf16_dot_pays()) &&
-         c.q.dtype() == DType::kBF16 && c.k.dtype() == DType::kBF16 && c.v.dtype() == DType::kBF16;
+  return (kernels::best_kernels().amx || vector_bf16_dot_pays()) && c.q.dtype() == DType::kBF16 &&
+         c.k.dtype() == DType::kBF16 && c.v.dtype() == DType::kBF16;
 }
 
 void kv_panels(const kernels::KernelSet& ks, const TensorView& x, int64_t b, int64_t kh,

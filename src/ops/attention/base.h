@@ -212,7 +212,7 @@ double call_flops(const AttentionCall& c);
 double call_bytes(const AttentionCall& c);
 // Whether the native q k^T and P v run on a bf16 kernel as bf16 pairs: bf16 q, k and v where
 // the CPU's kernel set has the AMX tiles, or a vector bf16 dot that outruns the widened f32
-// FMAs (kernels::vector_bf16_dot_pays: Zen 4).
+// FMAs (vector_bf16_dot_pays: Zen 4).
 bool native_uses_bf16_pairs(const AttentionCall& c);
 
 // f32 panels of ks.nr columns (kernels::pack_panels) from one (batch b, kv head) slice of x

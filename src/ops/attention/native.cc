@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 
+#include "autotuning/bf16_dot.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
@@ -200,7 +201,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
     // bf16 K and V on the bf16 dot where it outruns the widened FMAs: Zen 4, decode_bf16
     // 1.07-1.30x against TOKAMAX_BF16_DOT=0 (tokamax bench, 3 interleaved rounds, both reading
     // K position by position). P is rounded to bf16 for P v.
-    const bool dot = bf16 && ks.dot_stream_t && k::vector_bf16_dot_pays();
+    const bool dot = bf16 && ks.dot_stream_t && vector_bf16_dot_pays();
     // q k^T over all kv heads position by position, K read as one stream. Zen 4, 2 threads,
     // reading alone (no compute, 64 MiB): head by head over a sub-block 0.49x a sequential
     // read, position by position 0.98x. The memory stream must not stop while the kernels

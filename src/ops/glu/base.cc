@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "autotuning/bf16_dot.h"
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
 
@@ -29,7 +30,7 @@ std::vector<ArgField<GluCall>> forward_fields() {
           A::optional_input("w_up", &GluCall::w_up)
               .describe("[K, N] the up projection when w is the gate's alone")
               .internal(),
-          A::enumeration("activation", &GluCall::activation, kernels::activation_names())
+          A::enumeration("activation", &GluCall::activation, activation_names())
               .describe("applied to the gate: silu (SwiGLU), gelu (GEGLU), relu, ...; none: "
                         "the identity"),
           A::value("packed_w", &GluCall::packed_w).internal(),
@@ -139,7 +140,7 @@ double call_flops(const GluCall& c) {
 
 bool uses_bf16_dot(const GluCall& c) {
   if (c.w_dtype != DType::kBF16 || kernels::best_kernels().bf16 == nullptr) return false;
-  return c.packed.empty() ? kernels::bf16_dot_pays() : packed_pairs(c.packed);
+  return c.packed.empty() ? bf16_dot_pays() : packed_pairs(c.packed);
 }
 
 bool rounds_x(const GluCall& c) { return bf16_weights_round_x(c.x.dtype(), c.w_dtype); }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "autotuning/bf16_dot.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
@@ -70,7 +71,7 @@ std::shared_ptr<const PackedGluWeights::Rep> pack(const GluCall& c, int threads)
   r->dtype = c.w_dtype;
   r->ks = &k::best_kernels();
   const int nr = r->ks->nr;
-  r->pairs = c.w_dtype == DType::kBF16 && r->ks->bf16 != nullptr && k::bf16_dot_pays();
+  r->pairs = c.w_dtype == DType::kBF16 && r->ks->bf16 != nullptr && bf16_dot_pays();
   const int64_t per_half = (c.n + nr - 1) / nr;
   r->panels = 2 * per_half;
   r->panel_elems = k::panel_elems(c.k, r->pairs, nr);

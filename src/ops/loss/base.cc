@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "autotuning/bf16_dot.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
@@ -141,7 +142,7 @@ const float* x_as_f32(const LossCall& c, Tensor* storage) {
 }
 
 bool native_logits_on_bf16_dot(const LossCall& c) {
-  return c.w.dtype() == DType::kBF16 && kernels::bf16_dot_pays();
+  return c.w.dtype() == DType::kBF16 && bf16_dot_pays();
 }
 
 CallCost Family::cost_of(const LossCall& c) const {

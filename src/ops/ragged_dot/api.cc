@@ -1,4 +1,6 @@
 // Public ragged_dot functions: bind, allocate the output, dispatch.
+#include "core/thread_pool.h"
+#include "ops/elements.h"
 #include "ops/ragged_dot/base.h"
 #include "tokamax/op/dispatch.h"
 
@@ -105,35 +107,36 @@ RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs,
                               const RaggedDotOptions& o) {
   RaggedDotCall c = make(lhs, group_sizes, RaggedDimNums::kForward, o);
   c.rhs = rhs;
-  rdot::family().bind(c);
-  for (const auto& [name, v] :
-       {std::pair{"lhs", &lhs}, std::pair{"rhs", &rhs}, std::pair{"dout", &dout}}) {
-    if (v->data() == nullptr && v->size() > 0) {
-      throw InvalidArgument(std::string("ragged_dot_vjp: ") + name + " " + v->spec().str() +
-                            " has a null data pointer; expected the array's elements");
-    }
-  }
+  rdot::family().bind_and_checked(c);  // the forward's checks, null data pointers included
   if (dout.rank() != 2 || dout.dim(0) != c.m || dout.dim(1) != c.n || !dout.is_contiguous()) {
     throw InvalidArgument("ragged_dot_vjp: dout has spec " + dout.spec().str() +
                           "; expected contiguous [" + std::to_string(c.m) + "," +
                           std::to_string(c.n) + "]");
   }
-  // Cotangent of the pre-activation output, in f32.
+  if (dout.data() == nullptr && dout.size() > 0) {
+    throw InvalidArgument("ragged_dot_vjp: dout " + dout.spec().str() +
+                          " has a null data pointer; expected the array's elements");
+  }
+  // Cotangent of the pre-activation output, in f32, a row at a time on the call's threads.
   Tensor dpre({c.m, c.n}, DType::kF32);
   float* dp = dpre.data_as<float>();
+  Tensor pre;
   if (o.activation != Activation::kNone) {
     RaggedDotOptions fo = o;
     fo.activation = Activation::kNone;
     fo.preferred_element_type = DType::kF32;
     fo.config.reset();
-    const Tensor pre = ragged_dot(lhs, rhs, group_sizes, fo);
-    for (int64_t i = 0; i < c.m * c.n; ++i) {
-      dp[i] = static_cast<float>(dout.get(i) *
-                                 rdot::activation_grad(o.activation, pre.data_as<float>()[i]));
-    }
-  } else {
-    for (int64_t i = 0; i < c.m * c.n; ++i) dp[i] = static_cast<float>(dout.get(i));
+    pre = ragged_dot(lhs, rhs, group_sizes, fo);
   }
+  parallel_for(c.m, c.num_threads, [&](int64_t r, int) {
+    for (int64_t i = r * c.n; i < (r + 1) * c.n; ++i) {
+      const float d = load_f32(dout, i);
+      dp[i] =
+          o.activation != Activation::kNone
+              ? static_cast<float>(d * rdot::activation_grad(o.activation, pre.data_as<float>()[i]))
+              : d;
+    }
+  });
   // dpre in the dtype the primal used for its operands, so the same kernels serve.
   dpre = to_dtype(std::move(dpre), lhs.dtype());
   RaggedDotOptions go;

@@ -313,7 +313,7 @@ Family::Family()
                .python("dim_nums")
                .describe("forward, the transposed rhs, or the weight gradient"),
            out_dtype_field().describe("float32 or bfloat16; None: f32 unless both are bf16"),
-           A::enumeration("activation", &RaggedDotCall::activation, kernels::activation_names())
+           A::enumeration("activation", &RaggedDotCall::activation, activation_names())
                .describe("applied to each output element (f32) before it is stored"),
            A::enumeration("precision", &RaggedDotCall::precision, kPrecisions)
                .describe("default, or highest (f32 products even for bf16 inputs)"),

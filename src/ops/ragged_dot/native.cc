@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "autotuning/bf16_dot.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
@@ -383,7 +384,7 @@ bool native_uses_bf16_dot(const RaggedDotCall& c) {
     return false;
   // Pre-packed weights keep the packing's choice; unpacked ones are widened to f32 panels
   // where the f32 FMA outruns the bf16 dot (Intel: 1.5x on compute-bound calls).
-  return c.packed.empty() ? k::bf16_dot_pays() : c.packed.bf16_dot();
+  return c.packed.empty() ? bf16_dot_pays() : c.packed.bf16_dot();
 }
 
 }  // namespace rdot

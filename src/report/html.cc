@@ -1,0 +1,35 @@
+// The report page's shared HTML pieces: escaping, number formatting and tables.
+#include "report/html.h"
+
+#include "report/svg.h"
+
+namespace tokamax::report::internal {
+
+std::string esc(std::string_view s) { return xml_escape(s); }
+std::string num(double v, int digits) { return format_number(v, digits); }
+
+std::string clip(const std::string& s, size_t n) {
+  return s.size() <= n ? s : s.substr(0, n - 3) + "...";
+}
+
+std::string code(std::string_view s) { return "<code>" + esc(s) + "</code>"; }
+std::string json_code(std::string_view s) { return "<code class=\"j\">" + esc(s) + "</code>"; }
+
+std::string Table::html(std::string_view caption) const {
+  std::string s = "<div class=\"scroll\"><table>";
+  if (!caption.empty()) s += "<caption>" + esc(caption) + "</caption>";
+  s += "<thead><tr>";
+  for (const auto& h : head) s += "<th>" + esc(h) + "</th>";
+  s += "</tr></thead><tbody>";
+  for (const auto& r : rows) {
+    s += "<tr>";
+    for (size_t i = 0; i < r.size(); ++i) {
+      const bool n = i < numeric.size() && numeric[i];
+      s += (n ? "<td class=\"n\">" : "<td>") + r[i] + "</td>";
+    }
+    s += "</tr>";
+  }
+  return s + "</tbody></table></div>";
+}
+
+}  // namespace tokamax::report::internal
