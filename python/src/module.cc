@@ -1,11 +1,9 @@
-// tokamax_cpp._core: the nanobind module behind the Python package (python/tokamax_cpp).
-//
-// Arrays come in through DLPack (numpy, ml_dtypes bfloat16, torch, jax: anything with
-// __dlpack__ or the buffer protocol), zero-copy, CPU only, contiguous only (a strided array is
-// refused with a message saying how to copy it: a silent copy would hide a slow path). Outputs
-// are the library's own Tensors handed over without a copy: numpy arrays, or torch tensors when
-// the first array argument was one. Kernels run with the GIL released. C++ errors become
-// ValueError (InvalidArgument), NotImplementedError (Unsupported) and CacheMissError.
+// tokamax_cpp._core: the nanobind module behind the Python package (python/tokamax_cpp): the
+// options' conversions and the bindings (arrays cross the boundary as arrays.h says). Most
+// ops are bound once, generically, from their descriptions (bind_described_ops); ragged_dot
+// and the GLU keep functions of their own for their packed weights and argument forms. Kernels
+// run with the GIL released. C++ errors become ValueError (InvalidArgument),
+// NotImplementedError (Unsupported) and CacheMissError.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -24,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "arrays.h"
 #include "tokamax/tokamax.h"
 
 namespace nb = nanobind;
@@ -32,349 +31,9 @@ using namespace nb::literals;
 namespace tokamax {
 namespace {
 
+using namespace py;  // NOLINT: the array conversions (arrays.h) are this module's own
+
 PyObject* g_cache_miss_error = nullptr;
-
-// --- arrays in -----------------------------------------------------------------------------
-
-nb::object torch_tensor_type() {
-  // Looked up once torch is imported (never imports it: numpy users need not have torch).
-  static nb::object type;
-  if (!type.is_valid()) {
-    nb::dict modules = nb::borrow<nb::dict>(PySys_GetObject("modules"));
-    if (modules.contains("torch")) type = modules["torch"].attr("Tensor");
-  }
-  return type;
-}
-
-// torch's dtype and layout objects (singletons), looked up with its Tensor type.
-struct TorchTypes {
-  std::vector<std::pair<nb::object, DType>> dtypes;
-  nb::object strided;
-  nb::object from_numpy;  // torch.from_numpy: outputs (see wrap)
-};
-
-const TorchTypes& torch_types() {
-  static TorchTypes t;
-  if (!t.strided.is_valid()) {
-    nb::module_ torch = nb::module_::import_("torch");
-    for (const auto& [name, d] : {std::pair{"float32", DType::kF32},
-                                  {"bfloat16", DType::kBF16},
-                                  {"float16", DType::kF16},
-                                  {"float64", DType::kF64},
-                                  {"int32", DType::kI32},
-                                  {"int64", DType::kI64},
-                                  {"uint8", DType::kU8},
-                                  {"bool", DType::kBool}}) {
-      t.dtypes.emplace_back(torch.attr(name), d);
-    }
-    t.strided = torch.attr("strided");
-    t.from_numpy = torch.attr("from_numpy");
-  }
-  return t;
-}
-
-bool is_torch(nb::handle h) {
-  nb::object t = torch_tensor_type();
-  return t.is_valid() && PyObject_IsInstance(h.ptr(), t.ptr()) == 1;
-}
-
-// The element types tokamax reads, as DLPack describes them (one table both ways).
-struct DlpackType {
-  DType dtype;
-  nb::dlpack::dtype_code code;
-  uint8_t bits;
-};
-constexpr DlpackType kDlpackTypes[] = {{DType::kF32, nb::dlpack::dtype_code::Float, 32},
-                                       {DType::kBF16, nb::dlpack::dtype_code::Bfloat, 16},
-                                       {DType::kF16, nb::dlpack::dtype_code::Float, 16},
-                                       {DType::kF64, nb::dlpack::dtype_code::Float, 64},
-                                       {DType::kI32, nb::dlpack::dtype_code::Int, 32},
-                                       {DType::kI64, nb::dlpack::dtype_code::Int, 64},
-                                       {DType::kU8, nb::dlpack::dtype_code::UInt, 8},
-                                       {DType::kBool, nb::dlpack::dtype_code::Bool, 8}};
-
-std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
-  if (d.lanes != 1) return std::nullopt;
-  for (const DlpackType& t : kDlpackTypes) {
-    if (d.code == static_cast<uint8_t>(t.code) && d.bits == t.bits) return t.dtype;
-  }
-  return std::nullopt;
-}
-
-nb::dlpack::dtype to_dlpack(DType dtype) {
-  for (const DlpackType& t : kDlpackTypes) {
-    if (t.dtype == dtype) return nb::dlpack::dtype{static_cast<uint8_t>(t.code), t.bits, 1};
-  }
-  throw Error("no DLPack type for " + std::string(dtype_name(dtype)));
-}
-
-// str(h), as Python computes it.
-std::string py_str(nb::handle h) {
-  nb::object s = nb::steal(PyObject_Str(h.ptr()));
-  if (!s.is_valid()) throw nb::python_error();
-  return nb::cast<std::string>(s);
-}
-
-std::string py_type_name(nb::handle h) { return nb::type_name(h.type()).c_str(); }
-
-// The arrays of one call: their views, kept alive until the call returns.
-class ArrayArgs {
- public:
-  explicit ArrayArgs(const char* op) : op_(op) {}
-
-  // Inputs are read only: requested as read-only so that producers which flag their DLPack
-  // export read-only (jax arrays, numpy arrays with writeable=False) are accepted.
-  TensorView add(nb::handle h, const char* name) {
-    if (is_torch(h)) return add_torch(h, name);
-    return add_as<nb::ndarray<nb::ro>>(h, name);
-  }
-  // An output buffer the op writes into.
-  TensorView add_writable(nb::handle h, const char* name) {
-    if (is_torch(h)) return add_torch(h, name);
-    nb::ndarray<> w;
-    if (!h.is_none() && nb::try_cast(h, w, /*convert=*/false)) return accept(w, name);
-    PyErr_Clear();
-    nb::ndarray<nb::ro> ro;
-    if (!h.is_none() && nb::try_cast(h, ro, /*convert=*/false)) {
-      throw InvalidArgument(std::string(op_) + ": " + name +
-                            " is read-only; expected a writable array");
-    }
-    PyErr_Clear();
-    return add_as<nb::ndarray<>>(h, name);  // the message for what is no array at all
-  }
-
-  template <class Array>
-  TensorView add_as(nb::handle h, const char* name) {
-    Array a;
-    if (h.is_none() || !nb::try_cast(h, a, /*convert=*/false)) {
-      PyErr_Clear();  // a failed __dlpack__ export may leave its error set
-      // A numpy bfloat16 (ml_dtypes) array, which numpy before 2.5 does not export through
-      // DLPack: read as its uint16 view (the same memory, no copy).
-      if (!h.is_none() && nb::hasattr(h, "dtype") && nb::hasattr(h, "view") &&
-          py_str(h.attr("dtype")) == "bfloat16") {
-        nb::object bits = h.attr("view")(nb::module_::import_("numpy").attr("uint16"));
-        if (nb::try_cast(bits, a, /*convert=*/false)) {
-          keep_objects_.push_back(bits);
-          first_ = false;
-          return view(a, name, DType::kBF16);
-        }
-        PyErr_Clear();
-      }
-      // A tensor DLPack cannot export here, such as one on torch's meta device.
-      if (!h.is_none() && nb::hasattr(h, "device")) {
-        const std::string device = py_str(h.attr("device"));
-        if (device.rfind("cpu", 0) != 0 && device.find("Cpu") == std::string::npos) {
-          throw InvalidArgument(std::string(op_) + ": " + name + " is on device " + device +
-                                "; this build of tokamax serves CPU arrays only");
-        }
-      }
-      throw InvalidArgument(std::string(op_) + ": " + name + " is a " + py_type_name(h) +
-                            "; expected an array (numpy, or a DLPack producer such as a torch "
-                            "tensor or a jax array)");
-    }
-    return accept(a, name);
-  }
-
-  std::optional<TensorView> add_optional(nb::handle h, const char* name) {
-    if (h.is_none()) return std::nullopt;
-    return add(h, name);
-  }
-
-  TensorView add_torch(nb::handle h, const char* name) {
-    if (first_) torch_ = true;
-    first_ = false;
-    return torch_view(h, name);
-  }
-
-  // A torch tensor never gets here (add and add_writable send it to add_torch first).
-  template <class Array>
-  TensorView accept(const Array& a, const char* name) {
-    first_ = false;
-    return view(a, name);
-  }
-
-  // Whether outputs are torch tensors (the first array was one).
-  bool torch() const { return torch_; }
-  const char* op() const { return op_; }
-
- private:
-  // `as`: the element type when the array's own is a stand-in (bf16 bits viewed as uint16).
-  template <class Array>
-  TensorView view(const Array& a, const char* name, std::optional<DType> as = std::nullopt) {
-    Shape shape(a.ndim());
-    std::vector<int64_t> strides(a.ndim());
-    for (size_t i = 0; i < a.ndim(); ++i) {
-      shape[i] = static_cast<int64_t>(a.shape(i));
-      strides[i] = a.stride(i);
-    }
-    if (a.device_type() != nb::device::cpu::value) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
-                            " is on DLPack device " + std::to_string(a.device_type()) +
-                            "; this build of tokamax serves CPU arrays only (move it with "
-                            ".cpu() or jax.device_get)");
-    }
-    const std::optional<DType> dt = as ? as : from_dlpack(a.dtype());
-    if (!dt) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
-                            " has a dtype tokamax does not read (DLPack code " +
-                            std::to_string(a.dtype().code) + ", " + std::to_string(a.dtype().bits) +
-                            " bits); expected float32, bfloat16, int32, int64 or bool");
-    }
-    if constexpr (std::is_same_v<Array, nb::ndarray<>>) {
-      keep_.push_back(a);
-    } else {
-      keep_ro_.push_back(a);
-    }
-    return contiguous_view(name, const_cast<void*>(static_cast<const void*>(a.data())), *dt,
-                           std::move(shape), strides);
-  }
-
-  // A torch tensor read through its attributes: DLPack's export costs torch a few microseconds
-  // a tensor (Tensor.__dlpack__ is Python), these reads a fraction of one. The caller holds the
-  // tensor for the call's duration.
-  TensorView torch_view(nb::handle h, const char* name) {
-    const TorchTypes& t = torch_types();
-    if (h.attr("layout").ptr() != t.strided.ptr()) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " has layout " +
-                            py_str(h.attr("layout")) + "; expected a dense (strided) tensor");
-    }
-    if (!nb::cast<bool>(h.attr("is_cpu"))) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " is on device " +
-                            py_str(h.attr("device")) +
-                            "; this build of tokamax serves CPU arrays only (move it with .cpu())");
-    }
-    const nb::object dtype = h.attr("dtype");
-    std::optional<DType> dt;
-    for (const auto& [obj, d] : t.dtypes) {
-      if (dtype.ptr() == obj.ptr()) dt = d;
-    }
-    const nb::tuple sizes = nb::borrow<nb::tuple>(h.attr("shape"));
-    const nb::tuple steps = nb::borrow<nb::tuple>(h.attr("stride")());
-    Shape shape(sizes.size());
-    std::vector<int64_t> strides(sizes.size());
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      shape[i] = nb::cast<int64_t>(sizes[i]);
-      strides[i] = nb::cast<int64_t>(steps[i]);
-    }
-    if (!dt) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
-                            " has dtype " + py_str(dtype) +
-                            "; expected float32, bfloat16, int32, int64 or bool");
-    }
-    void* data = reinterpret_cast<void*>(nb::cast<uintptr_t>(h.attr("data_ptr")()));
-    return contiguous_view(name, data, *dt, std::move(shape), strides);
-  }
-
-  // The view, after refusing a strided layout (a silent copy would hide a slow path).
-  TensorView contiguous_view(const char* name, void* data, DType dt, Shape shape,
-                             const std::vector<int64_t>& strides) {
-    int64_t expect = 1;
-    bool contiguous = true;
-    for (size_t i = shape.size(); i-- > 0;) {
-      if (shape[i] != 1 && strides[i] != expect) contiguous = false;
-      expect *= shape[i];
-    }
-    if (!contiguous && expect > 0) {
-      throw InvalidArgument(std::string(op_) + ": " + name + " " + tuple_str(shape) +
-                            " has element strides " + tuple_str(strides) +
-                            "; tokamax reads contiguous row-major arrays and does not copy "
-                            "silently: pass np.ascontiguousarray(x) or x.contiguous()");
-    }
-    return TensorView(data, dt, std::move(shape));
-  }
-
-  static std::string tuple_str(const std::vector<int64_t>& v) {
-    std::string s = "(";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-    return s + (v.size() == 1 ? ",)" : ")");
-  }
-
-  const char* op_;
-  bool first_ = true, torch_ = false;
-  std::vector<nb::ndarray<>> keep_;
-  std::vector<nb::ndarray<nb::ro>> keep_ro_;
-  std::vector<nb::object> keep_objects_;
-};
-
-// group_sizes: an i32 or i64 array of rank 1, or a sequence of Python ints (converted to i32,
-// range-checked: jax and torch users hold them as i64 too).
-std::vector<int32_t> group_sizes_of(ArrayArgs& args, nb::handle h) {
-  std::vector<int32_t> out;
-  if (nb::isinstance<nb::list>(h) || nb::isinstance<nb::tuple>(h)) {
-    size_t i = 0;
-    for (nb::handle v : h) {
-      // Python ints and integer scalars (numpy's: anything with __index__), not floats or bools.
-      if (!PyIndex_Check(v.ptr()) || PyBool_Check(v.ptr())) {
-        throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
-                              "] is a " + py_type_name(v) + "; expected integers");
-      }
-      nb::object as_int = nb::steal(PyNumber_Index(v.ptr()));
-      if (!as_int.is_valid()) throw nb::python_error();
-      const long long x = PyLong_AsLongLong(as_int.ptr());
-      if (x < 0 || x > INT32_MAX || PyErr_Occurred()) {
-        PyErr_Clear();
-        throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
-                              "] = " + py_str(v) + "; expected a size in [0, 2^31)");
-      }
-      out.push_back(static_cast<int32_t>(x));
-      ++i;
-    }
-    return out;
-  }
-  const TensorView g = args.add(h, "group_sizes");
-  if (g.rank() != 1 || (g.dtype() != DType::kI32 && g.dtype() != DType::kI64)) {
-    throw InvalidArgument(std::string(args.op()) + ": group_sizes has spec " + g.spec().str() +
-                          "; expected an integer array of shape [G] (int32 or int64)");
-  }
-  out.resize(static_cast<size_t>(g.dim(0)));
-  for (int64_t i = 0; i < g.dim(0); ++i) {
-    const int64_t x =
-        g.dtype() == DType::kI32 ? g.data_as<const int32_t>()[i] : g.data_as<const int64_t>()[i];
-    if (x < INT32_MIN || x > INT32_MAX) {
-      throw InvalidArgument(std::string(args.op()) + ": group_sizes[" + std::to_string(i) +
-                            "] = " + std::to_string(x) + " does not fit in int32");
-    }
-    out[static_cast<size_t>(i)] = static_cast<int32_t>(x);
-  }
-  return out;
-}
-
-// --- arrays out ----------------------------------------------------------------------------
-
-nb::object bf16_numpy_dtype() {
-  static nb::object dtype;
-  if (!dtype.is_valid()) {
-    try {
-      dtype = nb::module_::import_("ml_dtypes").attr("bfloat16");
-    } catch (const nb::python_error&) {
-      throw InvalidArgument(
-          "a bfloat16 result as a numpy array needs the ml_dtypes package (pip install "
-          "ml_dtypes), or pass torch tensors");
-    }
-  }
-  return dtype;
-}
-
-// Hands `t` to Python without a copy: the capsule owns it.
-nb::object wrap(Tensor t, bool torch) {
-  if (!t.data() && t.size() == 0) t = Tensor(t.shape(), t.dtype());
-  auto* held = new Tensor(std::move(t));
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
-  std::vector<size_t> shape(held->shape().begin(), held->shape().end());
-  const bool bf16_numpy = !torch && held->dtype() == DType::kBF16;
-  const nb::dlpack::dtype dt = bf16_numpy ? nb::dtype<uint16_t>() : to_dlpack(held->dtype());
-  if (torch && held->dtype() == DType::kBF16) {  // numpy has no bf16 for torch to take
-    return nb::cast(
-        nb::ndarray<nb::pytorch>(held->data(), shape.size(), shape.data(), owner, nullptr, dt));
-  }
-  nb::object arr = nb::cast(
-      nb::ndarray<nb::numpy>(held->data(), shape.size(), shape.data(), owner, nullptr, dt));
-  // torch.from_numpy on the (writable, owning) numpy array shares its memory: 0.7 us where
-  // nanobind's DLPack hand-over to torch takes about 1.5.
-  if (torch) return torch_types().from_numpy(arr);
-  if (bf16_numpy) return arr.attr("view")(bf16_numpy_dtype());
-  return arr;
-}
 
 // --- options -------------------------------------------------------------------------------
 
@@ -631,25 +290,32 @@ void bind_described_ops(nb::module_& m) {
       "An op's implementations in their default order, then the reference.");
 }
 
-}  // namespace
-}  // namespace tokamax
+// ragged_dot's options from the Python keywords.
+RaggedDotOptions ragged_options(nb::handle preferred, nb::handle activation, nb::handle precision,
+                                nb::handle implementation, nb::handle config,
+                                nb::handle representative) {
+  RaggedDotOptions o;
+  o.preferred_element_type = dtype_arg(preferred, "preferred_element_type");
+  o.activation = activation_arg(activation, Activation::kNone);
+  o.precision = precision_arg(precision);
+  set_choice(o, "ragged_dot", implementation, config);
+  if (!representative.is_none()) {
+    ArrayArgs a("ragged_dot");
+    o.representative_group_sizes = group_sizes_of(a, representative);
+  }
+  return o;
+}
 
-NB_MODULE(_core, m) {
-  using namespace tokamax;
-  m.doc() = "tokamax C++ kernels (see the tokamax_cpp package)";
-  g_cache_miss_error =
-      PyErr_NewExceptionWithDoc("tokamax_cpp.CacheMissError",
-                                "No tuned config for a call and the cache-miss policy is 'error'.",
-                                PyExc_LookupError, nullptr);
-  m.attr("CacheMissError") = nb::handle(g_cache_miss_error);
-  nb::register_exception_translator(translate);
+// The gated linear unit's options from the Python keywords.
+GluOptions glu_options(nb::handle activation, nb::handle implementation, nb::handle config) {
+  GluOptions o;
+  o.activation = activation_arg(activation, Activation::kNone);
+  set_choice(o, "gated_linear_unit", implementation, config);
+  return o;
+}
 
-  m.def("version", &library_version);
-  m.def("device_kind", &device_kind);
-  m.def("num_threads", &num_threads);
-  m.def("set_num_threads", &set_num_threads, "n"_a);
-  bind_described_ops(m);
-
+// PackedRhs and pack_rhs.
+void bind_packed_rhs(nb::module_& m) {
   // --- ragged_dot ---
   nb::class_<PackedRhs>(m, "PackedRhs",
                         "Weights packed once for the native kernel (pack_rhs); immutable.")
@@ -677,29 +343,16 @@ NB_MODULE(_core, m) {
         return run(false, [&] { return pack_rhs(r, d, p); });
       },
       "rhs"_a.none(), "dim_nums"_a = "forward", "precision"_a.none() = nb::none());
+}
 
-  auto ragged_options = [](nb::handle preferred, nb::handle activation, nb::handle precision,
-                           nb::handle implementation, nb::handle config,
-                           nb::handle representative) {
-    RaggedDotOptions o;
-    o.preferred_element_type = dtype_arg(preferred, "preferred_element_type");
-    o.activation = activation_arg(activation, Activation::kNone);
-    o.precision = precision_arg(precision);
-    set_choice(o, "ragged_dot", implementation, config);
-    if (!representative.is_none()) {
-      ArrayArgs a("ragged_dot");
-      o.representative_group_sizes = group_sizes_of(a, representative);
-    }
-    return o;
-  };
-
+// ragged_dot (and the C++ loop the binding-overhead benchmark times against).
+void bind_ragged_dot(nb::module_& m) {
   m.def(
       "ragged_dot",
-      [ragged_options](nb::handle lhs, nb::handle rhs, nb::handle group_sizes,
-                       nb::handle preferred_element_type, nb::handle activation,
-                       nb::handle precision, nb::handle implementation, nb::handle config,
-                       nb::handle representative_group_sizes, nb::handle out,
-                       bool heuristics_only) -> nb::object {
+      [](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, nb::handle preferred_element_type,
+         nb::handle activation, nb::handle precision, nb::handle implementation, nb::handle config,
+         nb::handle representative_group_sizes, nb::handle out,
+         bool heuristics_only) -> nb::object {
         ArrayArgs args("ragged_dot");
         const TensorView l = args.add(lhs, "lhs");
         const PackedRhs* packed = nb::inst_check(rhs) && nb::isinstance<PackedRhs>(rhs)
@@ -736,12 +389,34 @@ NB_MODULE(_core, m) {
       "config"_a.none() = nb::none(), "representative_group_sizes"_a.none() = nb::none(),
       "out"_a.none() = nb::none(), "heuristics_only"_a = false);
 
+  // The same ragged_dot call made from C++ `iters` times back to back (GIL released): the
+  // baseline of the binding-overhead benchmark (python -m tokamax_cpp.bench_overhead).
+  m.def(
+      "_time_cpp_ragged_dot",
+      [](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, int iters) {
+        ArrayArgs args("ragged_dot");
+        const TensorView l = args.add(lhs, "lhs");
+        const TensorView r = args.add(rhs, "rhs");
+        const std::vector<int32_t> g = group_sizes_of(args, group_sizes);
+        nb::gil_scoped_release unlocked;
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) {
+          Tensor t = ragged_dot(l, r, g);
+          (void)t;
+        }
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+               iters;
+      },
+      "lhs"_a, "rhs"_a, "group_sizes"_a, "iters"_a);
+}
+
+// ragged_dot_general and ragged_dot_vjp.
+void bind_ragged_dot_general(nb::module_& m) {
   m.def(
       "ragged_dot_general",
-      [ragged_options](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, std::string dim_nums,
-                       nb::handle preferred_element_type, nb::handle activation,
-                       nb::handle precision, nb::handle implementation, nb::handle config,
-                       bool heuristics_only) {
+      [](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, std::string dim_nums,
+         nb::handle preferred_element_type, nb::handle activation, nb::handle precision,
+         nb::handle implementation, nb::handle config, bool heuristics_only) {
         ArrayArgs args("ragged_dot_general");
         const TensorView l = args.add(lhs, "lhs");
         const TensorView r = args.add(rhs, "rhs");
@@ -759,9 +434,9 @@ NB_MODULE(_core, m) {
 
   m.def(
       "ragged_dot_vjp",
-      [ragged_options](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, nb::handle dout,
-                       nb::handle preferred_element_type, nb::handle activation,
-                       nb::handle precision, nb::handle implementation, bool heuristics_only) {
+      [](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, nb::handle dout,
+         nb::handle preferred_element_type, nb::handle activation, nb::handle precision,
+         nb::handle implementation, bool heuristics_only) {
         ArrayArgs args("ragged_dot_vjp");
         const TensorView l = args.add(lhs, "lhs");
         const TensorView r = args.add(rhs, "rhs");
@@ -777,7 +452,10 @@ NB_MODULE(_core, m) {
       "preferred_element_type"_a.none() = nb::none(), "activation"_a.none() = nb::none(),
       "precision"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
       "heuristics_only"_a = false);
+}
 
+// PackedGluWeights and pack_glu_weights.
+void bind_glu_weights(nb::module_& m) {
   // --- gated_linear_unit ---
   nb::class_<PackedGluWeights>(m, "PackedGluWeights",
                                "GLU weights packed once for the native kernel; immutable.")
@@ -798,17 +476,14 @@ NB_MODULE(_core, m) {
         return run(false, [&] { return pack_glu_weights(w); });
       },
       "weights"_a.none());
-  auto glu_options = [](nb::handle activation, nb::handle implementation, nb::handle config) {
-    GluOptions o;
-    o.activation = activation_arg(activation, Activation::kNone);
-    set_choice(o, "gated_linear_unit", implementation, config);
-    return o;
-  };
+}
+
+// gated_linear_unit and its VJP (fused, pair or packed weights).
+void bind_glu(nb::module_& m) {
   m.def(
       "gated_linear_unit",
-      [glu_options](nb::handle x, nb::handle weights, nb::handle activation,
-                    nb::handle implementation, nb::handle config, bool return_residuals,
-                    bool heuristics_only) -> nb::object {
+      [](nb::handle x, nb::handle weights, nb::handle activation, nb::handle implementation,
+         nb::handle config, bool return_residuals, bool heuristics_only) -> nb::object {
         ArrayArgs args("gated_linear_unit");
         const TensorView xv = args.add(x, "x");
         const GluOptions o = glu_options(activation, implementation, config);
@@ -846,9 +521,8 @@ NB_MODULE(_core, m) {
       "return_residuals"_a = false, "heuristics_only"_a = false);
   m.def(
       "gated_linear_unit_vjp",
-      [glu_options](nb::handle x, nb::handle weights, nb::handle h, nb::handle dout,
-                    nb::handle activation, nb::handle implementation, nb::handle config,
-                    bool heuristics_only) {
+      [](nb::handle x, nb::handle weights, nb::handle h, nb::handle dout, nb::handle activation,
+         nb::handle implementation, nb::handle config, bool heuristics_only) {
         ArrayArgs args("gated_linear_unit_vjp");
         const TensorView xv = args.add(x, "x");
         const TensorView w = args.add(weights, "weights");
@@ -862,27 +536,10 @@ NB_MODULE(_core, m) {
       "x"_a.none(), "weights"_a.none(), "h"_a.none(), "dout"_a.none(), nb::kw_only(),
       "activation"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
       "config"_a.none() = nb::none(), "heuristics_only"_a = false);
+}
 
-  // The same ragged_dot call made from C++ `iters` times back to back (GIL released): the
-  // baseline of the binding-overhead benchmark (python -m tokamax_cpp.bench_overhead).
-  m.def(
-      "_time_cpp_ragged_dot",
-      [](nb::handle lhs, nb::handle rhs, nb::handle group_sizes, int iters) {
-        ArrayArgs args("ragged_dot");
-        const TensorView l = args.add(lhs, "lhs");
-        const TensorView r = args.add(rhs, "rhs");
-        const std::vector<int32_t> g = group_sizes_of(args, group_sizes);
-        nb::gil_scoped_release unlocked;
-        const auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < iters; ++i) {
-          Tensor t = ragged_dot(l, r, g);
-          (void)t;
-        }
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-               iters;
-      },
-      "lhs"_a, "rhs"_a, "group_sizes"_a, "iters"_a);
-
+// query_configs, BoundArguments and the bound-args files.
+void bind_bound_args(nb::module_& m) {
   // --- configs: what a call would use, nothing run ---
   m.def(
       "query_configs",
@@ -953,7 +610,10 @@ NB_MODULE(_core, m) {
         return bound_list(rec.calls());
       },
       "fn"_a, "args"_a, "The bound arguments of every op call fn(*args) makes on this thread.");
+}
 
+// AutotuningResult and its `with result:` scopes.
+void bind_autotuning_result(nb::module_& m) {
   nb::class_<PyResult>(m, "AutotuningResult",
                        "Tuned configs per key. `with result:` applies them to the op calls made "
                        "on the entering thread (a C++ thread-local scope: other threads, such as "
@@ -1001,7 +661,10 @@ NB_MODULE(_core, m) {
         return "AutotuningResult(device_kind=" + r.result.device_kind() + ", " +
                std::to_string(r.result.data().size()) + " keys)";
       });
+}
 
+// autotune: of a callable, of bound arguments, sharded over a store.
+void bind_autotune(nb::module_& m) {
   m.def(
       "autotune_fn",
       [](nb::callable fn, nb::tuple args, bool ignore_cache, bool all_implementations,
@@ -1064,4 +727,32 @@ NB_MODULE(_core, m) {
       "lease_s"_a = 30.0, "deadline_s"_a = 86400.0, "all_implementations"_a = false,
       "budget_s"_a = nb::none(), "measure_budget_s"_a = nb::none(), "max_candidates"_a = nb::none(),
       "seed"_a = 0);
+}
+
+}  // namespace
+}  // namespace tokamax
+
+NB_MODULE(_core, m) {
+  using namespace tokamax;
+  m.doc() = "tokamax C++ kernels (see the tokamax_cpp package)";
+  g_cache_miss_error =
+      PyErr_NewExceptionWithDoc("tokamax_cpp.CacheMissError",
+                                "No tuned config for a call and the cache-miss policy is 'error'.",
+                                PyExc_LookupError, nullptr);
+  m.attr("CacheMissError") = nb::handle(g_cache_miss_error);
+  nb::register_exception_translator(translate);
+
+  m.def("version", &library_version);
+  m.def("device_kind", &device_kind);
+  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, "n"_a);
+  bind_described_ops(m);
+  bind_packed_rhs(m);
+  bind_ragged_dot(m);
+  bind_ragged_dot_general(m);
+  bind_glu_weights(m);
+  bind_glu(m);
+  bind_bound_args(m);
+  bind_autotuning_result(m);
+  bind_autotune(m);
 }
