@@ -393,50 +393,48 @@ struct TuningRun {
     return best;
   }
 
-  // The candidates that passed their check, in interleaved rounds against the control (the
-  // heuristics config when it passed), then the decision and its evidence.
-  void measure_rounds(double budget_left_s, double started) {
-    if (ok.empty()) return;
-    const int n = static_cast<int>(ok.size());
-    auto enter = [&](int j, const tuning::CandidateRounds* kr, double quiet_ms) {
-      const int i = ok[j];
-      BenchmarkData b;
-      b.prepare_ms = preps[i].ms;
-      b.scratch_bytes = preps[i].scratch;
-      b.cold_cache = cold;
-      // Not measured in rounds (abandoned, or the budget ran out before its turn): the checked
-      // run's time alone, never an empty sample set's median of 0 (stored once as "0 ms").
-      if (!kr || kr->samples_ms.empty()) {
-        b.median_ms = first_ms[j];
-        b.samples_ms = {first_ms[j]};
-      } else {
-        const SampleStats raw = SampleStats::of(kr->samples_ms);
-        b.samples_ms = kr->samples_ms;
-        b.sample_rounds = kr->sample_round;
-        b.ratios = kr->ratios;
-        b.rounds = kr->accepted;
-        b.stage = kr->stage;
-        b.finalist = kr->finalist;
-        b.iqr_ms = raw.iqr_ms();
-        b.ratio = kr->ratio;
-        b.ratio_lo = kr->ratio_lo;
-        b.ratio_hi = kr->ratio_hi;
-        // At the quiet machine's speed: the median ratio times the control's quiet level.
-        b.median_ms = kr->accepted > 0 ? kr->ratio * quiet_ms : raw.median_ms;
-      }
+  // Candidate ok[j]'s entry: kr, its rounds (quiet_ms: the control's quiet level), or, when it
+  // had none, its checked run.
+  BenchmarkData benchmark_of(int j, const tuning::CandidateRounds* kr, double quiet_ms) const {
+    const int i = ok[j];
+    BenchmarkData b;
+    b.prepare_ms = preps[i].ms;
+    b.scratch_bytes = preps[i].scratch;
+    b.cold_cache = cold;
+    // Not measured in rounds (abandoned, or the budget ran out before its turn): the checked
+    // run's time alone, never an empty sample set's median of 0 (stored once as "0 ms").
+    if (!kr || kr->samples_ms.empty()) {
+      b.median_ms = first_ms[j];
+      b.samples_ms = {first_ms[j]};
       return b;
-    };
-    if (!abandoned.empty()) {
-      // A candidate still runs on this key's buffers: measuring now would time both.
-      for (int j = 0; j < n; ++j) data.set(cands[ok[j]], enter(j, nullptr, 0));
-      return;
     }
-    const bool has_heuristics = o.configs.empty() && ok.front() == 0;
-    // The control: the heuristics config, else the candidate fastest in its checked run.
-    const int control = has_heuristics
-                            ? 0
-                            : static_cast<int>(std::min_element(first_ms.begin(), first_ms.end()) -
-                                               first_ms.begin());
+    const SampleStats raw = SampleStats::of(kr->samples_ms);
+    b.samples_ms = kr->samples_ms;
+    b.sample_rounds = kr->sample_round;
+    b.ratios = kr->ratios;
+    b.rounds = kr->accepted;
+    b.stage = kr->stage;
+    b.finalist = kr->finalist;
+    b.iqr_ms = raw.iqr_ms();
+    b.ratio = kr->ratio;
+    b.ratio_lo = kr->ratio_lo;
+    b.ratio_hi = kr->ratio_hi;
+    // At the quiet machine's speed: the median ratio times the control's quiet level.
+    b.median_ms = kr->accepted > 0 ? kr->ratio * quiet_ms : raw.median_ms;
+    return b;
+  }
+
+  // The control: the heuristics config, else the candidate fastest in its checked run.
+  int control_of(bool has_heuristics) const {
+    return has_heuristics ? 0
+                          : static_cast<int>(std::min_element(first_ms.begin(), first_ms.end()) -
+                                             first_ms.begin());
+  }
+
+  // The interleaved rounds themselves. *budget_s: the measuring budget they ran under, the
+  // configured one stretched for a slow key but never past what is left of the tuning budget.
+  tuning::RoundsResult measure_interleaved(int control, double budget_left_s,
+                                           double* budget_s) const {
     tuning::RoundOptions ro;
     static_cast<RoundOptions&>(ro) = o.rounds;
     ro.seed = o.seed;
@@ -452,53 +450,56 @@ struct TuningRun {
         std::min(o.measure_budget_max_s,
                  o.budget_rounds * tuning::round_seconds(wall, control, o.rounds.segment_s));
     ro.budget_s = std::max(1e-3, std::min(std::max(o.measure_budget_s, slow_key_s), budget_left_s));
-    const tuning::RoundsResult r = tuning::run_rounds(
-        n, control,
+    *budget_s = ro.budget_s;
+    return tuning::run_rounds(
+        static_cast<int>(ok.size()), control,
         [&](int j) {
           const double t = sample(ok[j], est[j]);
           est[j] = t;
           return t;
         },
         [] { return now_seconds(); }, wall, ro);
-    const double quiet = r.control_quiet_ms;
-    for (int j = 0; j < n; ++j) data.set(cands[ok[j]], enter(j, &r.candidates[j], quiet));
-    if (r.best < 0) {
-      // Nothing measured side by side: one checked run each is no evidence against the
-      // heuristics config (single runs of one config spread by 1.3x on a shared machine).
-      const std::string why =
-          r.budget_exhausted
-              ? fmt::format(
-                    "the measuring budget of {:g} s ran out before a round of the {} candidates "
-                    "(about {:.1f} s each) was accepted; raise --measure-budget-s or lower "
-                    "--max-candidates",
-                    ro.budget_s, n,
-                    std::accumulate(first_ms.begin(), first_ms.end(), 0.0) / n / 1e3)
-              : "no round was accepted (the machine was never quiet enough)";
-      if (!has_heuristics) {
-        TOKAMAX_LOG("autotune", kWarning,
-                    what() + ": " + why + "; the winner falls back to the raw medians");
-        return;
-      }
-      TOKAMAX_LOG("autotune", kWarning, what() + ": " + why + "; the heuristics config is kept");
-      TuningEvidence ev;
-      ev.confidence = o.rounds.confidence;
-      ev.best = cands[ok[control]].str();
-      ev.details = {{"control", ev.best},       {"control_is_heuristics", true},
-                    {"candidates", n},          {"rounds", r.rounds},
-                    {"decided", false},         {"budget_exhausted", r.budget_exhausted},
-                    {"measure_s", r.elapsed_s}, {"tuning_s", now_seconds() - started},
-                    {"kept_because", why}};
-      BenchmarkData b = *data.entries().at(ev.best).benchmark;
-      b.chosen = true;
-      b.evidence = std::move(ev);
-      data.set(cands[ok[control]], std::move(b));
+  }
+
+  // No round accepted. Nothing measured side by side: one checked run each is no evidence
+  // against the heuristics config (single runs of one config spread by 1.3x on a shared
+  // machine), so it is kept when there is one.
+  void record_undecided(const tuning::RoundsResult& r, int control, bool has_heuristics,
+                        double budget_s, double started) {
+    const int n = static_cast<int>(ok.size());
+    const std::string why =
+        r.budget_exhausted
+            ? fmt::format(
+                  "the measuring budget of {:g} s ran out before a round of the {} candidates "
+                  "(about {:.1f} s each) was accepted; raise --measure-budget-s or lower "
+                  "--max-candidates",
+                  budget_s, n, std::accumulate(first_ms.begin(), first_ms.end(), 0.0) / n / 1e3)
+            : "no round was accepted (the machine was never quiet enough)";
+    if (!has_heuristics) {
+      TOKAMAX_LOG("autotune", kWarning,
+                  what() + ": " + why + "; the winner falls back to the raw medians");
       return;
     }
-    // The tie-break on memory (XLA's): among the finalists within the tie window of the best,
-    // the least scratch, then the fastest.
-    const double tie = std::max(o.rounds.tie, 2e-3 / std::max(quiet, 1e-9));
+    TOKAMAX_LOG("autotune", kWarning, what() + ": " + why + "; the heuristics config is kept");
+    TuningEvidence ev;
+    ev.confidence = o.rounds.confidence;
+    ev.best = cands[ok[control]].str();
+    ev.details = {{"control", ev.best},       {"control_is_heuristics", true},
+                  {"candidates", n},          {"rounds", r.rounds},
+                  {"decided", false},         {"budget_exhausted", r.budget_exhausted},
+                  {"measure_s", r.elapsed_s}, {"tuning_s", now_seconds() - started},
+                  {"kept_because", why}};
+    BenchmarkData b = *data.entries().at(ev.best).benchmark;
+    b.chosen = true;
+    b.evidence = std::move(ev);
+    data.set(cands[ok[control]], std::move(b));
+  }
+
+  // The tie-break on memory (XLA's): among the finalists within the tie window of the best,
+  // the least scratch, then the fastest.
+  int tie_break(const tuning::RoundsResult& r, double tie) const {
     int pick = r.best;
-    for (int j = 0; j < n; ++j) {
+    for (int j = 0; j < static_cast<int>(ok.size()); ++j) {
       const auto& k = r.candidates[j];
       if (!k.finalist || k.accepted == 0 || k.ratio > r.candidates[r.best].ratio * (1 + tie))
         continue;
@@ -506,13 +507,21 @@ struct TuningRun {
       const int64_t sj = preps[ok[j]].scratch, sp = preps[ok[pick]].scratch;
       if (sj < sp || (sj == sp && k.ratio < pk.ratio)) pick = j;
     }
-    auto accepted = [&](int j) {
-      std::vector<double> a;
-      for (double x : r.candidates[j].ratios) {
-        if (!std::isnan(x)) a.push_back(x);
-      }
-      return a;
-    };
+    return pick;
+  }
+
+  // The ratios of k's accepted samples (a discarded one's is NaN).
+  static std::vector<double> accepted_ratios(const tuning::CandidateRounds& k) {
+    std::vector<double> a;
+    for (double x : k.ratios) {
+      if (!std::isnan(x)) a.push_back(x);
+    }
+    return a;
+  }
+
+  // The evidence for candidate ok[pick], all but its details.
+  TuningEvidence evidence_of(const tuning::RoundsResult& r, int pick, int control,
+                             double tie) const {
     TuningEvidence ev;
     ev.confidence = o.rounds.confidence;
     ev.tie = tie;
@@ -520,27 +529,44 @@ struct TuningRun {
     ev.rounds = r.candidates[pick].accepted;
     if (pick != control) {
       // The pick's ratios to the control against 1 (as rounds.cc decides).
-      const tuning::RatioInterval iv =
-          tuning::bootstrap_ratio(accepted(pick), {1.0}, o.rounds.confidence, 1000, o.seed + 101);
+      const tuning::RatioInterval iv = tuning::bootstrap_ratio(
+          accepted_ratios(r.candidates[pick]), {1.0}, o.rounds.confidence, 1000, o.seed + 101);
       ev.ratio = iv.ratio;
       ev.lo = iv.lo;
       ev.hi = iv.hi;
       ev.confident = tuning::confidently_faster(iv, r.candidates[pick].accepted, tie,
                                                 o.rounds.min_confident_rounds);
     }
-    // Not confidently faster than the heuristics config: the heuristics config is stored.
-    const int chosen = (!ev.confident && has_heuristics) ? control : pick;
+    return ev;
+  }
+
+  // The segments the rounds discarded, by config rather than index, for the evidence.
+  Json discarded_json(const tuning::RoundsResult& r) const {
     Json discarded = Json::array();
     for (const auto& d : r.discarded) {
       Json configs = Json::array();
       for (int j : d.candidates) configs.push_back(cands[ok[j]].str());
       discarded.push_back({{"round", d.round}, {"configs", configs}, {"reason", d.reason}});
     }
+    return discarded;
+  }
+
+  // The rounds decided: the pick is stored as chosen with its evidence, unless the heuristics
+  // config is the control and the pick is not confidently faster than it.
+  void record_decision(const tuning::RoundsResult& r, int control, bool has_heuristics,
+                       double started) {
+    const double quiet = r.control_quiet_ms;
+    const double tie = std::max(o.rounds.tie, 2e-3 / std::max(quiet, 1e-9));
+    const int pick = tie_break(r, tie);
+    TuningEvidence ev = evidence_of(r, pick, control, tie);
+    // Not confidently faster than the heuristics config: the heuristics config is stored.
+    const int chosen = (!ev.confident && has_heuristics) ? control : pick;
+    const Json discarded = discarded_json(r);
     ev.details = {{"control", cands[ok[control]].str()},
                   {"control_is_heuristics", has_heuristics},
                   {"control_ms", r.control_ms},
                   {"control_quiet_ms", quiet},
-                  {"candidates", n},
+                  {"candidates", static_cast<int>(ok.size())},
                   {"stages", r.stages},
                   {"rounds", r.rounds},
                   {"decided", r.decided},
@@ -552,6 +578,29 @@ struct TuningRun {
     b.chosen = true;
     b.evidence = std::move(ev);
     data.set(cands[ok[chosen]], std::move(b));
+  }
+
+  // The candidates that passed their check, in interleaved rounds against the control (the
+  // heuristics config when it passed), then the decision and its evidence.
+  void measure_rounds(double budget_left_s, double started) {
+    if (ok.empty()) return;
+    const int n = static_cast<int>(ok.size());
+    if (!abandoned.empty()) {
+      // A candidate still runs on this key's buffers: measuring now would time both.
+      for (int j = 0; j < n; ++j) data.set(cands[ok[j]], benchmark_of(j, nullptr, 0));
+      return;
+    }
+    const bool has_heuristics = o.configs.empty() && ok.front() == 0;
+    const int control = control_of(has_heuristics);
+    double budget_s = 0;
+    const tuning::RoundsResult r = measure_interleaved(control, budget_left_s, &budget_s);
+    for (int j = 0; j < n; ++j)
+      data.set(cands[ok[j]], benchmark_of(j, &r.candidates[j], r.control_quiet_ms));
+    if (r.best < 0) {
+      record_undecided(r, control, has_heuristics, budget_s, started);
+      return;
+    }
+    record_decision(r, control, has_heuristics, started);
   }
 };
 

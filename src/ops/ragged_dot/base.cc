@@ -45,8 +45,12 @@ const float* RaggedDotCall::lhs_f32(Tensor* storage) const {
                            num_threads, storage);
 }
 
-void Family::bind(RaggedDotCall& c) const {
-  auto bad = [](const std::string& s) { return InvalidArgument("ragged_dot: " + s); };
+namespace {
+
+InvalidArgument bad(const std::string& s) { return InvalidArgument("ragged_dot: " + s); }
+
+// lhs [M,K], and lhs and rhs contiguous in a dtype pair the kernels implement.
+void check_operands(const RaggedDotCall& c) {
   const TensorView& lhs = c.lhs;
   const ShapeDtype rhs = c.rhs.spec();
   if (lhs.rank() != 2) throw bad("lhs has shape " + lhs.spec().str() + "; expected rank 2 [M,K]");
@@ -62,49 +66,61 @@ void Family::bind(RaggedDotCall& c) const {
                             v->spec().str(), shape_str(v->strides())));
     }
   }
-  const int64_t M = lhs.dim(0), K = lhs.dim(1);
-  if (c.pending_groups >= 0) {
-    if (c.key_total_rows > M) {
-      throw bad(fmt::format("group_sizes total_size = {} exceeds the {} rows of lhs {}",
-                            c.key_total_rows, M, lhs.spec().str()));
-    }
-    c.group_sizes = generate_group_sizes(c.key_total_rows, c.pending_groups, 0);
-    c.pending_groups = -1;
+}
+
+// A {num_groups, total_size} spec's sizes are only generated here, once lhs gives the M rows
+// they must fit in.
+void expand_pending_groups(RaggedDotCall& c, int64_t M) {
+  if (c.pending_groups < 0) return;
+  if (c.key_total_rows > M) {
+    throw bad(fmt::format("group_sizes total_size = {} exceeds the {} rows of lhs {}",
+                          c.key_total_rows, M, c.lhs.spec().str()));
   }
-  const int64_t G = static_cast<int64_t>(c.group_sizes.size());
+  c.group_sizes = generate_group_sizes(c.key_total_rows, c.pending_groups, 0);
+  c.pending_groups = -1;
+}
+
+// The weight gradient: rhs [M,N] shares lhs's ragged rows, and the output is [G,K,N].
+void bind_ragged_contracting(RaggedDotCall& c, int64_t M, int64_t G) {
+  const ShapeDtype rhs = c.rhs.spec();
+  if (c.packed_rhs)
+    throw bad("packed_rhs: a ragged_contracting rhs " + rhs.str() + " is never pre-packed");
+  if (rhs.rank() != 2)
+    throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects rank 2 [M,N]");
+  if (rhs.shape[0] != M) {
+    throw bad(
+        fmt::format("rhs has shape {}; ragged_contracting expects {} rows, the rows of lhs {}",
+                    rhs.str(), M, c.lhs.spec().str()));
+  }
+  c.m = M;
+  c.n = rhs.shape[1];
+  c.g = G;
+}
+
+// Forward or transposed: rhs holds one [K,N] (or [N,K]) matrix per group.
+void bind_grouped(RaggedDotCall& c, int64_t M, int64_t K, int64_t G) {
+  const ShapeDtype rhs = c.rhs.spec();
   const RaggedDimNums dims = c.dims;
-  c.k = K;
-  if (dims == RaggedDimNums::kRaggedContracting) {
-    if (c.packed_rhs)
-      throw bad("packed_rhs: a ragged_contracting rhs " + rhs.str() + " is never pre-packed");
-    if (rhs.rank() != 2)
-      throw bad("rhs has shape " + rhs.str() + "; ragged_contracting expects rank 2 [M,N]");
-    if (rhs.shape[0] != M) {
-      throw bad(
-          fmt::format("rhs has shape {}; ragged_contracting expects {} rows, the rows of lhs {}",
-                      rhs.str(), M, lhs.spec().str()));
-    }
-    c.m = M;
-    c.n = rhs.shape[1];
-    c.g = G;
-  } else {
-    if (rhs.rank() != 3)
-      throw bad("rhs has shape " + rhs.str() + "; expected rank 3 " +
-                (dims == RaggedDimNums::kForward ? "[G,K,N]" : "[G,N,K]"));
-    const int64_t rk = dims == RaggedDimNums::kForward ? rhs.shape[1] : rhs.shape[2];
-    if (rk != K) {
-      throw bad(
-          fmt::format("rhs has shape {} but lhs {} has K={}; contraction sizes must match ({})",
-                      rhs.str(), lhs.spec().str(), K, dim_nums_name(dims)));
-    }
-    if (rhs.shape[0] != G) {
-      throw bad(fmt::format("group_sizes has length {} but rhs {} has G={} groups; expected equal",
-                            G, rhs.str(), rhs.shape[0]));
-    }
-    c.m = M;
-    c.n = dims == RaggedDimNums::kForward ? rhs.shape[2] : rhs.shape[1];
-    c.g = G;
+  if (rhs.rank() != 3)
+    throw bad("rhs has shape " + rhs.str() + "; expected rank 3 " +
+              (dims == RaggedDimNums::kForward ? "[G,K,N]" : "[G,N,K]"));
+  const int64_t rk = dims == RaggedDimNums::kForward ? rhs.shape[1] : rhs.shape[2];
+  if (rk != K) {
+    throw bad(fmt::format("rhs has shape {} but lhs {} has K={}; contraction sizes must match ({})",
+                          rhs.str(), c.lhs.spec().str(), K, dim_nums_name(dims)));
   }
+  if (rhs.shape[0] != G) {
+    throw bad(fmt::format("group_sizes has length {} but rhs {} has G={} groups; expected equal", G,
+                          rhs.str(), rhs.shape[0]));
+  }
+  c.m = M;
+  c.n = dims == RaggedDimNums::kForward ? rhs.shape[2] : rhs.shape[1];
+  c.g = G;
+}
+
+// Sizes from a caller are unchecked until here: negative ones, or more rows than lhs has,
+// would send the kernels outside lhs.
+void bind_offsets(RaggedDotCall& c, int64_t M, int64_t G) {
   c.offsets.assign(static_cast<size_t>(G) + 1, 0);
   for (int64_t g = 0; g < G; ++g) {
     if (c.group_sizes[g] < 0)
@@ -113,8 +129,13 @@ void Family::bind(RaggedDotCall& c) const {
   }
   if (c.offsets[G] > M) {
     throw bad(fmt::format("sum(group_sizes) = {} exceeds the {} rows of lhs {}", c.offsets[G], M,
-                          lhs.spec().str()));
+                          c.lhs.spec().str()));
   }
+}
+
+// f32 unless both operands are bf16; preferred_element_type may ask for bf16 only then.
+DType output_dtype(const RaggedDotCall& c) {
+  const DType ld = c.lhs.dtype(), rd = c.rhs.spec().dtype;
   DType out = ld == DType::kBF16 && rd == DType::kBF16 ? DType::kBF16 : DType::kF32;
   if (c.preferred_element_type) {
     const DType p = *c.preferred_element_type;
@@ -128,7 +149,24 @@ void Family::bind(RaggedDotCall& c) const {
     }
     out = p;
   }
-  c.out_dtype = out;
+  return out;
+}
+
+}  // namespace
+
+void Family::bind(RaggedDotCall& c) const {
+  check_operands(c);
+  const int64_t M = c.lhs.dim(0), K = c.lhs.dim(1);
+  expand_pending_groups(c, M);
+  const int64_t G = static_cast<int64_t>(c.group_sizes.size());
+  c.k = K;
+  if (c.dims == RaggedDimNums::kRaggedContracting) {
+    bind_ragged_contracting(c, M, G);
+  } else {
+    bind_grouped(c, M, K, G);
+  }
+  bind_offsets(c, M, G);
+  c.out_dtype = output_dtype(c);
   if (c.representative_group_sizes &&
       static_cast<int64_t>(c.representative_group_sizes->size()) != G) {
     throw bad(fmt::format("representative_group_sizes has length {}; expected {}",
