@@ -201,13 +201,21 @@ Json static_json(nb::handle h, const std::string& op, const std::string& name, i
     for (nb::handle v : h) a.push_back(static_json(v, op, name, depth + 1));
     return a;
   }
-  if (PyIndex_Check(h.ptr())) {  // numpy integers
-    nb::object i = nb::steal(PyNumber_Index(h.ptr()));
-    if (!i.is_valid()) throw nb::python_error();
-    return static_json(i, op, name, depth);
+  // numpy scalars (np.float32, np.int64, np.bool_): 0-dimensional, by their dtype's kind.
+  if (nb::hasattr(h, "dtype") && nb::hasattr(h.attr("dtype"), "kind") && nb::hasattr(h, "ndim") &&
+      nb::hasattr(h, "item") && nb::isinstance<nb::int_>(h.attr("ndim")) &&
+      nb::cast<int64_t>(h.attr("ndim")) == 0) {
+    const std::string kind = py_str(h.attr("dtype").attr("kind"));
+    if (kind == "b" || kind == "i" || kind == "u" || kind == "f")
+      return static_json(h.attr("item")(), op, name, depth);
   }
-  if (nb::hasattr(h, "__float__") && !nb::hasattr(h, "shape")) {  // numpy floating scalars
-    return Json(nb::cast<double>(h.attr("__float__")()));
+  if (PyIndex_Check(h.ptr())) {  // other integer types (__index__)
+    nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+    if (!i.is_valid()) {
+      PyErr_Clear();
+      throw InvalidArgument(op + ": " + name + " = " + py_str(h) + " is not an integer");
+    }
+    return static_json(i, op, name, depth);
   }
   throw InvalidArgument(op + ": " + name + " is a " + py_type_name(h) +
                         "; expected None, a bool, a number or a string");
@@ -296,7 +304,7 @@ RaggedDotOptions ragged_options(nb::handle preferred, nb::handle activation, nb:
                                 nb::handle representative) {
   RaggedDotOptions o;
   o.preferred_element_type = dtype_arg(preferred, "preferred_element_type");
-  o.activation = activation_arg(activation, Activation::kNone);
+  o.activation = activation_arg(activation, RaggedDotOptions().activation);
   o.precision = precision_arg(precision);
   set_choice(o, "ragged_dot", implementation, config);
   if (!representative.is_none()) {
@@ -309,7 +317,7 @@ RaggedDotOptions ragged_options(nb::handle preferred, nb::handle activation, nb:
 // The gated linear unit's options from the Python keywords.
 GluOptions glu_options(nb::handle activation, nb::handle implementation, nb::handle config) {
   GluOptions o;
-  o.activation = activation_arg(activation, Activation::kNone);
+  o.activation = activation_arg(activation, GluOptions().activation);
   set_choice(o, "gated_linear_unit", implementation, config);
   return o;
 }

@@ -170,3 +170,31 @@ def test_stubs_are_current(tmp_path):
     assert (folder / "py.typed").exists()
     assert (folder / "__init__.pyi").read_text() == _stubs.init_stub()
     assert (folder / "_core.pyi").read_text() == _stubs.core_stub()
+
+
+def test_numpy_scalars_and_bad_statics():
+    """numpy scalars are accepted where Python numbers are (np.float32 epsilon, np.bool_,
+    np.int64 axis); a malformed window is a ValueError naming it."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    want = tc.layer_norm(x, epsilon=1e-5, axis=-1, subtract_mean=False)
+    got = tc.layer_norm(x, epsilon=np.float32(1e-5), axis=np.int64(-1),
+                        subtract_mean=np.bool_(False))
+    np.testing.assert_array_equal(got, want)
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match="local_window_size is 5"):
+        tc.dot_product_attention(q, q, q, local_window_size=5)
+    with pytest.raises(ValueError, match="epsilon"):
+        tc.layer_norm(x, epsilon=object())
+
+
+def test_ragged_dot_vjp_reads_float64_cotangents():
+    """A float64 cotangent (numpy's default) gives the same gradients as its f32 copy."""
+    rng = np.random.default_rng()
+    lhs = rng.standard_normal((6, 5)).astype(np.float32)
+    rhs = rng.standard_normal((2, 5, 7)).astype(np.float32)
+    dout = rng.standard_normal((6, 7))
+    a = tc.ragged_dot_vjp(lhs, rhs, [2, 4], dout, activation="silu")
+    b = tc.ragged_dot_vjp(lhs, rhs, [2, 4], dout.astype(np.float32), activation="silu")
+    for g, h in zip(a, b):
+        np.testing.assert_allclose(g, h, rtol=1e-6, atol=1e-6)

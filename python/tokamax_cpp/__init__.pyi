@@ -49,7 +49,7 @@ def linear_softmax_cross_entropy_loss_vjp(x: Array, labels: Array, weights: Arra
 def rms_norm(x: Array, scale: Optional[Array] = None, *, axis: int = -1, epsilon: float = 1e-06, implementation: Optional[str] = None, config: Any = None, return_residuals: bool = False, heuristics_only: bool = False) -> Any:
     """RMSNorm: layer_norm with subtract_mean=False and no offset."""
 
-def autotune(f: Callable[..., Any] | Sequence[BoundArguments] | str | os.PathLike, args: Any, *, ignore_cache: bool = False, all_implementations: bool = False, budget_s: float | None = None, measure_budget_s: float | None = None, max_candidates: int | None = None, seed: int = 0, store: str | None = None, run_id: str | None = None, rank: int | None = None, world_size: int | None = None, lease_s: float = 30.0, deadline_s: float = 86400.0) -> Any:
+def autotune(f: Callable[..., Any] | Sequence[BoundArguments] | str | os.PathLike, *args: Any, ignore_cache: bool = False, all_implementations: bool = False, budget_s: float | None = None, measure_budget_s: float | None = None, max_candidates: int | None = None, seed: int = 0, store: str | None = None, run_id: str | None = None, rank: int | None = None, world_size: int | None = None, lease_s: float = 30.0, deadline_s: float = 86400.0) -> Any:
     """Tunes the op calls of ``f(*args)``, a list of BoundArguments, or a bound-args file."""
 
 def bound_args_from_json(text: str) -> Any:

@@ -51,7 +51,11 @@ def _window(value: Any) -> Any:
     """local_window_size: (left, right), None on a side meaning unbounded (jax's convention)."""
     if value is None:
         return None
-    left, right = value
+    try:
+        left, right = value
+    except (TypeError, ValueError):
+        raise ValueError(f"local_window_size is {value!r}; expected (left, right), None on a "
+                         "side for no bound") from None
     return [_UNBOUNDED if left is None else left, _UNBOUNDED if right is None else right]
 
 
@@ -191,10 +195,9 @@ class Description:
         order (a backward's: the forward's, its residuals, its cotangent), then optional
         arrays, then the rest."""
         args = self.user_args(fixed)
-        return ([(a, False) for a in args if a.kind == "array"]
+        return ([(a, False) for a in args if a.kind == "array" and not a.keyword_only]
                 + [(a, False) for a in args if a.kind == "optional_array" and not a.keyword_only]
-                + [(a, True) for a in args
-                   if (a.is_array and a.keyword_only) or not a.is_array])
+                + [(a, True) for a in args if a.keyword_only or not a.is_array])
 
     def signature(self, fixed: dict | None = None) -> inspect.Signature:
         P = inspect.Parameter
@@ -228,7 +231,8 @@ def call_library(op: str, arrays: list, statics: dict, implementation: Any, conf
 
 def make_function(op: str, name: Optional[str] = None, fixed: dict | None = None,
                   summary: Optional[str] = None,
-                  run: Callable[..., tuple] = call_library) -> Callable[..., Any]:
+                  run: Callable[..., tuple] = call_library,
+                  module: str = "tokamax_cpp") -> Callable[..., Any]:
     """The Python function of op (or of an alias that fixes some of its arguments). `run`
     (op, arrays, statics, implementation, config, heuristics_only) -> outputs runs it: the
     library's call path, or a torch operator (torch_ops).
@@ -237,7 +241,8 @@ def make_function(op: str, name: Optional[str] = None, fixed: dict | None = None
     methods): a real signature binds arguments at the interpreter's speed, where
     inspect.Signature.bind cost about 18 us a call."""
     d = description(op)
-    fixed = dict(fixed or {})
+    by_keyword = {a.py_name: a.name for a in d.args}
+    fixed = {by_keyword.get(k, k): v for k, v in (fixed or {}).items()}
     sig = d.signature(fixed)
     fn_name = name or op
     env: dict[str, Any] = {"_run": run, "_op": op, "_assemble": d.assemble}
@@ -287,23 +292,23 @@ def make_function(op: str, name: Optional[str] = None, fixed: dict | None = None
     fn = env[fn_name]
     fn.__qualname__ = fn_name
     fn.__doc__ = d.docstring(fixed, summary)
-    fn.__module__ = "tokamax_cpp"
+    fn.__module__ = module
     fn.__signature__ = sig  # the annotations for help() and the stubs
     return fn
 
 
-def functions(ops: Optional[list[str]] = None,
-              run: Callable[..., tuple] = call_library) -> dict[str, Callable[..., Any]]:
+def functions(ops: Optional[list[str]] = None, run: Callable[..., tuple] = call_library,
+              module: str = "tokamax_cpp") -> dict[str, Callable[..., Any]]:
     """Every family's function (or those of `ops`) and its aliases' (rms_norm), by name."""
     out = {}
     for op in ops if ops is not None else _core.op_names():
         d = description(op)
         if not d.args:
             continue
-        out[op] = make_function(op, run=run)
+        out[op] = make_function(op, run=run, module=module)
         for alias in d.aliases:
             out[alias["name"]] = make_function(op, alias["name"], alias["fixed"], alias["doc"],
-                                               run=run)
+                                               run=run, module=module)
     return out
 
 
@@ -353,7 +358,7 @@ def output_shapes(op: str, values: dict, residuals: bool) -> list[tuple[tuple, s
         if a.py_name in values:
             env[a.name] = values[a.py_name] if a.is_array else a.convert(values[a.py_name])
         elif a.name in values:
-            env[a.name] = values[a.name]
+            env[a.name] = values[a.name] if a.is_array else a.convert(values[a.name])
         else:
             env[a.name] = None if a.is_array else a.default
     out = []

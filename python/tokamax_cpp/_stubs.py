@@ -34,6 +34,13 @@ def function_stub(name: str, fn) -> str:
     sig = inspect.signature(fn)
     parts, star = [], False
     for p in sig.parameters.values():
+        if p.kind == inspect.Parameter.VAR_POSITIONAL:
+            parts.append("*" + p.name + _annotation(p))
+            star = True
+            continue
+        if p.kind == inspect.Parameter.VAR_KEYWORD:
+            parts.append("**" + p.name + _annotation(p))
+            continue
         if p.kind == inspect.Parameter.KEYWORD_ONLY and not star:
             parts.append("*")
             star = True

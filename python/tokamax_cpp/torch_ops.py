@@ -38,20 +38,13 @@ from torch import Tensor
 
 from . import _core, _ops
 
-__all__ = [
+__all__ = [  # and every described family's function, added below
     "Configs",
-    "dot_product_attention",
-    "gated_linear_unit",
     "get_configs",
-    "layer_norm",
-    "linear_softmax_cross_entropy_loss",
     "ragged_dot",
     "ragged_dot_out",
     "reference",
-    "rms_norm",
 ]
-
-_UNBOUNDED = 1 << 40  # a local-window side with no bound
 
 
 def _config_text(config: Any) -> Optional[str]:
@@ -62,10 +55,6 @@ def _config_text(config: Any) -> Optional[str]:
 
 def _impl(fixed: Optional[str], implementation: Optional[str]) -> Optional[str]:
     return fixed if fixed is not None else implementation
-
-
-def _window(left: Optional[int], right: Optional[int]) -> Optional[tuple[int, int]]:
-    return None if left is None and right is None else (left, right)
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -144,7 +133,7 @@ def _register(suffix: str, fixed_impl: Optional[str]) -> dict[str, Callable[...,
 
 # Schema types by argument kind; a custom argument's by name.
 _SCHEMA_TYPES = {"array": "Tensor", "optional_array": "Tensor?", "int": "int", "bool": "bool",
-                 "real": "float", "optional_real": "float?", "enum": "str"}
+                 "real": "float", "optional_real": "float?", "enum": "str?"}
 _CUSTOM_SCHEMA_TYPES = {"local_window_size": "int[]?"}
 
 
@@ -329,7 +318,8 @@ class _Family:
     def __init__(self, ops: dict[str, Callable[..., Any]]):
         self._ops = ops
         # The described families' functions, with the package's signatures and docstrings.
-        for name, fn in _ops.functions(_ops.tensor_ops(), run=_runner(ops)).items():
+        for name, fn in _ops.functions(_ops.tensor_ops(), run=_runner(ops),
+                                       module=__name__).items():
             setattr(self, name, fn)
 
     def ragged_dot(self, lhs, rhs, group_sizes, *, preferred_element_type=None, activation=None,
@@ -344,12 +334,10 @@ reference = _Family(_REFERENCE)
 """The reference implementations with the same signatures (ground truth)."""
 
 ragged_dot = _fast.ragged_dot
-gated_linear_unit = _fast.gated_linear_unit
-dot_product_attention = _fast.dot_product_attention
-layer_norm = _fast.layer_norm
-rms_norm = _fast.rms_norm
-linear_softmax_cross_entropy_loss = _fast.linear_softmax_cross_entropy_loss
-add_rms_norm = _fast.add_rms_norm
+# The described families' functions (and aliases such as rms_norm), by name, from one loop.
+_DESCRIBED_FUNCTIONS = sorted(_ops.functions(_ops.tensor_ops()))
+globals().update({name: getattr(_fast, name) for name in _DESCRIBED_FUNCTIONS})
+__all__ += _DESCRIBED_FUNCTIONS
 
 
 def ragged_dot_out(lhs, rhs, group_sizes, out, *, activation=None, precision=None,

@@ -10,8 +10,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -46,7 +49,10 @@ class BackwardFamily : public TypedFamily<VjpCallT> {
         forward_(forward),
         residuals_(std::move(residuals)),
         cotangent_(std::move(cotangent)),
-        leave_out_(std::move(leave_out)) {}
+        leave_out_(std::move(leave_out)),
+        primary_output_(forward.output_docs().at(0).name) {
+    for (const Extra& r : residuals_) residual_index_.push_back(output_index(forward, r.name));
+  }
 
   const TypedFamily<CallT>& forward() const { return forward_; }
 
@@ -56,17 +62,17 @@ class BackwardFamily : public TypedFamily<VjpCallT> {
   void bind_prologue(VjpCallT& c) const {
     forward_.bind(c);
     const std::vector<ShapeDtype> outs = forward_outputs(c);
-    const std::vector<OutputDoc> docs = forward_.output_docs();
-    auto check = [&](const Extra& e, size_t index, const std::string& what) {
+    auto check = [&](const Extra& e, size_t index, const char* what, const std::string& output) {
       const TensorView& v = c.*(e.member);
       if (v.spec() != outs.at(index) || !v.is_contiguous()) {
         throw InvalidArgument(this->name() + ": " + e.name + " has spec " + v.spec().str() +
-                              "; expected contiguous " + outs[index].str() + " (" + what + ")");
+                              "; expected contiguous " + outs[index].str() + " (" + what + " '" +
+                              output + "')");
       }
     };
-    for (const Extra& r : residuals_)
-      check(r, output_index(r.name), "the forward's output '" + r.name + "'");
-    check(cotangent_, 0, "the cotangent of the forward's output '" + docs.at(0).name + "'");
+    for (size_t i = 0; i < residuals_.size(); ++i)
+      check(residuals_[i], residual_index_[i], "the forward's output", residuals_[i].name);
+    check(cotangent_, 0, "the cotangent of the forward's output", primary_output_);
   }
 
   // The forward's arg specs, each with its residuals' and cotangent's specs, tagged "backward".
@@ -80,7 +86,8 @@ class BackwardFamily : public TypedFamily<VjpCallT> {
       const std::vector<ShapeDtype> outs = forward_.output_specs_json(a);
       for (const auto& f : forward_.fields())
         if (f.selects_residuals || !f.user) a.erase(f.name);
-      for (const Extra& r : residuals_) a[r.name] = outs.at(output_index(r.name)).str();
+      for (size_t i = 0; i < residuals_.size(); ++i)
+        a[residuals_[i].name] = outs.at(residual_index_[i]).str();
       a[cotangent_.name] = outs.at(0).str();
       std::vector<std::string> tags = s.tags;
       tags.push_back("backward");
@@ -112,11 +119,11 @@ class BackwardFamily : public TypedFamily<VjpCallT> {
     return outs;
   }
 
-  size_t output_index(const std::string& name) const {
-    const std::vector<OutputDoc> docs = forward_.output_docs();
+  static size_t output_index(const TypedFamily<CallT>& forward, const std::string& name) {
+    const std::vector<OutputDoc> docs = forward.output_docs();
     for (size_t i = 0; i < docs.size(); ++i)
       if (docs[i].name == name) return i;
-    throw Error(this->name() + ": the forward has no output '" + name + "'");
+    throw Error(forward.name() + "'s backward: the forward has no output '" + name + "'");
   }
 
   static std::vector<ArgField<VjpCallT>> derive_fields(const TypedFamily<CallT>& forward,
@@ -179,10 +186,12 @@ class BackwardFamily : public TypedFamily<VjpCallT> {
         }
       }
       const std::vector<Tensor> outs = fwd->run(call, CallOptions{"native", std::nullopt});
-      const std::vector<OutputDoc> docs = fwd->output_docs();
-      for (size_t i = 0; i < docs.size() && i < outs.size(); ++i) {
-        if (docs[i].name == name) std::memcpy(dst.data(), outs[i].data(), outs[i].nbytes());
+      const size_t i = output_index(*fwd, name);
+      if (i >= outs.size() || outs[i].spec() != dst.spec()) {
+        throw Error(fwd->name() + "'s backward: the forward's '" + name + "' is not " +
+                    dst.spec().str());
       }
+      std::memcpy(dst.data(), outs[i].data(), outs[i].nbytes());
     };
   }
 
@@ -190,6 +199,8 @@ class BackwardFamily : public TypedFamily<VjpCallT> {
   std::vector<Extra> residuals_;
   Extra cotangent_;
   std::vector<std::string> leave_out_;
+  std::string primary_output_;          // the forward's first output (the cotangent's)
+  std::vector<size_t> residual_index_;  // each residual's index among the forward's outputs
 };
 
 }  // namespace tokamax

@@ -5,7 +5,9 @@
 // specs. Everything every family would otherwise repeat is here, written once from that
 // description: the JSON argument spec (bind_json) and its validation messages, calls with seeded
 // random inputs (make_call), the key and its interning, num_threads, output allocation, the
-// checked downcasts, and the public call path (bind, allocate, dispatch).
+// checked downcasts, the public call path (bind, allocate, dispatch), the op's description for
+// the bindings (description: arguments with kinds, defaults, documentation, Python keywords;
+// outputs with their shape rules) and the generic call path by argument name (run_named).
 #pragma once
 
 #include <algorithm>
@@ -464,11 +466,30 @@ class TypedFamily : public OpFamily {
                             "; expected a JSON object");
     CallT call;
     call.num_threads = 0;  // the library's num_threads()
-    for (const auto& [k, v] : arrays) {
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      const std::string& k = arrays[i].first;
       const ArgField<CallT>* f = field(k);
       if (!f || !f->assign) {
         throw InvalidArgument(name_ + ": unknown array argument '" + k + "'; expected " +
                               join(array_names(), ", "));
+      }
+      for (size_t j = 0; j < i; ++j)
+        if (arrays[j].first == k) throw InvalidArgument(name_ + ": array '" + k + "' given twice");
+    }
+    if (statics.is_object()) {
+      for (const auto& [k, v] : statics.items()) {
+        if (k == "num_threads") {
+          call.num_threads = checked_num_threads(v);
+          continue;
+        }
+        const ArgField<CallT>* f = field(k);
+        if (!f)
+          throw InvalidArgument(name_ + ": unknown argument '" + k + "'; expected " +
+                                join(field_names(), ", "));
+        if (f->assign)
+          throw InvalidArgument(name_ + ": '" + k + "' is an array; pass it among the arrays");
+        if (!f->user && !f->selects_residuals)
+          throw InvalidArgument(name_ + ": '" + k + "' is set by the library, not by a caller");
       }
     }
     for (const ArgField<CallT>& f : fields_) {
@@ -491,18 +512,6 @@ class TypedFamily : public OpFamily {
       } catch (const InvalidArgument& e) {
         throw InvalidArgument(name_ + ": " + f.name + " = " + canonical_dump(*j) + "; " +
                               e.message());
-      }
-    }
-    if (statics.is_object()) {
-      for (const auto& [k, v] : statics.items()) {
-        if (k == "num_threads") {
-          call.num_threads = checked_num_threads(v);
-          continue;
-        }
-        const ArgField<CallT>* f = field(k);
-        if (!f || f->assign)
-          throw InvalidArgument(name_ + ": unknown argument '" + k + "'; expected " +
-                                join(field_names(), ", "));
       }
     }
     return run(call, options);

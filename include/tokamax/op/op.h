@@ -200,7 +200,8 @@ class OpFamily {
   virtual std::vector<std::string> bench_rows(const CallBase& call) const;
 
   // What users see of the op, written once in the family: {"op", "doc", "arguments": [{"name",
-  // "py_name", "kind", "default", "choices", "doc", "user"}], "outputs": [OutputDoc...], "vjp"
+  // "py_name", "kind", "default", "choices", "doc", "user", "keyword_only"}], "outputs":
+  // [OutputDoc...], "vjp"
   // (the backward family's name, or null), "aliases": [{"name", "doc", "fixed": {...}}],
   // "residuals_flag" (the bool argument that asks for the residual outputs, or null)}.
   virtual Json description() const;

@@ -27,6 +27,10 @@ struct AddNormCall : CallBase {
 };
 
 std::shared_ptr<const Implementation> make_native();
+// The outputs' size from which native writes them non-temporally: the last-level cache's (0: a
+// test's override off), so that tests reach the streamed path on small arrays.
+int64_t stream_threshold_bytes();
+void set_stream_threshold_for_testing(int64_t bytes);
 std::shared_ptr<const Implementation> make_composed();
 std::vector<ArgSpec> arg_specs();
 

@@ -3,6 +3,7 @@
 // layer norm's config). Memory sees x and residual read once, y and the sum written once: 4
 // passes where the unfused pair makes 5.
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -50,8 +51,11 @@ class Native : public TypedImplementation<AddNormCall, LayerNormNativeConfig> {
     // `stream`: an ordinary store reads each line first). The sum is then made in a row of
     // scratch that stays in L1/L2, its statistics read from there, and written out as it is
     // normalized; a streamed row is never read back.
-    const int64_t l3 = device_info().l3_bytes;
-    const bool stream = l3 > 0 && 2 * c.x.size() * es >= l3;
+    // A row of scratch a thread that does not fit its L2 would not be read back from cache:
+    // such rows (over 256K f32 values on 1 MiB) go the direct way.
+    const int64_t l2 = device_info().l2_bytes, at_least = stream_threshold_bytes();
+    const bool stream =
+        at_least > 0 && 2 * c.x.size() * es >= at_least && (l2 <= 0 || 2 * c.d * es <= l2);
     const int threads = std::max(1, c.num_threads);
     std::vector<std::vector<char>> scratch(stream ? static_cast<size_t>(threads) : 0);
     for (auto& row : scratch) row.resize(static_cast<size_t>(c.d * es));
@@ -70,7 +74,18 @@ class Native : public TypedImplementation<AddNormCall, LayerNormNativeConfig> {
   }
 };
 
+std::atomic<int64_t> g_stream_threshold_for_testing{0};
+
 }  // namespace
+
+int64_t stream_threshold_bytes() {
+  const int64_t forced = g_stream_threshold_for_testing.load(std::memory_order_relaxed);
+  return forced > 0 ? forced : device_info().l3_bytes;
+}
+
+void set_stream_threshold_for_testing(int64_t bytes) {
+  g_stream_threshold_for_testing.store(bytes, std::memory_order_relaxed);
+}
 
 std::shared_ptr<const Implementation> make_native() { return std::make_shared<Native>(); }
 

@@ -128,9 +128,11 @@ RaggedDotGrads ragged_dot_vjp(const TensorView& lhs, const TensorView& rhs,
     fo.config.reset();
     pre = ragged_dot(lhs, rhs, group_sizes, fo);
   }
+  // dout in any dtype the library reads (numpy's default float64 too), as f32.
+  const bool f32_or_bf16 = dout.dtype() == DType::kF32 || dout.dtype() == DType::kBF16;
   parallel_for(c.m, c.num_threads, [&](int64_t r, int) {
     for (int64_t i = r * c.n; i < (r + 1) * c.n; ++i) {
-      const float d = load_f32(dout, i);
+      const float d = f32_or_bf16 ? load_f32(dout, i) : static_cast<float>(dout.get(i));
       dp[i] =
           o.activation != Activation::kNone
               ? static_cast<float>(d * rdot::activation_grad(o.activation, pre.data_as<float>()[i]))

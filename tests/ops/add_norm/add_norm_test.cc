@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/add_norm/base.h"
 #include "tests/expect_error.h"
 #include "tests/ops/common.h"
 #include "tokamax/tokamax.h"
@@ -106,6 +107,34 @@ TEST(AddRmsNorm, EveryImplementationAndConfigMatchesTheReference) {
   }
 }
 
+// The streamed path (outputs over the last-level cache: a row of scratch a thread, non-temporal
+// stores, a fence an item), reached on small arrays by lowering its threshold.
+TEST(AddRmsNorm, StreamedOutputsMatchTheReference) {
+  add_norm::set_stream_threshold_for_testing(1);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (const auto& [rows, d] : kShapes) {
+      const Inputs in = make_inputs(rows, d, dt, true);
+      AddRmsNormOptions o;
+      o.implementation = "reference";
+      const AddRmsNormResult ref = add_rms_norm(in.x, in.residual, scale_of(in), o);
+      for (int rpi : {1, 3}) {
+        o.implementation = "native";
+        o.config = Config::make(LayerNormNativeConfig{rpi});
+        const AddRmsNormResult got = add_rms_norm(in.x, in.residual, scale_of(in), o);
+        const std::string what = std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" +
+                                 std::to_string(d) + " rows_per_item " + std::to_string(rpi);
+        const double depth = std::sqrt(static_cast<double>(d));  // the family's tolerance
+        const Tolerance tol = dt == DType::kBF16 ? Tolerance{2e-3 * depth, 8e-3, 0}
+                                                 : Tolerance{5e-7 * depth, 2e-6, 0};
+        expect_close(got.y, op_test::values(ref.y), tol, "y " + what);
+        expect_close(got.residual_out, op_test::values(ref.residual_out), {0, 0, 0},
+                     "residual_out " + what);
+      }
+    }
+  }
+  add_norm::set_stream_threshold_for_testing(0);
+}
+
 TEST(AddRmsNorm, EmptyAndThreeDimensional) {
   for (const Shape& shape : {Shape{0, 8}, Shape{4, 0}, Shape{2, 3, 40}}) {
     const Tensor x = Tensor::randn(shape, DType::kF32, fresh_seed());
@@ -186,6 +215,24 @@ TEST(AddRmsNorm, RunNamedMatchesTheTypedCall) {
         family.run_named({{"x", in.x.view()}, {"residual", in.x.view()}}, Json{{"eps", 1}}, {});
       },
       "unknown argument 'eps'");
+  expect_invalid_argument(
+      [&] {
+        family.run_named({{"x", in.x.view()}, {"residual", in.x.view()}}, Json{{"scale", 2.0}}, {});
+      },
+      "'scale' is an array; pass it among the arrays");
+  expect_invalid_argument(
+      [&] {
+        family.run_named({{"x", in.x.view()}, {"x", in.x.view()}, {"residual", in.x.view()}},
+                         Json::object(), {});
+      },
+      "array 'x' given twice");
+  // A library-set flag (the GLU's packed weights) is not a caller's.
+  expect_invalid_argument(
+      [&] {
+        find_family("gated_linear_unit")
+            .run_named({{"x", in.x.view()}, {"w", in.x.view()}}, Json{{"packed_w", true}}, {});
+      },
+      "'packed_w' is set by the library");
   expect_invalid_argument(
       [&] {
         family.run_named({{"x", in.x.view()}, {"residual", in.x.view()}}, Json{{"epsilon", "big"}},
