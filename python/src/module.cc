@@ -703,7 +703,7 @@ void bind_autotune(nb::module_& m) {
       "bound_args"_a, "ignore_cache"_a = false, "all_implementations"_a = false,
       "budget_s"_a = nb::none(), "measure_budget_s"_a = nb::none(), "max_candidates"_a = nb::none(),
       "seed"_a = 0);
-  // Sharded tuning with the run's other processes through a store (README "Fleet tuning").
+  // Sharded tuning with the run's other processes through a store (docs/tuning.md, "Fleet tuning over Redis").
   m.def(
       "autotune_sharded",
       [](const std::vector<BoundArguments>& list, const std::string& store,

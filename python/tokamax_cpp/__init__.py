@@ -114,7 +114,7 @@ def autotune(
     """Tunes the op calls of ``f(*args)``, a list of BoundArguments, or a bound-args file.
 
     With ``store="redis://host:port/db"`` and a ``run_id``, a list or file is tuned together
-    with every other process of the run that gives the same inputs (README "Fleet tuning over
+    with every other process of the run that gives the same inputs (docs/tuning.md "Fleet tuning over
     Redis"); each returns the complete merged result. ``rank``/``world_size`` default to the
     launcher's variables (OpenMPI, Slurm, torchrun). A store that cannot be reached raises
     ConnectionError.
@@ -122,7 +122,7 @@ def autotune(
     A callable runs once on this thread while its op calls are recorded; keys that an active
     ``with result:`` scope or the disk cache already answers are skipped unless
     ``ignore_cache``. Measurement is the library's (interleaved rounds against the heuristics
-    config; README "How the autotuner measures"). The GIL is released while it measures.
+    config; docs/tuning.md "How the autotuner measures"). The GIL is released while it measures.
     """
     opts = dict(ignore_cache=ignore_cache, all_implementations=all_implementations,
                 budget_s=budget_s, measure_budget_s=measure_budget_s,

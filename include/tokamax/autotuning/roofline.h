@@ -27,7 +27,7 @@ struct Roofline {
   // threads; 0 with one thread. Tens of ns where they share a last-level cache; well over a
   // hundred where they sit on different dies, which also gives them separate paths to memory
   // (a 2-vCPU Zen 4 VM moved between the two from minute to minute: docs/performance-log.md,
-  // "layer_norm and rms_norm", fourteenth session).
+  // "layer_norm and rms_norm", fourteenth measurement round).
   double core_to_core_ns = 0;
   Json to_json() const;
 };

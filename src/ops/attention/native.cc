@@ -181,7 +181,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   // (Zen 4's hardware prefetchers follow q k^T's four adjacent positions poorly, 15-18 GB/s a
   // core against 22-23 for four long lanes of positions; yet decode in lanes, by per-position
   // calls or inside the q k^T kernel, and in plain memory order, measured slower:
-  // docs/performance-log.md, dot_product_attention, fifteenth session.)
+  // docs/performance-log.md, dot_product_attention, fifteenth measurement round.)
   static void run_streamed(const AttentionCall& c, const AttentionNativeConfig& cfg,
                            const k::KernelSet& ks) {
     const int threads = std::min(c.num_threads, ThreadPool::global().size());

@@ -165,7 +165,7 @@ class NativeBase : public TypedImplementation<CallT, LayerNormNativeConfig> {
 // 0.88-1.05x the time of 256 (median 0.925x); in the 8 at 162-172 ns (two dies, each core with
 // its own path to memory, where two streams each core's own beat one shared), 1.44-1.56x. The tuner
 // can only measure the placement it runs in, so the config keeps the other's choice. The 2 GiB
-// rows in `tokamax bench --tag stream`: docs/performance-log.md, layer_norm, seventeenth session.
+// rows in `tokamax bench --tag stream`: docs/performance-log.md, layer_norm, seventeenth measurement round.
 // Rows of at least two chunks only: a block of short rows is too small an item (the AlphaFold-like
 // 512-byte rows, streamed at 75 MB: 8.7 ms a call in blocks against 3.9 in 512-row items).
 int64_t item_rows(const NormCall& c, const LayerNormNativeConfig& cfg, bool stream) {
