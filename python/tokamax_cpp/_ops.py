@@ -117,6 +117,7 @@ class Description:
         self.aliases: list[dict] = d["aliases"]
         self.residuals_flag: Optional[str] = d["residuals_flag"]
         self._present = any(o["present"] for o in self.outputs)
+        self._ordered: Optional[list] = None
         self._main = sum(not o["residual"] for o in self.outputs)
         self.has_residuals = self.residuals_flag is not None
 
@@ -194,10 +195,16 @@ class Description:
         them, each with whether it is keyword-only: required arrays in the description's
         order (a backward's: the forward's, its residuals, its cotangent), then optional
         arrays, then the rest."""
+        if not fixed and self._ordered is not None:
+            return self._ordered
         args = self.user_args(fixed)
-        return ([(a, False) for a in args if a.kind == "array" and not a.keyword_only]
-                + [(a, False) for a in args if a.kind == "optional_array" and not a.keyword_only]
-                + [(a, True) for a in args if a.keyword_only or not a.is_array])
+        ordered = ([(a, False) for a in args if a.kind == "array" and not a.keyword_only]
+                   + [(a, False) for a in args
+                      if a.kind == "optional_array" and not a.keyword_only]
+                   + [(a, True) for a in args if a.keyword_only or not a.is_array])
+        if not fixed:
+            self._ordered = ordered  # asked on every torch-operator call (torch_ops._runner)
+        return ordered
 
     def signature(self, fixed: dict | None = None) -> inspect.Signature:
         P = inspect.Parameter
@@ -310,6 +317,11 @@ def functions(ops: Optional[list[str]] = None, run: Callable[..., tuple] = call_
             out[alias["name"]] = make_function(op, alias["name"], alias["fixed"], alias["doc"],
                                                run=run, module=module)
     return out
+
+
+def function_names(ops: list[str]) -> list[str]:
+    """The names functions() gives ops' functions: each op's and its aliases'."""
+    return sorted(n for op in ops for n in [op] + [a["name"] for a in description(op).aliases])
 
 
 def forward_ops() -> list[str]:

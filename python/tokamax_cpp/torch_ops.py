@@ -335,7 +335,7 @@ reference = _Family(_REFERENCE)
 
 ragged_dot = _fast.ragged_dot
 # The described families' functions (and aliases such as rms_norm), by name, from one loop.
-_DESCRIBED_FUNCTIONS = sorted(_ops.functions(_ops.tensor_ops()))
+_DESCRIBED_FUNCTIONS = _ops.function_names(_ops.tensor_ops())
 globals().update({name: getattr(_fast, name) for name in _DESCRIBED_FUNCTIONS})
 __all__ += _DESCRIBED_FUNCTIONS
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End to end, as the README walks through it: run examples/moe_block traced, extract its bound
+# End to end, as docs/tuning.md ("Offline tuning from a trace") walks through it: run examples/moe_block traced, extract its bound
 # arguments, tune them offline with a small budget, run again with the result applied, and check
 # that every ragged_dot call in the second trace was configured by the scope with a tuned config.
 # Usage: moe_round_trip.sh TOKAMAX_CLI MOE_BLOCK WORK_DIR
