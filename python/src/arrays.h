@@ -156,6 +156,19 @@ class ArrayArgs {
                                 "; this build of tokamax serves CPU arrays only");
         }
       }
+      // A numpy array DLPack cannot export: its dtype says why (object, big-endian, strings).
+      if (!h.is_none() && nb::hasattr(h, "dtype") && nb::hasattr(h.attr("dtype"), "byteorder") &&
+          nb::hasattr(h.attr("dtype"), "kind")) {
+        const nb::object dt = h.attr("dtype");
+        const std::string kind = py_str(dt.attr("kind")), order = py_str(dt.attr("byteorder"));
+        const std::string why = kind == "O"    ? "an object array (Python objects, no numbers)"
+                                : order == ">" ? "a big-endian array"
+                                               : "an array of dtype " + py_str(dt);
+        throw InvalidArgument(std::string(op_) + ": " + name + " is " + why + " (dtype " +
+                              py_str(dt) +
+                              "); expected a native-endian array of a numeric dtype: convert it "
+                              "first, e.g. with numpy.ascontiguousarray(x, dtype=numpy.float32)");
+      }
       throw InvalidArgument(std::string(op_) + ": " + name + " is a " + py_type_name(h) +
                             "; expected an array (numpy, or a DLPack producer such as a torch "
                             "tensor or a jax array)");

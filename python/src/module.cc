@@ -14,11 +14,14 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -87,7 +90,18 @@ struct Choice {
 
 Choice choice(const char* family, nb::handle implementation, nb::handle config) {
   Choice c;
-  if (!implementation.is_none()) c.implementation = nb::cast<std::string>(implementation);
+  if (!implementation.is_none()) {
+    if (!nb::isinstance<nb::str>(implementation)) {
+      std::string names;
+      for (const std::string& n : find_family(family).implementation_names())
+        names += (names.empty() ? "" : ", ") + ("'" + n + "'");
+      throw nb::type_error((std::string(family) + ": implementation is " + py_str(implementation) +
+                            " (" + py_type_name(implementation) + "); expected None or one of " +
+                            names)
+                               .c_str());
+    }
+    c.implementation = nb::cast<std::string>(implementation);
+  }
   if (config.is_none()) return c;
   if (c.implementation.empty()) {
     throw InvalidArgument(std::string(family) + ": a config needs the implementation it is for");
@@ -100,6 +114,16 @@ Choice choice(const char* family, nb::handle implementation, nb::handle config) 
                  .implementation(c.implementation)
                  ->config_from_json(parse_json(text, "config"));
   return c;
+}
+
+// A (w_gate, w_up) pair given as a tuple or list; anything but two items is a ValueError.
+std::pair<nb::object, nb::object> weight_pair(const char* op, nb::handle weights) {
+  if (nb::len(weights) != 2) {
+    throw InvalidArgument(std::string(op) + ": weights is a sequence of " +
+                          std::to_string(nb::len(weights)) +
+                          " items; expected fused [K,2,N] weights or a (w_gate, w_up) pair");
+  }
+  return {nb::borrow(weights[0]), nb::borrow(weights[1])};
 }
 
 // Sets an op's options' implementation and config (every family's options have both).
@@ -132,10 +156,12 @@ auto run(bool heuristics_only, Fn&& fn) {
 // --- autotuning ----------------------------------------------------------------------------
 
 // AutotuningResult plus the scopes `with result:` entered on it (a stack: the same result may be
-// entered again inside itself). A scope applies to the thread that entered it.
+// entered again inside itself, or on several threads). A scope applies to the thread that
+// entered it; `__exit__` closes the innermost one that thread entered, or, where it entered none
+// (a generator resumed on another thread), the innermost of all.
 struct PyResult {
   AutotuningResult result;
-  std::vector<std::unique_ptr<AutotuningScope>> scopes;
+  std::vector<std::pair<std::thread::id, std::unique_ptr<AutotuningScope>>> scopes;
   PyResult() = default;
   explicit PyResult(AutotuningResult r) : result(std::move(r)) {}
   PyResult(const PyResult& other) : result(other.result) {}  // a copy enters no scope
@@ -176,6 +202,12 @@ void translate(const std::exception_ptr& p, void*) {
     PyErr_SetString(PyExc_ConnectionError, e.message().c_str());
   } catch (const Json::exception& e) {
     PyErr_SetString(PyExc_ValueError, (std::string("malformed JSON: ") + e.what()).c_str());
+  } catch (const std::bad_cast&) {
+    // nanobind's cast_error: every argument is checked where it is converted, with its name;
+    // should one still slip through, a TypeError rather than "RuntimeError: std::bad_cast".
+    PyErr_SetString(PyExc_TypeError,
+                    "tokamax_cpp: an argument has a type the call cannot convert (see the "
+                    "function's signature for the accepted types)");
   }
 }
 
@@ -475,7 +507,7 @@ void bind_glu_weights(nb::module_& m) {
       [](nb::handle weights) {
         ArrayArgs args("pack_glu_weights");
         if (nb::isinstance<nb::tuple>(weights) || nb::isinstance<nb::list>(weights)) {
-          auto pair = nb::cast<std::pair<nb::object, nb::object>>(weights);
+          auto pair = weight_pair("pack_glu_weights", weights);
           const TensorView g = args.add(pair.first, "w_gate");
           const TensorView u = args.add(pair.second, "w_up");
           return run(false, [&] { return pack_glu_weights(g, u); });
@@ -508,7 +540,7 @@ void bind_glu(nb::module_& m) {
             throw InvalidArgument(
                 "gated_linear_unit: return_residuals needs fused [K,2,N] weights, not a "
                 "(w_gate, w_up) pair");
-          auto pair = nb::cast<std::pair<nb::object, nb::object>>(weights);
+          auto pair = weight_pair("gated_linear_unit", weights);
           const TensorView g = args.add(pair.first, "w_gate");
           const TensorView u = args.add(pair.second, "w_up");
           Tensor t = run(heuristics_only, [&] { return gated_linear_unit(xv, g, u, o); });
@@ -654,13 +686,19 @@ void bind_autotuning_result(nb::module_& m) {
       .def("__enter__",
            [](nb::handle self) {
              PyResult& r = nb::cast<PyResult&>(self);
-             r.scopes.push_back(std::make_unique<AutotuningScope>(r.result));
+             r.scopes.emplace_back(std::this_thread::get_id(),
+                                   std::make_unique<AutotuningScope>(r.result));
              return nb::borrow(self);
            })
       .def(
           "__exit__",
           [](PyResult& r, nb::handle, nb::handle, nb::handle) {
-            if (!r.scopes.empty()) r.scopes.pop_back();
+            if (r.scopes.empty()) return false;
+            auto it = std::find_if(r.scopes.rbegin(), r.scopes.rend(), [](const auto& s) {
+              return s.first == std::this_thread::get_id();
+            });
+            r.scopes.erase(it == r.scopes.rend() ? std::prev(r.scopes.end())
+                                                 : std::next(it).base());
             return false;
           },
           // A normal exit passes (None, None, None): nanobind refuses None unless allowed.
@@ -703,7 +741,8 @@ void bind_autotune(nb::module_& m) {
       "bound_args"_a, "ignore_cache"_a = false, "all_implementations"_a = false,
       "budget_s"_a = nb::none(), "measure_budget_s"_a = nb::none(), "max_candidates"_a = nb::none(),
       "seed"_a = 0);
-  // Sharded tuning with the run's other processes through a store (docs/tuning.md, "Fleet tuning over Redis").
+  // Sharded tuning with the run's other processes through a store (docs/tuning.md, "Fleet tuning
+  // over Redis").
   m.def(
       "autotune_sharded",
       [](const std::vector<BoundArguments>& list, const std::string& store,

@@ -924,7 +924,8 @@ def test_attention_vjp_matches_jax_vjp(rng):
     (lambda q, k, v: tc.dot_product_attention(q, k, v, local_window_size=(-1, 2)),
      "expected both >= 0"),
     (lambda q, k, v: tc.dot_product_attention(q, k, v, logits_soft_cap=0.0), "soft_cap"),
-    (lambda q, k, v: tc.dot_product_attention(q, k, v, scale=float("nan")), "finite"),
+    (lambda q, k, v: tc.dot_product_attention(q, k, v, scale=float("nan")),
+     "scale = nan; expected 0 or a number"),
 ])
 def test_attention_value_errors(rng, case, pattern):
     q, k, v = randn(rng, (2, 5, 4, 8)), randn(rng, (2, 6, 2, 8)), randn(rng, (2, 6, 2, 8))

@@ -393,15 +393,25 @@ void AutotuningResult::dump_cache(const std::string& dir) const {
 // --- scopes ---
 
 namespace {
-thread_local std::vector<std::shared_ptr<const ScopeOverlay>> t_scopes;
+// Shared with the scopes made on the thread, which may outlive it.
+const std::shared_ptr<ScopeStack>& this_thread_stack() {
+  thread_local const std::shared_ptr<ScopeStack> stack = std::make_shared<ScopeStack>();
+  return stack;
+}
 }  // namespace
 
-const std::vector<std::shared_ptr<const ScopeOverlay>>& active_scopes() { return t_scopes; }
+std::vector<std::shared_ptr<const ScopeOverlay>> active_scopes() {
+  ScopeStack& st = *this_thread_stack();
+  if (st.size.load(std::memory_order_acquire) == 0) return {};
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.scopes;
+}
 
-AutotuningScope::AutotuningScope(const AutotuningResult& result) : depth_(t_scopes.size()) {
+AutotuningScope::AutotuningScope(const AutotuningResult& result) : stack_(this_thread_stack()) {
+  const size_t depth = stack_->size.load(std::memory_order_relaxed);
   auto overlay = std::make_shared<ScopeOverlay>();
   overlay->device_kind = result.device_kind();
-  overlay->name = "AutotuningScope#" + std::to_string(depth_ + 1);
+  overlay->name = "AutotuningScope#" + std::to_string(depth + 1);
   if (result.device_kind() != device_kind()) {
     TOKAMAX_LOG("autotune", kWarning,
                 "AutotuningScope: result is for device kind '" + result.device_kind() +
@@ -413,9 +423,18 @@ AutotuningScope::AutotuningScope(const AutotuningResult& result) : depth_(t_scop
     overlay->winners[b.family() + "/" + b.implementation()][b.key()] = {
         best.config, best.benchmark->evidence ? best.benchmark->evidence->summary() : ""};
   }
-  t_scopes.push_back(std::move(overlay));
+  overlay_ = overlay.get();
+  std::lock_guard<std::mutex> lock(stack_->mu);
+  stack_->scopes.push_back(std::move(overlay));
+  stack_->size.store(stack_->scopes.size(), std::memory_order_release);
 }
 
-AutotuningScope::~AutotuningScope() { t_scopes.resize(depth_); }
+AutotuningScope::~AutotuningScope() {
+  std::lock_guard<std::mutex> lock(stack_->mu);
+  auto& v = stack_->scopes;
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& o) { return o.get() == overlay_; }),
+          v.end());
+  stack_->size.store(v.size(), std::memory_order_release);
+}
 
 }  // namespace tokamax

@@ -1,26 +1,39 @@
 // Parsing and formatting of ShapeDtype strings such as "bf16[8,128]".
 #include "tokamax/core/shape_dtype.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "tokamax/core/error.h"
 
 namespace tokamax {
 
+// The product of the nonzero dimensions must fit int64 too, not only the count: a family
+// multiplies some of the dimensions of an empty tensor (its rows: [2^40, 2^40, 0] has 2^80 rows
+// of none) and would wrap, or loop over them.
 int64_t num_elements(const Shape& shape) {
-  int64_t n = 1;
+  int64_t nonzero = 1;
+  bool empty = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     const int64_t d = shape[i];
     if (d < 0) {
       throw InvalidArgument("shape " + shape_str(shape) + ": dimension " + std::to_string(i) +
                             " is negative; expected >= 0");
     }
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) {
-      throw InvalidArgument("shape " + shape_str(shape) + ": element count overflows int64");
+    if (d == 0) {
+      empty = true;
+      continue;
     }
-    n *= d;
+    if (nonzero > std::numeric_limits<int64_t>::max() / d) {
+      throw InvalidArgument("shape " + shape_str(shape) + ": " +
+                            (std::find(shape.begin(), shape.end(), 0) != shape.end()
+                                 ? "the product of its nonzero dimensions"
+                                 : "element count") +
+                            " overflows int64");
+    }
+    nonzero *= d;
   }
-  return n;
+  return empty ? 0 : nonzero;
 }
 
 std::string shape_str(const Shape& shape) {

@@ -161,7 +161,7 @@ struct NormRows {
       m = t1 / static_cast<double>(n);
       var = t2 / static_cast<double>(n) - (subtract_mean ? m * m : 0.0);
     }
-    var = var > 0 ? var : 0;
+    var = var < 0 ? 0 : var;  // rounding below 0 clamped; NaN kept (a NaN in the row)
     *mean = subtract_mean ? static_cast<float>(k + m) : 0.0f;
     *rstd = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
   }

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,6 +123,60 @@ TEST(Concurrency, CallsWhileScopesAndCachesChange) {
   const std::string file =
       cache_file_path(cache.path().string(), device_kind(), "ragged_dot", "native");
   EXPECT_EQ(CacheFile::from_json(read_json_file(file), file).entries.size(), 1u);
+}
+
+// A scope destroyed on another thread than the one that made it (a Python generator resumed
+// elsewhere exits its `with` there): it leaves the making thread's stack, and neither thread's
+// later calls crash (the destructor resized the destroying thread's stack, to a depth from the
+// other: null scopes that the next call read).
+TEST(Concurrency, ScopeDestroyedOnAnotherThread) {
+  const Tensor x = Tensor::randn({8, 16}, DType::kF32, 1);
+  const Tensor w = Tensor::randn({2, 16, 24}, DType::kF32, 2);
+  const std::vector<int32_t> sizes = {5, 3};
+  RaggedDotOptions native;
+  native.implementation = "native";
+  BoundArguments bound;
+  {
+    CallRecorder rec;
+    ragged_dot(x, w, sizes, native);
+    bound = rec.calls()[0];
+  }
+  AutotuningData d;
+  d.set(find_family("ragged_dot")
+            .implementation("native")
+            ->config_from_json({{"mr", 2}, {"mc", 4}, {"kc", 8}, {"nc", 64}}),
+        BenchmarkData{.median_ms = 1});
+  AutotuningResult result;
+  result.add(bound, d);
+  const OpFamily& fam = find_family("ragged_dot");
+  const auto call = fam.make_call(bound, 1);
+  const auto in_scope = [&] {
+    return resolve_config(fam, *fam.implementation("native"), *call, std::nullopt).rung ==
+           Rung::kScope;
+  };
+  std::unique_ptr<AutotuningScope> outer, inner;
+  std::thread maker([&] {
+    outer = std::make_unique<AutotuningScope>(result);
+    inner = std::make_unique<AutotuningScope>(result);
+  });
+  maker.join();
+  // Destroyed here, on the main thread, which has scopes of its own.
+  {
+    const AutotuningScope mine(result);
+    EXPECT_TRUE(in_scope());
+    inner.reset();
+    outer.reset();
+    EXPECT_TRUE(in_scope());  // this thread's own scope is still there
+    EXPECT_NO_THROW(ragged_dot(x, w, sizes, native));
+  }
+  EXPECT_FALSE(in_scope());
+  EXPECT_NO_THROW(ragged_dot(x, w, sizes, native));
+  // And the other way: made here, destroyed on a thread with none.
+  auto here = std::make_unique<AutotuningScope>(result);
+  EXPECT_TRUE(in_scope());
+  std::thread([&] { here.reset(); }).join();
+  EXPECT_FALSE(in_scope());
+  EXPECT_NO_THROW(ragged_dot(x, w, sizes, native));
 }
 
 }  // namespace

@@ -44,5 +44,18 @@ TEST(ShapeDtype, NegativeAndOverflowingShapes) {
   EXPECT_EQ(num_elements({0, 1LL << 62}), 0);
 }
 
+// An empty shape whose other dimensions multiply past int64 is refused: a family computing its
+// rows (the product of the leading dimensions) would wrap, or loop for minutes over nothing.
+TEST(ShapeDtype, EmptyShapeWithHugeOtherDimensionsIsRefused) {
+  EXPECT_EQ(num_elements({int64_t{1} << 40, 0, 7}), 0);
+  try {
+    num_elements({int64_t{1} << 40, int64_t{1} << 40, 0});
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("product of its nonzero dimensions"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tokamax

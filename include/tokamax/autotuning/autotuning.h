@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -164,8 +165,13 @@ class AutotuningResult {
   std::vector<std::pair<BoundArguments, AutotuningData>> data_;
 };
 
-// Applies a result's winners to the calls on this thread while alive. Innermost first; a miss
-// falls through to outer scopes, then the disk cache.
+struct ScopeOverlay;
+struct ScopeStack;
+
+// Applies a result's winners to the calls on the thread that made it while alive. Innermost
+// first; a miss falls through to outer scopes, then the disk cache. Destroying a scope on
+// another thread (a Python generator resumed elsewhere exits its `with` there) removes it from
+// the stack of the thread that made it, and from nothing else.
 class AutotuningScope {
  public:
   explicit AutotuningScope(const AutotuningResult& result);
@@ -174,7 +180,8 @@ class AutotuningScope {
   AutotuningScope& operator=(const AutotuningScope&) = delete;
 
  private:
-  size_t depth_;
+  std::shared_ptr<ScopeStack> stack_;  // the making thread's, kept alive past that thread
+  const ScopeOverlay* overlay_ = nullptr;
 };
 
 }  // namespace tokamax

@@ -15,6 +15,17 @@
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
+// Whether every output of a call has zero elements (zero heads, an empty batch): then there is
+// nothing to compute, and an implementation is not run at all, so that no kernel has to guard
+// its divisions and blockings against the empty dimensions.
+inline bool nothing_to_write(const CallBase& call) {
+  if (call.outputs.empty()) return false;
+  for (const TensorView& v : call.outputs) {
+    if (v.size() != 0) return false;
+  }
+  return true;
+}
+
 // An implementation with a config struct ConfigT (to_json, from_json, operator==).
 template <class CallT, class ConfigT>
 class TypedImplementation : public Implementation {
@@ -53,6 +64,7 @@ class TypedImplementation : public Implementation {
     return estimate(call_as<CallT>(call), config.get<ConfigT>());
   }
   void run(CallBase& call, const Config& config, const Prepared* prepared) const final {
+    if (nothing_to_write(call)) return;
     run_call(call_as<CallT>(call), config.get<ConfigT>(), prepared);
   }
 };
@@ -72,6 +84,7 @@ class TypedImplementation<CallT, void> : public Implementation {
   bool has_config() const final { return false; }
   void validate(const CallBase& call) const final { check_call(call_as<CallT>(call)); }
   void run(CallBase& call, const Config&, const Prepared* prepared) const final {
+    if (nothing_to_write(call)) return;
     run_call(call_as<CallT>(call), prepared);
   }
 };

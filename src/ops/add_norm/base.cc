@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/f32_range.h"
 #include "core/thread_pool.h"
 #include "ops/elements.h"
 
@@ -68,8 +69,7 @@ void Family::bind(AddNormCall& c) const {
     throw bad(fmt::format("scale has spec {}; expected f32 or bf16 [{}] (x's last axis)",
                           c.scale->spec().str(), c.d));
   }
-  if (!std::isfinite(c.epsilon) || c.epsilon < 0)
-    throw bad(fmt::format("epsilon = {}; expected a finite number >= 0", c.epsilon));
+  check_in_f32_range("add_rms_norm", "epsilon", c.epsilon, /*allow_zero=*/true, /*positive=*/true);
 }
 
 Tolerance Family::tolerance_of(const AddNormCall& c) const {

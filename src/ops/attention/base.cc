@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "autotuning/bf16_dot.h"
+#include "core/f32_range.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
@@ -220,11 +221,11 @@ void bind_forward(AttentionCall& c) {
     throw bad(fmt::format("local_window_size ({}, {}); expected both >= 0", c.window_left,
                           c.window_right));
   }
-  if (c.scale && !std::isfinite(*c.scale))
-    throw bad(fmt::format("scale = {}; expected a finite number", *c.scale));
-  if (c.logits_soft_cap && !(std::isfinite(*c.logits_soft_cap) && *c.logits_soft_cap > 0))
-    throw bad(
-        fmt::format("logits_soft_cap = {}; expected a finite number > 0", *c.logits_soft_cap));
+  if (c.scale) check_in_f32_range(kFamily, "scale", *c.scale, /*allow_zero=*/true, false);
+  if (c.logits_soft_cap) {
+    check_in_f32_range(kFamily, "logits_soft_cap", *c.logits_soft_cap, /*allow_zero=*/false,
+                       /*positive=*/true);
+  }
   c.scale_value =
       static_cast<float>(c.scale ? *c.scale : 1.0 / std::sqrt(std::max<int64_t>(c.h, 1)));
 }
@@ -298,11 +299,11 @@ void Reference::run_call(AttentionCall& c, const Prepared*) const {
                load_f32(c.k, ((bb * c.s + ss) * c.nk + kh) * c.h + d);
       }
       logits[ss] = c.logit(dot, bb, nn, tt, ss);
-      m = std::max(m, logits[ss]);
+      m = logits[ss] > m || std::isnan(logits[ss]) ? logits[ss] : m;  // NaN sticks
     }
     std::vector<float> acc(static_cast<size_t>(c.hv), 0.0f);
     float l = 0;
-    if (m > -std::numeric_limits<float>::infinity()) {
+    if (m != -std::numeric_limits<float>::infinity()) {
       for (int64_t ss = s0; ss < s1; ++ss) {
         if (logits[ss] == -std::numeric_limits<float>::infinity()) continue;
         const float p = std::exp(logits[ss] - m);
@@ -312,10 +313,10 @@ void Reference::run_call(AttentionCall& c, const Prepared*) const {
       }
     }
     for (int64_t d = 0; d < c.hv; ++d)
-      store_f32(c.out(), ((bb * c.t + tt) * c.n + nn) * c.hv + d, l > 0 ? acc[d] / l : 0.0f);
-    if (c.lse()) {
+      store_f32(c.out(), ((bb * c.t + tt) * c.n + nn) * c.hv + d, l == 0 ? 0.0f : acc[d] / l);
+    if (c.lse()) {  // a NaN logit makes l, and so the output and the log-sum-exp, NaN
       lse.data_as<float>()[(bb * c.n + nn) * c.t + tt] =
-          l > 0 ? m + std::log(l) : -std::numeric_limits<float>::infinity();
+          l == 0 ? -std::numeric_limits<float>::infinity() : m + std::log(l);
     }
   });
 }

@@ -39,7 +39,8 @@ struct AttentionCall : CallBase {
   const TensorView& out() const { return outputs.at(0); }
   // [B,N,T] f32 log-sum-exp, or null without return_residuals.
   const TensorView* lse() const { return return_residuals ? &outputs.at(1) : nullptr; }
-  int64_t group() const { return n / nk; }  // query heads per kv head
+  // Query heads per kv head (1 without heads: no call divides by zero).
+  int64_t group() const { return nk > 0 ? n / nk : 1; }
   // Whether a logit needs more than the scale (a bias, a mask or a soft cap): logits_row.
   bool elementwise_logits() const { return bias || mask || logits_soft_cap; }
   // Whether the native softmax keeps the raw logits and its exp applies the scale as it reads
@@ -67,7 +68,9 @@ struct AttentionCall : CallBase {
     if (kv_seq_lengths) hi = std::min<int64_t>(hi, kv_seq_lengths->data_as<const int32_t>()[bb]);
     if (is_causal) hi = std::min<int64_t>(hi, tt + 1);
     if (window_left >= 0) lo = std::max<int64_t>(lo, tt - window_left);
-    if (window_right >= 0) hi = std::min<int64_t>(hi, tt + window_right + 1);
+    // A right window of S or more bounds nothing (tested first: tt + window_right + 1 would
+    // overflow for a window near 2^63).
+    if (window_right >= 0 && window_right < s) hi = std::min<int64_t>(hi, tt + window_right + 1);
     if (q_seq_lengths && tt >= q_seq_lengths->data_as<const int32_t>()[bb]) hi = lo;
     *s0 = lo;
     *s1 = std::max(lo, hi);
@@ -109,7 +112,8 @@ struct AttentionCall : CallBase {
       for (int64_t j = 0; j < count; ++j) x[j] = mp[j * st] ? x[j] : -INFINITY;
     }
     float mx = -INFINITY;
-    for (int64_t j = 0; j < count; ++j) mx = x[j] > mx ? x[j] : mx;
+    for (int64_t j = 0; j < count; ++j)
+      mx = x[j] > mx || std::isnan(x[j]) ? x[j] : mx;  // NaN sticks
     return mx;
   }
 

@@ -60,18 +60,18 @@ class Composed : public TypedImplementation<AttentionCall, void> {
           for (int64_t ss = 0; ss < c.s; ++ss) {
             const bool on = ss >= s0 && ss < s1 && c.mask_allows(bb, nn, tt, ss);
             row[ss] = on ? c.logit(row[ss], bb, nn, tt, ss) : kNegInf;
-            m = std::max(m, row[ss]);
+            m = row[ss] > m || std::isnan(row[ss]) ? row[ss] : m;  // NaN sticks
           }
           float l = 0;
           for (int64_t ss = 0; ss < c.s; ++ss) {
             row[ss] = m == kNegInf ? 0.0f : std::exp(row[ss] - m);
             l += row[ss];
           }
-          const float inv = l > 0 ? 1.0f / l : 0.0f;
+          const float inv = l == 0 ? 0.0f : 1.0f / l;  // NaN with a NaN logit
           for (int64_t ss = 0; ss < c.s; ++ss) row[ss] *= inv;
           if (c.lse()) {
             c.lse()->data_as<float>()[(bb * c.n + nn) * c.t + tt] =
-                l > 0 ? m + std::log(l) : kNegInf;
+                l == 0 ? kNegInf : m + std::log(l);
           }
         });
         if (c.t > 0 && c.hv > 0) {

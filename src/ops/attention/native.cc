@@ -539,6 +539,11 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       } else {
         mx = c.logits_row(row + (a - sb), bb, nn, tt, a, b - a);
       }
+      if (std::isnan(mx)) {  // a NaN logit: the row's output and log-sum-exp are NaN
+        l[r] = NAN;
+        std::fill(row, row + width, 0.0f);
+        continue;
+      }
       const float m_new = std::max(m[r], mx);
       if (m_new == kNegInf) {
         std::fill(row, row + width, 0.0f);
@@ -691,13 +696,13 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
   }
 
   // out = O / l and the log-sum-exp m + log l for the item's rows (a row without a logit: 0
-  // and -inf).
+  // and -inf; a row with a NaN logit: NaN).
   static void finish(const AttentionCall& c, int64_t bb, int64_t kh, int64_t t0, int64_t rows,
                      const float* O, int64_t ldo, const float* m, const float* l) {
     const int64_t G = c.group();
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tt = t0 + r / G, nn = kh * G + r % G;
-      const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+      const float inv = l[r] == 0 ? 0.0f : 1.0f / l[r];  // a NaN sum (a NaN logit) stays NaN
       const int64_t base = ((bb * c.t + tt) * c.n + nn) * c.hv;
       const float* o = O + r * ldo;
       if (c.out().dtype() == DType::kF32) {
@@ -709,7 +714,7 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       }
       if (c.lse()) {
         c.lse()->data_as<float>()[(bb * c.n + nn) * c.t + tt] =
-            l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+            l[r] == 0 ? kNegInf : m[r] + std::log(l[r]);
       }
     }
   }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "core/f32_range.h"
 #include "core/thread_pool.h"
 
 namespace tokamax::norm {
@@ -89,8 +90,7 @@ void bind_forward(NormCall& c) {
                             v.spec().str(), c.d, shape_str(c.x.shape()), c.axis));
     }
   }
-  if (!std::isfinite(c.epsilon) || c.epsilon < 0)
-    throw bad(fmt::format("epsilon = {}; expected a finite number >= 0", c.epsilon));
+  check_in_f32_range("layer_norm", "epsilon", c.epsilon, /*allow_zero=*/true, /*positive=*/true);
 }
 
 Shape NormCall::stats_shape() const {
