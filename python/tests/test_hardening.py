@@ -134,3 +134,12 @@ def test_glu_weights_of_three_items_name_the_argument():
     w = np.ones((3, 4), np.float32)
     with pytest.raises(ValueError, match=r"gated_linear_unit: weights is a sequence of 3 items"):
         tc.gated_linear_unit(x, (w, w, w))
+
+
+def test_empty_input_with_huge_rows_runs_at_once_or_names_what_it_cannot_allocate():
+    x = np.zeros((10**12, 0), np.float32)  # no elements, 10^12 rows of none
+    for impl in ["native", "composed", "reference"]:
+        assert tc.layer_norm(x, implementation=impl).shape == x.shape  # nothing to compute
+    # The residuals (a mean and rstd per row) are 4 TB each: a MemoryError naming them.
+    with pytest.raises(MemoryError, match=r"f32\[1000000000000\] \(4000000000000 bytes\)"):
+        tc.layer_norm(x, return_residuals=True)

@@ -246,7 +246,10 @@ Tensor::Tensor(Shape shape, DType dtype) : dtype_(dtype), shape_(std::move(shape
   void* p = BlockCache::instance().take(rounded);
   if (!p) {
     p = std::aligned_alloc(align, rounded);
-    if (!p) throw std::bad_alloc();
+    if (!p) {
+      throw OutOfMemory("cannot allocate a tensor " + ShapeDtype{shape_, dtype_}.str() + " (" +
+                        std::to_string(bytes) + " bytes)");
+    }
     if (align == kHuge) madvise(p, alloc, MADV_HUGEPAGE);  // advisory; failure is harmless
   }
   data_ = std::unique_ptr<void, Free>(p, Free{rounded});

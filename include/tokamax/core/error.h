@@ -3,8 +3,10 @@
 // dispatch moves on to the next one), CacheMiss (no tuned config and the policy is "error").
 #pragma once
 
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "tokamax/core/export.h"
 
@@ -47,6 +49,18 @@ class Unsupported : public Error {
 class CacheMiss : public Error {
  public:
   explicit CacheMiss(const std::string& what) : Error("CacheMiss: ", what) {}
+};
+
+// An allocation the library could not make, naming what was asked for ("f32[1000000000000]:
+// 4000000000000 bytes"). A std::bad_alloc, so that whatever catches that still does (Python's
+// bindings make it a MemoryError with this message).
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
 };
 
 }  // namespace tokamax
