@@ -2,8 +2,9 @@
 // sum, x[i] *= scale returning the max, and the max alone. exp: n = round(x log2 e), the reduced
 // argument r = x - n ln 2 (two parts), e^r as a degree-6 polynomial with its first two
 // coefficients 1 (fitted minimax for relative error on [-ln2/2, ln2/2], 3e-9), times 2^n; exactly
-// 0 below e^-87 (and for -inf, the masked logits), +inf above ln(FLT_MAX); NaN stays NaN, and the
-// maxima return NaN for a row that holds one. Against double exp over every float in
+// 0 below e^-87 (and for -inf, the masked logits), +inf above ln(FLT_MAX); NaN stays NaN (the
+// maxima may skip a NaN: the exp then carries it into the sum). Against double exp over every float
+// in
 // [-87, 0.5], scalar emulation with fma (one-off, 1.7e9 values): at most 0.88 ulp, mean 0.074,
 // where Cephes' expf (a degree-5 polynomial q in 1 + r + r^2 q(r), the form used until
 // 2026-12-06) gives 1.26 and 0.086 with two more operations; degree 5 would save one more and
@@ -23,6 +24,9 @@ inline constexpr float kLo = -87.0f, kHi = 88.0f;
 // ln(FLT_MAX): above it exp overflows to +inf (the polynomial, clamped at kHi, would give a
 // finite e^88: an Inf logit must stay infinite, as std::exp keeps it).
 inline constexpr float kOverflow = 88.72283935546875f;
+// AVX-512's clamp: above ln(FLT_MAX), so that scalef overflows to +inf there (an integer 2^n,
+// as the AVX2 and portable loops build it, needs kHi).
+inline constexpr float kExpClampAvx512 = 89.0f;
 // e^r ~ 1 + r (1 + r (kP[4] + r (kP[3] + r (kP[2] + r (kP[1] + r kP[0]))))): Horner, 6 FMAs.
 inline constexpr float kP[5] = {1.381461319e-3f, 8.368709823e-3f, 4.166838736e-2f, 1.666652069e-1f,
                                 4.999999345e-1f};
@@ -55,15 +59,14 @@ inline float scale_max_portable(float* x, int64_t n, float scale) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) {
     x[i] *= scale;
-    m = x[i] > m || std::isnan(x[i]) ? x[i] : m;
+    m = x[i] > m ? x[i] : m;
   }
   return m;
 }
 
 inline float max_portable(const float* x, int64_t n) {
   float m = -INFINITY;
-  // NaN sticks (the vector loops return NaN for a row that holds one).
-  for (int64_t i = 0; i < n; ++i) m = x[i] > m || std::isnan(x[i]) ? x[i] : m;
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
 }
 

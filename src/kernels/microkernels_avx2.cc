@@ -430,14 +430,14 @@ const KernelSet* avx2_kernels() { return &kSet; }
 
 namespace {
 // exp(v) on the lanes of `m` (all ones or all zeros per lane), 0 elsewhere and where v <= kLo
-// (-inf included); +inf above ln(FLT_MAX) and NaN stays NaN (as exp16): kHi keeps 2^n a normal
-// float.
+// (-inf included); +inf above ln(FLT_MAX) and NaN stays NaN, as exp16: the clamps take v as
+// their second operand, which max and min return when either is NaN, and `keep` is "not <=
+// kLo". kHi keeps 2^n a normal float, so the overflow is one blend more.
 inline __m256 exp8(__m256 v, __m256 m) {
   const __m256 lo = _mm256_set1_ps(ep::kLo), hi = _mm256_set1_ps(ep::kHi);
-  const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(v, lo, _CMP_GT_OQ), m);
-  const __m256 nan = _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), m), v0 = v;
-  const __m256 inf = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(ep::kOverflow), _CMP_GT_OQ), m);
-  v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+  const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(v, lo, _CMP_NLE_UQ), m);
+  const __m256 inf = _mm256_cmp_ps(v, _mm256_set1_ps(ep::kOverflow), _CMP_GT_OQ);
+  v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
   const __m256 kf = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(ep::kLog2e)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(ep::kLn2Hi), v);
@@ -448,9 +448,8 @@ inline __m256 exp8(__m256 v, __m256 m) {
   p = _mm256_fmadd_ps(_mm256_fmadd_ps(p, r, one), r, one);
   const __m256i bits =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
-  const __m256 e =
-      _mm256_blendv_ps(_mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep), v0, nan);
-  return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), inf);
+  const __m256 e = _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep);
+  return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_and_ps(inf, m));
 }
 
 }  // namespace
@@ -589,30 +588,27 @@ void act_grad_avx2(int act, const float* g, const float* u, const float* dout, f
   }
 }
 
-// NaN when the row holds one (as scale_max_avx512): the masked-off tail loads as 0.
 float scale_max_avx2(float* x, int64_t n, float scale) {
   const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
-  __m256 mx = ninf, nan = _mm256_setzero_ps();
+  __m256 mx = ninf;
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i m = tail_mask8(n - i);
     const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), vs);
     _mm256_maskstore_ps(x + i, m, v);
     mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(m)));
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
-  return _mm256_movemask_ps(nan) ? NAN : hmax(mx);
+  return hmax(mx);
 }
 
 float max_avx2(const float* x, int64_t n) {
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
-  __m256 mx = ninf, nan = _mm256_setzero_ps();
+  __m256 mx = ninf;
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i m = tail_mask8(n - i);
-    const __m256 v = _mm256_maskload_ps(x + i, m);
-    mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(m)));
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    mx = _mm256_max_ps(
+        mx, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m)));
   }
-  return _mm256_movemask_ps(nan) ? NAN : hmax(mx);
+  return hmax(mx);
 }
 
 }  // namespace tokamax::kernels

@@ -995,18 +995,17 @@ __mmask16 tail_mask(int64_t left) {
 }
 }  // namespace
 
-// exp(v) on the lanes of `m`, 0 elsewhere and where v <= kLo (-inf included); e^88 for
-// 88 <= v <= ln(FLT_MAX) and +inf above (+inf included); NaN stays NaN (a NaN logit reaches the
-// softmax's sum and every output that depends on it, rather than vanishing as a zero probability).
-// Only the top is clamped: scalef takes any 2^n, and `keep` zeroes the lanes below kLo whatever the
-// polynomial made of them (the AVX2 loop's integer 2^n needs both clamps).
+// exp(v) on the lanes of `m`, 0 elsewhere and where v <= kLo (-inf included); +inf above
+// ln(FLT_MAX) (+inf included); NaN stays NaN (a NaN logit reaches the softmax's sum and every
+// output that depends on it, rather than vanishing as a zero probability). No instruction more
+// than without the special values: the clamp to kExpClampAvx512 takes v as its second operand,
+// which min returns when either is NaN, so NaN flows through the polynomial; `keep` is "not
+// <= kLo", true for NaN. Only the top is clamped, above ln(FLT_MAX): scalef takes any 2^n and
+// overflows to +inf (the AVX2 loop's integer 2^n needs both clamps).
 inline __m512 exp16(__m512 v, __mmask16 m) {
-  const __m512 lo = _mm512_set1_ps(ep::kLo), hi = _mm512_set1_ps(ep::kHi);
-  const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, v, lo, _CMP_GT_OQ);
-  const __mmask16 nan = _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
-  const __mmask16 inf = _mm512_mask_cmp_ps_mask(m, v, _mm512_set1_ps(ep::kOverflow), _CMP_GT_OQ);
-  const __m512 v0 = v;
-  v = _mm512_maskz_min_ps(0xFFFF, v, hi);
+  const __m512 lo = _mm512_set1_ps(ep::kLo), hi = _mm512_set1_ps(ep::kExpClampAvx512);
+  const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, v, lo, _CMP_NLE_UQ);
+  v = _mm512_maskz_min_ps(0xFFFF, hi, v);
   const __m512 kf = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(ep::kLog2e)),
                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(ep::kLn2Hi), v);
@@ -1015,8 +1014,7 @@ inline __m512 exp16(__m512 v, __mmask16 m) {
   for (int j = 1; j < 5; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ep::kP[j]));
   const __m512 one = _mm512_set1_ps(1.0f);
   p = _mm512_fmadd_ps(_mm512_fmadd_ps(p, r, one), r, one);
-  const __m512 e = _mm512_mask_mov_ps(_mm512_maskz_scalef_ps(keep, p, kf), nan, v0);
-  return _mm512_mask_mov_ps(e, inf, _mm512_set1_ps(INFINITY));
+  return _mm512_maskz_scalef_ps(keep, p, kf);
 }
 
 // x[i] = exp(x[i] * scale - shift), the product rounded before the difference: scale_max's
@@ -1037,10 +1035,9 @@ float exp_shift_sum_avx512(float* x, int64_t n, float scale, float shift) {
   return hsum(acc);  // a shuffle tree: a short row's sum is on the softmax's critical path
 }
 
-// 1 / (1 + exp(-x)); exactly 0 where exp(-x) is beyond the float range (exp16 clamps it to
-// e^88, which would leave x s = -1e20 * 3e-39 for silu(-1e20) rather than 0). NaN stays NaN
-// through x itself where the caller multiplies by it (silu), or through the sum (sigmoid: exp16
-// gives 0 for NaN, so sigmoid(NaN) would read 1: the NaN lanes are put back). `e`, when given,
+// 1 / (1 + exp(-x)); exactly 0 where exp(-x) is beyond the float range. NaN stays NaN through
+// x itself where the caller multiplies by it (silu), and through exp16 (the NaN lanes are put
+// back all the same: the result must not hang on the exp's handling of NaN). `e`, when given,
 // receives exp(-x).
 inline __m512 sigmoid16(__m512 x, __mmask16 m, __m512* e = nullptr) {
   const __m512 one = _mm512_set1_ps(1.0f);
@@ -1157,21 +1154,16 @@ void act_grad_avx512(int act, const float* g, const float* u, const float* dout,
   }
 }
 
-// The row maxima return NaN when the row holds one (max_ps alone would drop it: it returns its
-// second operand when either is NaN): the softmax then makes the whole row NaN, as the
-// reference does. The NaN lanes are gathered in a mask register beside the maxima.
 float scale_max_avx512(float* x, int64_t n, float scale) {
   const __m512 vs = _mm512_set1_ps(scale);
   __m512 mx = _mm512_set1_ps(-INFINITY);
-  __mmask16 nan = 0;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
     const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
     _mm512_mask_storeu_ps(x + i, m, v);
     mx = _mm512_mask_max_ps(mx, m, mx, v);
-    nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
   }
-  return nan ? NAN : hmax(mx);
+  return hmax(mx);
 }
 
 // Four running maxima: one chains every vector's max on the last (4 cycles each), the whole
@@ -1180,25 +1172,17 @@ float scale_max_avx512(float* x, int64_t n, float scale) {
 float max_avx512(const float* x, int64_t n) {
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
-  __mmask16 nan = 0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16),
-                 c = _mm512_loadu_ps(x + i + 32), d = _mm512_loadu_ps(x + i + 48);
-    m0 = _mm512_maskz_max_ps(0xFFFF, m0, a);
-    m1 = _mm512_maskz_max_ps(0xFFFF, m1, b);
-    m2 = _mm512_maskz_max_ps(0xFFFF, m2, c);
-    m3 = _mm512_maskz_max_ps(0xFFFF, m3, d);
-    // Two compares cover the four vectors: a NaN in either operand is unordered.
-    nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(c, d, _CMP_UNORD_Q);
+    m0 = _mm512_maskz_max_ps(0xFFFF, m0, _mm512_loadu_ps(x + i));
+    m1 = _mm512_maskz_max_ps(0xFFFF, m1, _mm512_loadu_ps(x + i + 16));
+    m2 = _mm512_maskz_max_ps(0xFFFF, m2, _mm512_loadu_ps(x + i + 32));
+    m3 = _mm512_maskz_max_ps(0xFFFF, m3, _mm512_loadu_ps(x + i + 48));
   }
   for (; i < n; i += 16) {
     const __mmask16 m = tail_mask(n - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    m0 = _mm512_mask_max_ps(m0, m, m0, v);
-    nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+    m0 = _mm512_mask_max_ps(m0, m, m0, _mm512_maskz_loadu_ps(m, x + i));
   }
-  if (nan) return NAN;
   return hmax(_mm512_maskz_max_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, m0, m1),
                                   _mm512_maskz_max_ps(0xFFFF, m2, m3)));
 }

@@ -539,13 +539,17 @@ class Native : public TypedImplementation<AttentionCall, AttentionNativeConfig> 
       } else {
         mx = c.logits_row(row + (a - sb), bb, nn, tt, a, b - a);
       }
-      if (std::isnan(mx)) {  // a NaN logit: the row's output and log-sum-exp are NaN
+      if (std::isnan(mx)) {  // a NaN logit (logits_row's max keeps it): the row's output is NaN
         l[r] = NAN;
         std::fill(row, row + width, 0.0f);
         continue;
       }
       const float m_new = std::max(m[r], mx);
       if (m_new == kNegInf) {
+        // Every logit -inf, or NaN (the row maxima skip NaN, which the exp carries otherwise):
+        // a scan on this rare path only.
+        if (std::any_of(row + (a - sb), row + (b - sb), [](float x) { return std::isnan(x); }))
+          l[r] = NAN;
         std::fill(row, row + width, 0.0f);
         continue;
       }
