@@ -461,6 +461,67 @@ TEST_F(Cli, IntoCacheKeepsACorruptCacheFile) {
   EXPECT_EQ(run("cache verify " + file.string()).code, 0);
 }
 
+// --into-cache into a directory that cannot take files is bad input, found before any tuning
+// (it was found after the run: a raw std::filesystem error, exit 1, the run's time lost).
+TEST_F(Cli, IntoCacheDirectoryIsCheckedBeforeTuning) {
+  const std::string kind = Json::parse(run("device --json").out)["device_kind"].get<std::string>();
+  // Cannot be created (root cannot either), and a file where the directory should be.
+  std::ofstream(path("a_file")) << "x";
+  for (const std::string& dir : {std::string("/proc/tokamax/no/such"), path("a_file")}) {
+    const Result r =
+        run("autotune --spec smoke_decode --impl native --budget-s 5 --into-cache "
+            "--cache-dir " +
+            dir);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("--into-cache: cannot write into the cache directory '" + dir + "/" +
+                         kind + "': "),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("filesystem error"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("ETA"), std::string::npos) << r.err;  // no tuning progress
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+// The same for a directory whose permissions refuse new files: empty, or holding the device
+// kind's directory already. Only where permissions bind this user (not root).
+TEST_F(Cli, IntoCacheReadOnlyDirectoryIsCheckedBeforeTuning) {
+  const std::string kind = Json::parse(run("device --json").out)["device_kind"].get<std::string>();
+  const std::filesystem::path empty = dir_ / "ro_empty", full = dir_ / "ro_full";
+  std::filesystem::create_directories(empty);
+  std::filesystem::create_directories(full / kind);
+  const auto read_only = std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec |
+                         std::filesystem::perms::group_read | std::filesystem::perms::group_exec |
+                         std::filesystem::perms::others_read | std::filesystem::perms::others_exec;
+  std::filesystem::permissions(empty, read_only);
+  std::filesystem::permissions(full / kind, read_only);
+  struct Restore {  // so that TearDown can remove them
+    std::filesystem::path a, b;
+    ~Restore() {
+      std::filesystem::permissions(a, std::filesystem::perms::owner_all);
+      std::filesystem::permissions(b, std::filesystem::perms::owner_all);
+    }
+  } restore{empty, full / kind};
+  // Root (CAP_DAC_OVERRIDE) writes through 0555: nothing here could fail for it.
+  if (std::ofstream((empty / "probe").string()).good()) {
+    std::filesystem::remove(empty / "probe");
+    GTEST_SKIP() << "this user writes into 0555 directories (root?): read-only not testable";
+  }
+  for (const std::filesystem::path& dir : {empty, full}) {
+    const Result r =
+        run("autotune --spec smoke_decode --impl native --budget-s 5 --into-cache "
+            "--cache-dir " +
+            dir.string());
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("cannot write into the cache directory '" + (dir / kind).string() +
+                         "': Permission denied"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("ETA"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
 TEST_F(Cli, MistypedFieldsAreSkippedOrNamed) {
   const Result dev = run("device --json");
   const std::string kind = Json::parse(dev.out)["device_kind"].get<std::string>();
