@@ -341,6 +341,53 @@ TEST_F(Cli, BenchesEveryDistinctKeyOfABoundArgsFile) {
   EXPECT_NE(r.err.find("exactly one of --spec, --tag, --bound-args"), std::string::npos) << r.err;
 }
 
+// A key inside the size limits whose tensors do not fit in this machine's memory (1 x 2^18 x 2^18
+// f32: 256 GiB) ended the whole bench with a bare "std::bad_alloc". It is a failed row that
+// names its spec and the bytes it needs, as any row that cannot run is, and the other keys are
+// still measured.
+TEST_F(Cli, BenchKeyTooLargeForMemoryIsAFailedRow) {
+  const double needed = 4.0 * (int64_t{1} << 36);
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = 0;
+  overcommit >> mode;
+  double memory = 0;  // RAM and swap, bytes
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double kib = 0;
+    meminfo >> kib;
+    if (key == "MemTotal:" || key == "SwapTotal:") memory += kib * 1024;
+    meminfo.ignore(64, '\n');
+  }
+  // Where the allocation could succeed, it would be filled: not a test to run there.
+  if (mode == 1 || memory >= needed) GTEST_SKIP() << "256 GiB might be allocated here";
+  std::ofstream(path("huge.json"))
+      << R"([{"op": {"family": "ragged_dot"}, "arguments": {"lhs": "f32[1,262144]", )"
+      << R"("rhs": "f32[1,262144,262144]", "group_sizes": [1]}}, )"
+      << R"({"op": {"family": "ragged_dot"}, "arguments": {"lhs": "f32[8,64]", )"
+      << R"("rhs": "f32[8,64,64]", "group_sizes": [1,1,1,1,1,1,1,1]}}])";
+  const Result r =
+      run("bench --bound-args " + path("huge.json") + " --impl native --min-time 0.01 --json");
+  EXPECT_EQ(r.code, 1) << r.err;  // the work failed, in part
+  EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1 of 2 bench rows failed"), std::string::npos) << r.err;
+  const Json rows = Json::parse(r.out)["rows"];
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  EXPECT_EQ(rows[0]["spec"], "#0 f32[1,262144] x f32[1,262144,262144]");
+  EXPECT_EQ(rows[0]["implementation"], "native");
+  // lhs 1 MiB, rhs 256 GiB, the output 1 MiB.
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.1f",
+                static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                    static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30));
+  EXPECT_EQ(rows[0]["config_source"],
+            "error: cannot allocate the tensors of spec '#0 f32[1,262144] x f32[1,262144,262144]': "
+            "they need 274880004096 bytes (256.0 GiB, inputs and outputs), this machine has " +
+                std::string(gib) + " GiB of memory")
+      << rows[0];
+  EXPECT_EQ(rows[1]["spec"], "#1 f32[8,64] x f32[8,64,64]");
+  EXPECT_GT(rows[1]["median_ms"].get<double>(), 0) << rows[1];
+}
+
 TEST_F(Cli, ThreadsOptionSetsTheThreadCountOfTheKey) {
   for (int t : {1, 2}) {
     const Result r = run("explain --spec smoke_decode --json --threads " + std::to_string(t));
