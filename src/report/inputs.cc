@@ -136,22 +136,14 @@ TraceInput load_trace(const std::string& path) {
   std::vector<std::string> warnings;
   const std::string text = read_trace_file(path, &warnings);
   if (!warnings.empty()) throw InvalidArgument(join(warnings, "; "));
-  const Json doc = parse_json(text, "the file");
-  TraceInput t{path, "", summarize_trace(doc, "the file")};
-  if (t.groups.empty()) throw InvalidArgument("no tokamax op events");
-  // The recorder names its process "tokamax (<device kind>)".
-  const Json& events = doc.is_object() && doc.contains("traceEvents") ? doc["traceEvents"] : doc;
-  for (const Json& e : events) {
-    if (e.is_object() && opt_string(e, "name") == "process_name" && e.contains("args") &&
-        e["args"].is_object()) {
-      const std::string n = opt_string(e["args"], "name");
-      if (n.rfind("tokamax (", 0) == 0 && n.back() == ')') {
-        t.device_kind = n.substr(9, n.size() - 10);
-        break;
-      }
-    }
+  TraceSummary summary = summarize_trace(parse_json(text, "the file"), "the file");
+  if (summary.groups.empty()) {
+    throw InvalidArgument(summary.warnings.empty() ? std::string("no tokamax op events")
+                                                   : "no tokamax op events that could be read: " +
+                                                         join(summary.warnings, "; "));
   }
-  return t;
+  return {path, std::move(summary.device_kind), std::move(summary.groups),
+          std::move(summary.warnings)};
 }
 
 }  // namespace

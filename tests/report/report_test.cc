@@ -222,6 +222,30 @@ TEST_F(ReportTest, SkipsWhatItCannotUseAndSaysWhy) {
   EXPECT_NE(r.html.find("No autotuning result given"), std::string::npos);
 }
 
+// A trace event of tokamax's with a mistyped field is left out of the charts, and the page says
+// so (it was counted as a call of no time, or of an op without a name).
+TEST_F(ReportTest, TraceEventsWithMistypedFieldsAreNamed) {
+  Json bad = trace_event("scope", 3, 600);
+  bad["dur"] = "600";
+  const Json doc = {{"traceEvents", {trace_event("scope", 3, 300), bad}}};
+  const Report r = build_report({{}, {}, {write("mistyped.json", doc.dump())}}, {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_EQ(xml_problem(r.html), "");
+  EXPECT_NE(r.html.find("<p class=\"warn\">the file: skipped 1 tokamax event: &#39;dur&#39; is "
+                        "missing or not a number"),
+            std::string::npos)
+      << r.html;
+  EXPECT_NE(r.html.find("1 op calls in 1 groups"), std::string::npos);
+  // With nothing left, the file is skipped, and why.
+  const Report only_bad = build_report(
+      {{}, {bench_file()}, {write("bad.json", Json::array({bad}).dump())}}, {"cmd", "now"});
+  ASSERT_EQ(only_bad.skipped.size(), 1u);
+  EXPECT_NE(only_bad.skipped[0].find("no tokamax op events that could be read: the file: skipped "
+                                     "1 tokamax event: 'dur'"),
+            std::string::npos)
+      << only_bad.skipped[0];
+}
+
 TEST_F(ReportTest, NoInputOrNothingUsableIsAnError) {
   EXPECT_THROW(build_report({}, {}), InvalidArgument);
   try {

@@ -597,6 +597,12 @@ TEST_F(Cli, MistypedFieldsAreSkippedOrNamed) {
       << R"("tokamax:{\"arguments\":{},\"format\":1,\"op\":{\"config\":5,\"rung\":7}}"}}]})";
   r = run("trace summary " + path("trace.json") + " --json");
   EXPECT_EQ(r.code, 0) << r.err;
+  // The event is left out and said to be, not shown as an op without a name and no time.
+  EXPECT_EQ(Json::parse(r.out), Json::array()) << r.out;
+  EXPECT_NE(r.err.find("warning: " + path("trace.json") +
+                       ": skipped 1 tokamax event: 'name' is missing or not a string"),
+            std::string::npos)
+      << r.err;
   // Deeply nested JSON in an input file is refused, not a crash.
   std::ofstream(path("deep.json")) << std::string(100000, '[') << std::string(100000, ']');
   for (const std::string& cmd :

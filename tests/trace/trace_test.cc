@@ -200,7 +200,7 @@ TEST(Trace, NestedPayloadsOutermostFirst) {
 
   // The summary counts each call under its own (last) payload, and the inner one as nested:
   // its time is inside the outer call's.
-  const std::vector<TraceCallGroup> groups = summarize_trace(read_json_file(path), path);
+  const std::vector<TraceCallGroup> groups = summarize_trace(read_json_file(path), path).groups;
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].op, "fake/one_field");
   EXPECT_EQ(groups[0].calls, 1);
@@ -231,7 +231,8 @@ TEST(TraceSummary, GroupsByOpKeyConfigAndRungAndSkipsOtherEvents) {
                       {{"ph", "M"}, {"name", "process_name"}},
                       event("f/i", {{"op", 3}}, 7),
                       42}}};
-  const auto groups = summarize_trace(doc, "doc");
+  const TraceSummary summary = summarize_trace(doc, "doc");
+  const std::vector<TraceCallGroup>& groups = summary.groups;
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].rung, "heuristics");
   EXPECT_EQ(groups[0].calls, 1);
@@ -241,7 +242,7 @@ TEST(TraceSummary, GroupsByOpKeyConfigAndRungAndSkipsOtherEvents) {
   EXPECT_EQ(groups[1].config, "{\"tile\":1}");
   EXPECT_EQ(groups[1].key, "{\"n\":1}");
   // The bare list form is a trace too; anything else is not.
-  EXPECT_EQ(summarize_trace(doc["traceEvents"], "list").size(), 2u);
+  EXPECT_EQ(summarize_trace(doc["traceEvents"], "list").groups.size(), 2u);
   try {
     summarize_trace(Json{{"events", 1}}, "not_a_trace.json");
     ADD_FAILURE() << "expected InvalidArgument";
@@ -249,6 +250,56 @@ TEST(TraceSummary, GroupsByOpKeyConfigAndRungAndSkipsOtherEvents) {
     EXPECT_NE(std::string(e.what()).find("not_a_trace.json: not a Chrome trace"), std::string::npos)
         << e.what();
   }
+}
+
+// A tokamax event whose field has the wrong type was read as blank or 0 (a numeric name gave an
+// op without a name, a string dur a call of no time) without a word. Such events are left out
+// and counted per field, with what was expected and the first of them; other tools' events
+// are still passed over in silence.
+TEST(TraceSummary, MistypedFieldsAreWarnedAboutNotReadAsBlankOrZero) {
+  const Json payload = {{"op", {{"config", {{"tile", 1}}}, {"rung", "scope"}}},
+                        {"arguments", {{"n", 1}}}};
+  auto event = [&](const Json& name, const Json& dur, const Json& p) {
+    return Json{
+        {"ph", "X"}, {"name", name}, {"dur", dur}, {"args", {{"payload", "tokamax:" + p.dump()}}}};
+  };
+  Json no_dur = event("f/i", 1, payload);
+  no_dur.erase("dur");
+  Json bad_rung = payload;
+  bad_rung["op"]["rung"] = 7;
+  Json bad_config = payload;
+  bad_config["op"]["config"] = "tile=1";
+  const Json events = {
+      event("f/i", 10, payload),
+      event(5, 10, payload),
+      event("f/i", "long", payload),
+      event(Json(), 3, payload),
+      no_dur,
+      event("f/i", 2, bad_rung),
+      event("f/i", 2, bad_config),
+      {{"ph", 1}, {"args", {{"payload", "tokamax:" + payload.dump()}}}},
+      {{"ph", "X"}, {"name", "f/i"}, {"dur", 1}, {"args", {{"payload", "tokamax:{\"op\": tru"}}}},
+      {{"ph", "X"}, {"name", 5}, {"dur", "x"}, {"args", {{"code", 1}}}}};
+  const TraceSummary s = summarize_trace({{"traceEvents", events}}, "t.json");
+  ASSERT_EQ(s.groups.size(), 1u);
+  EXPECT_EQ(s.groups[0].op, "f/i");
+  EXPECT_EQ(s.groups[0].calls, 1);
+  EXPECT_EQ(s.groups[0].total_us, 10);
+  EXPECT_EQ(s.skipped, 8);
+  const std::vector<std::string> want = {
+      "t.json: skipped 2 tokamax events: 'name' is missing or not a string, expected the op's "
+      "name (the first: event #1, 'name': 5)",
+      "t.json: skipped 2 tokamax events: 'dur' is missing or not a number, expected microseconds "
+      "(the first: event #2, 'dur': \"long\")",
+      "t.json: skipped 1 tokamax event: the payload's 'op.rung' is not a string, expected a "
+      "rung's name (the first: event #5, 'rung': 7)",
+      "t.json: skipped 1 tokamax event: the payload's 'op.config' is not an object, expected an "
+      "object (the first: event #6, 'config': \"tile=1\")",
+      "t.json: skipped 1 tokamax event: 'ph' is missing or not a string, expected \"X\" (the "
+      "first: event #7, 'ph': 1)",
+      "t.json: skipped 1 tokamax event: its payload is not a JSON object, expected "
+      "tokamax:{...} (the first: event #8)"};
+  EXPECT_EQ(s.warnings, want);
 }
 
 TEST(Trace, ThrowingCallIsRecordedWithItsError) {
