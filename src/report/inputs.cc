@@ -15,12 +15,17 @@
 namespace tokamax::report::internal {
 namespace {
 
-// The file's text, or InvalidArgument saying why not (without repeating the path: the caller
-// names it).
-std::string read_input(const std::string& path) {
+// InvalidArgument when there is no file at `path` to read, saying why (without repeating the
+// path: the caller names it).
+void check_input(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw InvalidArgument("no such file");
   if (std::filesystem::is_directory(path, ec)) throw InvalidArgument("a directory, not a file");
+}
+
+// The file's text, or InvalidArgument saying why not.
+std::string read_input(const std::string& path) {
+  check_input(path);
   return read_file(path);
 }
 
@@ -132,11 +137,18 @@ BenchInput load_bench(const std::string& path) {
 }
 
 TraceInput load_trace(const std::string& path) {
-  read_input(path);  // says "no such file" plainly; read_trace_file also gunzips
+  check_input(path);  // says "no such file" plainly
+  // Read as a stream (a trace may be gigabytes), gunzipped when compressed. A gzip stream cut
+  // short is the reason given, also when the text it ends with then does not parse.
   std::vector<std::string> warnings;
-  const std::string text = read_trace_file(path, &warnings);
+  TraceSummary summary;
+  try {
+    summary = summarize_trace_file(path, &warnings, "the file");
+  } catch (const InvalidArgument&) {
+    if (!warnings.empty()) throw InvalidArgument(join(warnings, "; "));
+    throw;
+  }
   if (!warnings.empty()) throw InvalidArgument(join(warnings, "; "));
-  TraceSummary summary = summarize_trace(parse_json(text, "the file"), "the file");
   if (summary.groups.empty()) {
     throw InvalidArgument(summary.warnings.empty() ? std::string("no tokamax op events")
                                                    : "no tokamax op events that could be read: " +

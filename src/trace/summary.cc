@@ -9,6 +9,7 @@
 
 #include "tokamax/core/error.h"
 #include "tokamax/trace/extract.h"
+#include "trace/reader.h"
 
 namespace tokamax {
 
@@ -147,6 +148,46 @@ class TraceSummarizer {
 };
 
 }  // namespace
+
+namespace {
+
+TraceSummary summarize_stream(trace_internal::TraceBuf& buf, const std::string& source) {
+  struct Visitor : trace_internal::EventVisitor {
+    explicit Visitor(TraceSummarizer& s) : s(s) {}
+    void event(const Json& e, size_t index) override { s.add(e, index); }
+    TraceSummarizer& s;
+  };
+  TraceSummarizer s(source);
+  Visitor v(s);
+  if (!trace_internal::parse_trace(buf, source, v).events_list) {
+    throw InvalidArgument(source + ": not a Chrome trace (expected a \"traceEvents\" list)");
+  }
+  return std::move(s).finish();
+}
+
+}  // namespace
+
+TraceSummary summarize_trace_text(std::string_view text, const std::string& source) {
+  trace_internal::TextBuf buf(text);
+  return summarize_stream(buf, source);
+}
+
+TraceSummary summarize_trace_file(const std::string& path, std::vector<std::string>* file_warnings,
+                                  const std::string& source) {
+  trace_internal::TraceFileBuf buf(path);
+  auto add_warnings = [&] {
+    if (file_warnings)
+      file_warnings->insert(file_warnings->end(), buf.warnings().begin(), buf.warnings().end());
+  };
+  try {
+    TraceSummary s = summarize_stream(buf, source.empty() ? path : source);
+    add_warnings();
+    return s;
+  } catch (const InvalidArgument&) {
+    add_warnings();  // a gzip stream cut short is why its text does not parse
+    throw;
+  }
+}
 
 TraceSummary summarize_trace(const Json& doc, const std::string& source) {
   const Json& events = doc.is_object() && doc.contains("traceEvents") ? doc["traceEvents"] : doc;

@@ -1,7 +1,10 @@
 // The `tokamax` command end to end: every subcommand on the smoke specs, and bad input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +12,7 @@
 #include <string>
 
 #include "kernels/microkernels.h"
+#include "tests/sanitizers.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax {
@@ -386,6 +390,92 @@ TEST_F(Cli, BenchKeyTooLargeForMemoryIsAFailedRow) {
       << rows[0];
   EXPECT_EQ(rows[1]["spec"], "#1 f32[8,64] x f32[8,64,64]");
   EXPECT_GT(rows[1]["median_ms"].get<double>(), 0) << rows[1];
+}
+
+// The command `TOKAMAX_CLI args...` run directly (stdout and stderr to files in `dir`): its exit
+// status and its peak resident set size in bytes (its own, from wait4).
+std::pair<int, double> run_measured(const std::filesystem::path& dir,
+                                    const std::vector<std::string>& args) {
+  std::vector<char*> argv{const_cast<char*>(TOKAMAX_CLI)};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string out = (dir / "measured.out").string(), err = (dir / "measured.err").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(127);
+    execv(TOKAMAX_CLI, argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  if (pid < 0 || wait4(pid, &status, 0, &ru) != pid) return {-1, 0};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<double>(ru.ru_maxrss) * 1024};
+}
+
+// A trace was parsed into one document: its peak memory was several times the file's size
+// (4.5x for the recorder's events, 8.6x with a profiler's small events; a 1 GiB trace needed
+// gigabytes more than a machine may have). Read as a stream, the commands hold one event at a
+// time and what they keep: a 100 MB trace, plain or gzip-compressed, is read in a fraction of
+// its size.
+TEST_F(Cli, TraceIsReadInMemoryOfItsEventsNotOfItsSize) {
+  if (testing::kUnderSanitizer) GTEST_SKIP() << "a sanitizer's own memory would be measured";
+  const std::string trace = path("big.json"), gz = path("big.json.gz");
+  constexpr double kSize = 100e6;
+  {
+    std::ofstream f(trace);
+    f << "{\"traceEvents\":[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,"
+         "\"args\":{\"name\":\"tokamax (test_kind)\"}}";
+    for (int64_t n = 0; f.tellp() < kSize; ++n) {
+      const int m = 8 + static_cast<int>(n / 10 % 50);
+      // Nine profiler events (many small fields) to one tokamax event, as a real profile has.
+      if (n % 10) {
+        f << ",\n{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":\"aten::mm\",\"pid\":1,\"tid\":3,\"ts\":"
+          << n << ",\"dur\":3.25,\"args\":{\"External id\":" << n << ",\"Ev Idx\":" << n % 97
+          << ",\"Input Dims\":[[64,64],[64,64]]}}";
+        continue;
+      }
+      f << ",\n{\"args\":{\"payload\":\"tokamax:{\\\"arguments\\\":{\\\"group_sizes\\\":[" << m / 2
+        << "," << m - m / 2 << "],\\\"lhs\\\":\\\"f32[" << m
+        << ",2048]\\\",\\\"num_threads\\\":2,\\\"rhs\\\":\\\"f32[2,2048,5632]\\\"},\\\"format\\\":"
+           "1,"
+           "\\\"op\\\":{\\\"config\\\":{\\\"kc\\\":256},\\\"family\\\":\\\"ragged_dot\\\","
+           "\\\"implementation\\\":\\\"native\\\",\\\"rung\\\":\\\"heuristics\\\"}}\"},"
+           "\"cat\":\"tokamax\",\"dur\":2.5,\"name\":\"ragged_dot/native\",\"ph\":\"X\",\"pid\":1,"
+           "\"tid\":2,\"ts\":"
+        << n << "}";
+    }
+    f << "\n]}\n";
+  }
+  {
+    const std::string text = read_file(trace);
+    gzFile g = gzopen(gz.c_str(), "wb1");
+    ASSERT_NE(g, nullptr);
+    ASSERT_EQ(gzwrite(g, text.data(), static_cast<unsigned>(text.size())),
+              static_cast<int>(text.size()));
+    gzclose(g);
+  }
+  const std::vector<std::vector<std::string>> commands = {
+      {"trace", "summary", trace, "--json"},
+      {"trace", "summary", gz, "--json"},
+      {"trace", "extract", trace, "-o", path("ba.json")},
+      {"trace", "extract", gz, "-o", path("ba_gz.json")},
+      {"report", "--trace", trace, "-o", path("report.html")}};
+  for (const auto& args : commands) {
+    const auto [code, peak] = run_measured(dir_, args);
+    EXPECT_EQ(code, 0) << args[1] << " " << args[2] << ": " << read_file(path("measured.err"));
+    EXPECT_LT(peak, kSize / 4) << args[1] << " " << args[2];
+    if (args[1] == "summary") {
+      const Json rows = read_json_file(path("measured.out"));
+      ASSERT_EQ(rows.size(), 50u) << args[2];  // the 50 distinct keys
+      int64_t calls = 0;
+      for (const Json& r : rows) calls += r["calls"].get<int64_t>();
+      EXPECT_GT(calls, 10000) << args[2];
+    }
+  }
+  EXPECT_EQ(read_file(path("ba.json")), read_file(path("ba_gz.json")));
+  EXPECT_EQ(BoundArguments::loads_list(read_file(path("ba.json"))).size(), 50u);
 }
 
 TEST_F(Cli, ThreadsOptionSetsTheThreadCountOfTheKey) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tokamax/core/export.h"
@@ -43,6 +44,18 @@ struct TraceSummary {
 // is not a trace.
 TraceSummary summarize_trace(const Json& doc, const std::string& source);
 
+// The same from a trace's text, parsed one event at a time: memory holds the summary, not a
+// parsed document (which took about 13 times the text's size). InvalidArgument as parse_json
+// gives it (malformed, too deep) naming `source`, or when the text is not a trace.
+TraceSummary summarize_trace_text(std::string_view text, const std::string& source);
+// The same from a trace file (gzip-compressed too), read as a stream: memory holds the summary,
+// neither the file nor its text. Errors as read_trace_file's and summarize_trace_text's; a gzip
+// stream cut short adds read_trace_file's warning to `file_warnings` (when given), also when
+// the text it ends with then fails to parse. `source` names the text in parse errors ("": the
+// path).
+TraceSummary summarize_trace_file(const std::string& path,
+                                  std::vector<std::string>* file_warnings = nullptr,
+                                  const std::string& source = "");
 
 }  // namespace tokamax
 TOKAMAX_PUBLIC_END
