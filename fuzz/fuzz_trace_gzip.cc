@@ -1,5 +1,6 @@
 // A gzip trace file (.json.gz) as read_trace_file reads it from disk: decompression (truncated
-// and corrupt streams, sizes bounded by kMaxInputFileBytes), then extraction.
+// and corrupt streams, sizes bounded by kMaxInputFileBytes), then extraction; and as the
+// streaming readers (extract_bound_args_file, summarize_trace_file) read it.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -20,6 +21,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<std::string> warnings;
     const std::string t = read_trace_file(path, &warnings);
     (void)extract_bound_args(t, path);
+  });
+  // The same file read as a stream (gunzipped chunk by chunk) by extraction and the summary.
+  fuzz::expect_ok_or_invalid([&] { (void)extract_bound_args_file(path); });
+  fuzz::expect_ok_or_invalid([&] {
+    std::vector<std::string> warnings;
+    (void)summarize_trace_file(path, &warnings);
   });
   return 0;
 }

@@ -1,10 +1,12 @@
 // `tokamax bench`: measures implementations side by side on named specs, with the ratio to the
 // fastest other implementation measured in the same rounds and the percentage of the ceilings.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <new>
 #include <set>
 
 #include "tools/commands.h"
@@ -39,6 +41,54 @@ double tensor_bytes(const CallBase& call) {
   }
   for (const TensorView& o : call.outputs) bytes += static_cast<double>(o.spec().bytes());
   return bytes;
+}
+
+// The bytes a spec's call allocates: its tensor arguments and its outputs (the inputs alone
+// when the outputs' specs cannot be worked out).
+int64_t spec_bytes(const OpFamily& fam, const Json& arguments) {
+  int64_t bytes = 0;
+  for (const auto& [name, v] : arguments.items()) {
+    if (!v.is_string() || v.get<std::string>().find('[') == std::string::npos) continue;
+    try {
+      bytes += ShapeDtype::parse(v.get<std::string>()).bytes();
+    } catch (const InvalidArgument&) {
+      // A string that is not a shape (an option's value): not a tensor.
+    }
+  }
+  try {
+    for (const ShapeDtype& o : fam.output_specs_json(arguments)) bytes += o.bytes();
+  } catch (const std::exception&) {
+  }
+  return bytes;
+}
+
+// A spec whose tensors this machine cannot allocate. Specs from a file are bounded per tensor
+// (kMaxSpecElements), but one made on a bigger machine can still be too large for this one;
+// its rows say so with the bytes it needs, not as a bare std::bad_alloc ending the run.
+class SpecAllocationError : public Error {
+ public:
+  SpecAllocationError(const std::string& spec, int64_t bytes)
+      : Error(fmt::format(
+            "cannot allocate the tensors of spec '{}': they need {} bytes ({:.1f} GiB, inputs "
+            "and outputs), this machine has {:.1f} GiB of memory",
+            spec, bytes, static_cast<double>(bytes) / (1 << 30), memory_gib())) {}
+
+ private:
+  static double memory_gib() {
+    return static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+           static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30);
+  }
+};
+
+// The call of spec `spec` with `arguments`: its inputs allocated and filled, its outputs
+// allocated. SpecAllocationError when they do not fit in memory.
+std::unique_ptr<CallBase> make_spec_call(const OpFamily& fam, const std::string& spec,
+                                         const Json& arguments) {
+  try {
+    return fam.make_call(fam.bind_json(arguments, ""), 0);
+  } catch (const std::bad_alloc&) {
+    throw SpecAllocationError(spec, spec_bytes(fam, arguments));
+  }
 }
 
 }  // namespace
@@ -234,7 +284,7 @@ class SpecBench {
   SpecBench(const ArgSpec& s, const Roofline& roof)
       : spec_(s),
         fam_(find_family(s.family)),
-        call_(fam_.make_call(fam_.bind_json(s.arguments, ""), 0)),
+        call_(make_spec_call(fam_, s.name, s.arguments)),
         cost_(fam_.cost(*call_)),
         mem_(fam_.memory_bound(*call_)),
         roof_(roof) {}
@@ -315,7 +365,7 @@ CallBase* SpecBench::variant_call(const RowVariant& v) {
   if (!vc) {
     Json args = spec_.arguments;
     args.update(v.overlay);
-    vc = fam_.make_call(fam_.bind_json(args, ""), 0);
+    vc = make_spec_call(fam_, spec_.name + " (" + v.variant + ")", args);
   }
   return vc.get();
 }
@@ -411,7 +461,20 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
   const Roofline& roof = cached_roofline();
   std::vector<BenchRow> rows;
   for (const ArgSpec& s : specs) {
-    const std::vector<BenchRow> these = SpecBench(s, roof).run(impls, opts, *probe);
+    std::vector<BenchRow> these;
+    try {
+      these = SpecBench(s, roof).run(impls, opts, *probe);
+    } catch (const SpecAllocationError& e) {
+      // As a row that cannot run: an error row (per implementation asked for; the default
+      // rows cannot be named without the call), and on to the next spec.
+      for (const std::string& impl : impls.empty() ? std::vector<std::string>{"-"} : impls) {
+        BenchRow r;
+        r.spec = s.name;
+        r.implementation = impl;
+        r.rung = std::string("error: ") + e.what();
+        these.push_back(r);
+      }
+    }
     rows.insert(rows.end(), these.begin(), these.end());
   }
   return rows;

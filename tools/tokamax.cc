@@ -4,7 +4,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -237,6 +239,29 @@ void print_result_table(const tk::AutotuningResult& r) {
   }
 }
 
+// autotune --into-cache: the directory the winners go to (DIR/<device kind>/, made if missing)
+// must take new files, and this is found out before any tuning rather than after a run of
+// minutes (README "Exit status"). A file is created there and removed, as the cache's own
+// writes (a lock file, then a temporary file renamed into place) need; permission bits alone
+// would not tell (root, ACLs, a read-only mount). InvalidArgument naming the directory.
+void check_cache_dir_writable(const std::string& cache_dir) {
+  const std::string root = cache_dir.empty() ? tk::user_cache_dir() : cache_dir;
+  const std::string dir = root + "/" + tk::device_kind();
+  auto bad = [&](const std::string& why) {
+    return tk::InvalidArgument("--into-cache: cannot write into the cache directory '" + dir +
+                               "': " + why + "; expected a writable directory (--cache-dir, " +
+                               "else TOKAMAX_CACHE_DIR or the user cache directory)");
+  };
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw bad(ec.message());
+  std::string probe = dir + "/.tokamax-write-check.XXXXXX";
+  const int fd = ::mkstemp(probe.data());  // a fresh name, created exclusively
+  if (fd < 0) throw bad(std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 // Every command-line value, bound by the add_*_command functions and read by the handlers.
 struct Args {
   bool json = false, roofline = false;
@@ -275,6 +300,7 @@ int cmd_autotune(Args& a) {
   const auto list =
       tk::cli::select_bound_args(a.op, a.spec, a.tag, a.bound_args, split_csv(a.impl_csv));
   if (!a.out_path.empty()) tk::check_writable(a.out_path);  // before the run, not after it
+  if (a.into_cache) check_cache_dir_writable(a.into_cache_dir);
   const tk::AutotuningResult r =
       sharded ? tk::cli::autotune_sharded(list, o, a.fleet) : tuner.tune_all(list);
   if (!a.out_path.empty()) {

@@ -43,8 +43,10 @@ int trace_extract(const std::vector<std::string>& trace_files, const std::string
 }
 
 int trace_summary(const std::string& trace_file, bool json) {
-  const std::vector<TraceCallGroup> rows =
-      summarize_trace(parse_json(read_trace_file(trace_file), trace_file), trace_file);
+  const TraceSummary summary = summarize_trace_file(trace_file);  // streamed: any size
+  // Events left out for a mistyped field: said on stderr (stdout keeps its format), not fatal.
+  for (const std::string& w : summary.warnings) fmt::print(stderr, "warning: {}\n", w);
+  const std::vector<TraceCallGroup>& rows = summary.groups;
   if (json) {
     Json arr = Json::array();
     for (const TraceCallGroup& r : rows) {

@@ -177,6 +177,9 @@ int main(int argc, char** argv) {
       std::printf("normwise relative error vs reference: %.3g (tolerance %.0e)\n", worst, tol);
       if (!(worst <= tol)) return 1;
     }
+    // The trace (TOKAMAX_TRACE) completed now, so that a trace that cannot be written fails the
+    // run (below) rather than only being said at exit.
+    finish_env_trace();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transformer_decoder: %s\n", e.what());
     return 1;

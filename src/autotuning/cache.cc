@@ -109,7 +109,13 @@ namespace {
 class FileLock {
  public:
   explicit FileLock(const std::string& path) {
-    fs::create_directories(fs::path(path).parent_path());
+    // An error naming the directory, not the filesystem library's own exception text.
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    if (ec) {
+      throw InvalidArgument("cannot create the cache directory '" +
+                            fs::path(path).parent_path().string() + "': " + ec.message());
+    }
     fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error("cannot open lock file " + path + ".lock: " + std::strerror(errno));
     while (::flock(fd_, LOCK_EX) != 0) {

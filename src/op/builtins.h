@@ -23,6 +23,11 @@ void install_autotuning_backend();
 // src/fleet/remote_cache.cc: installs the fleet's remote cache as the ladder's remote rung
 // (autotuning/remote_rung.h), keeping the autotuning layer free of includes from the fleet's.
 void install_remote_rung();
+// src/trace/trace.cc: starts recording into TOKAMAX_TRACE's file (when it is set) before the
+// first op call. That file's static initializer does so where the library is loaded whole (the
+// shared library); a static link drops the file and its initializers when nothing references it
+// (the Python module's), so ensure_builtins calls this as well.
+void start_env_trace();
 void set_builtin_tuning_backend(const TuningBackend* backend);
 
 }  // namespace tokamax

@@ -339,6 +339,7 @@ std::string walk(const OpFamily& family, const CallBase& call, const CallOptions
 }  // namespace
 
 std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& options) {
+  ensure_builtins();  // TOKAMAX_TRACE's recording among them, before the first call is observed
   return walk(family, call, options, nullptr, [&](const Implementation& impl) {
     if (t_query) {
       ConfigQuery::Entry e{family.name(),

@@ -22,7 +22,10 @@ std::vector<std::shared_ptr<const OpFamily>>& storage() {
 
 void ensure_builtins() {
   static std::once_flag once;
-  std::call_once(once, [] { register_builtin_families(); });
+  std::call_once(once, [] {
+    register_builtin_families();
+    start_env_trace();
+  });
 }
 
 void register_family(std::shared_ptr<const OpFamily> family) {

@@ -9,7 +9,11 @@ std::string esc(std::string_view s) { return xml_escape(s); }
 std::string num(double v, int digits) { return format_number(v, digits); }
 
 std::string clip(const std::string& s, size_t n) {
-  return s.size() <= n ? s : s.substr(0, n - 3) + "...";
+  if (s.size() <= n) return s;
+  // Cut before a character, not inside one: half a UTF-8 sequence would show as U+FFFD.
+  size_t cut = n - 3;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "...";
 }
 
 std::string code(std::string_view s) { return "<code>" + esc(s) + "</code>"; }

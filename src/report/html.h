@@ -14,7 +14,8 @@ namespace tokamax::report::internal {
 
 std::string esc(std::string_view s);
 std::string num(double v, int digits = 4);
-// `s` cut to at most `n` characters, ending in "..." when cut.
+// `s` cut to at most `n` bytes, before a character rather than inside one, ending in "..." when
+// cut.
 std::string clip(const std::string& s, size_t n);
 std::string code(std::string_view s);
 // JSON (keys, configs) has no spaces to wrap at: it may break anywhere.

@@ -15,12 +15,17 @@
 namespace tokamax::report::internal {
 namespace {
 
-// The file's text, or InvalidArgument saying why not (without repeating the path: the caller
-// names it).
-std::string read_input(const std::string& path) {
+// InvalidArgument when there is no file at `path` to read, saying why (without repeating the
+// path: the caller names it).
+void check_input(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw InvalidArgument("no such file");
   if (std::filesystem::is_directory(path, ec)) throw InvalidArgument("a directory, not a file");
+}
+
+// The file's text, or InvalidArgument saying why not.
+std::string read_input(const std::string& path) {
+  check_input(path);
   return read_file(path);
 }
 
@@ -132,26 +137,25 @@ BenchInput load_bench(const std::string& path) {
 }
 
 TraceInput load_trace(const std::string& path) {
-  read_input(path);  // says "no such file" plainly; read_trace_file also gunzips
+  check_input(path);  // says "no such file" plainly
+  // Read as a stream (a trace may be gigabytes), gunzipped when compressed. A gzip stream cut
+  // short is the reason given, also when the text it ends with then does not parse.
   std::vector<std::string> warnings;
-  const std::string text = read_trace_file(path, &warnings);
-  if (!warnings.empty()) throw InvalidArgument(join(warnings, "; "));
-  const Json doc = parse_json(text, "the file");
-  TraceInput t{path, "", summarize_trace(doc, "the file")};
-  if (t.groups.empty()) throw InvalidArgument("no tokamax op events");
-  // The recorder names its process "tokamax (<device kind>)".
-  const Json& events = doc.is_object() && doc.contains("traceEvents") ? doc["traceEvents"] : doc;
-  for (const Json& e : events) {
-    if (e.is_object() && opt_string(e, "name") == "process_name" && e.contains("args") &&
-        e["args"].is_object()) {
-      const std::string n = opt_string(e["args"], "name");
-      if (n.rfind("tokamax (", 0) == 0 && n.back() == ')') {
-        t.device_kind = n.substr(9, n.size() - 10);
-        break;
-      }
-    }
+  TraceSummary summary;
+  try {
+    summary = summarize_trace_file(path, &warnings, "the file");
+  } catch (const InvalidArgument&) {
+    if (!warnings.empty()) throw InvalidArgument(join(warnings, "; "));
+    throw;
   }
-  return t;
+  if (!warnings.empty()) throw InvalidArgument(join(warnings, "; "));
+  if (summary.groups.empty()) {
+    throw InvalidArgument(summary.warnings.empty() ? std::string("no tokamax op events")
+                                                   : "no tokamax op events that could be read: " +
+                                                         join(summary.warnings, "; "));
+  }
+  return {path, std::move(summary.device_kind), std::move(summary.groups),
+          std::move(summary.warnings)};
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ struct BenchInput {
 struct TraceInput {
   std::string path, device_kind;
   std::vector<TraceCallGroup> groups;
+  std::vector<std::string> warnings;  // events left out (TraceSummary::warnings)
 };
 
 struct Loaded {

@@ -254,6 +254,7 @@ std::string trace_section(const TraceInput& t, int n, const KeyLabels& key_label
       "outer call's time.</p>",
       calls, rows.size(), num(top_level_us / 1e3),
       t.device_kind.empty() ? "" : ", recorded on device kind " + esc(t.device_kind));
+  for (const std::string& w : t.warnings) s += "<p class=\"warn\">" + esc(w) + "</p>";
   const std::vector<const TraceCallGroup*> charted(
       rows.begin(), rows.begin() + static_cast<long>(std::min(rows.size(), kChartRows)));
   s += chart([&] { return trace_svg(t, charted, top_level_us, key_labels); });

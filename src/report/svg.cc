@@ -9,10 +9,65 @@
 
 namespace tokamax::report {
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 when the byte there does not start one.
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char b = at(i);
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (b >= 0xC2 && b <= 0xDF) {
+    n = 2;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    n = 3;
+    if (b == 0xE0) lo = 0xA0;  // overlong below U+0800
+    if (b == 0xED) hi = 0x9F;  // U+D800..U+DFFF: surrogates, never characters
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    n = 4;
+    if (b == 0xF0) lo = 0x90;  // overlong below U+10000
+    if (b == 0xF4) hi = 0x8F;  // above U+10FFFF
+  } else {
+    return 0;  // a continuation byte, 0xC0, 0xC1 or 0xF5..0xFF
+  }
+  if (i + n > s.size() || at(i + 1) < lo || at(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (at(i + k) < 0x80 || at(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
 std::string xml_escape(std::string_view s) {
+  // Every string of an input reaches the page through here, and a page that is not well-formed
+  // XML is a page an XML reader refuses whole: what comes out is valid UTF-8 made only of
+  // characters XML 1.0 allows (its Char production), whatever bytes came in (a file name is
+  // any bytes; a JSON string may escape U+FFFF).
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
   std::string out;
   out.reserve(s.size());
-  for (char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      const size_t n = utf8_sequence_length(s, i);
+      if (n == 0) {
+        out += kReplacement;  // one per byte that is not part of a well-formed sequence
+        ++i;
+        continue;
+      }
+      // U+FFFE and U+FFFF (EF BF BE, EF BF BF) are well-formed UTF-8 but not XML characters.
+      const bool not_char =
+          n == 3 && s.substr(i, 2) == "\xEF\xBF" && static_cast<unsigned char>(s[i + 2]) >= 0xBE;
+      if (not_char)
+        out += kReplacement;
+      else
+        out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    ++i;
     switch (c) {
       case '&':
         out += "&amp;";

@@ -11,7 +11,10 @@
 
 namespace tokamax::report {
 
-// `s` with & < > " ' replaced by entities: safe in text and in attribute values.
+// `s` with & < > " ' replaced by entities: safe in text and in attribute values. The result is
+// valid UTF-8 of XML 1.0 characters only: each byte of an ill-formed UTF-8 sequence (a lone
+// surrogate's encoding too) and U+FFFE / U+FFFF become U+FFFD, control characters other than tab
+// and newline '?'.
 std::string xml_escape(std::string_view s);
 
 // A number as a short label: at most `digits` significant digits, no trailing zeros, no

@@ -1,9 +1,9 @@
 // Extraction of bound arguments from trace files.
 #include "tokamax/trace/extract.h"
 
-#include <zlib.h>
-
 #include <cctype>
+#include <cstddef>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -14,6 +14,7 @@
 #include "tokamax/core/log.h"
 #include "tokamax/core/version.h"
 #include "tokamax/op/dispatch.h"
+#include "trace/reader.h"
 
 namespace tokamax {
 
@@ -130,6 +131,20 @@ class Extractor {
       }
       add(j, at);
     }
+  }
+
+  // What the extraction has found so far, to go back to when an input turns out not to be JSON
+  // partway through (its events read until then are scanned again, leniently).
+  struct State {
+    ExtractReport report;
+    std::unordered_set<std::string> seen;
+    int64_t suppressed = 0;
+  };
+  State save() const { return {report_, seen_, suppressed_}; }
+  void restore(State s) {
+    report_ = std::move(s.report);
+    seen_ = std::move(s.seen);
+    suppressed_ = s.suppressed;
   }
 
   // Adds the count of warnings left out (a huge trace of bad payloads must not flood the report).
@@ -260,15 +275,39 @@ void scan_leniently(std::string_view text, Extractor& x) {
 namespace {
 
 // One input into a report shared by several: dedupe spans inputs; valid_json and chrome_trace
-// hold for every input.
-void extract_into(std::string_view text, std::string_view source, Extractor& x) {
+// hold for every input. The text is parsed as it is read from `buf`, one event at a time (what is
+// kept is what the extraction finds, not the trace). Text that turns out not to be JSON is
+// scanned leniently instead, whole: `whole_text` gives it (a truncated trace, whose complete
+// events are kept). `buf_warnings`: what reading `buf` warned about (a gzip stream cut short),
+// listed before what the input's events did.
+void extract_into(trace_internal::TraceBuf& buf, std::string_view source, Extractor& x,
+                  const std::function<std::string_view()>& whole_text,
+                  const std::vector<std::string>* buf_warnings) {
   ExtractReport& report = x.report();
   const int64_t payloads_before = report.payloads;
+  const size_t warnings_before = report.warnings.size();
   bool chrome_trace = true;
-  Json doc;
+  // Each event's strings (keys too) as soon as the event is parsed.
+  class Events : public trace_internal::EventVisitor {
+   public:
+    Events(std::string_view source, Extractor& x) : source_(source), x_(x) {}
+    void event(const Json& e, size_t index) override {
+      const std::string label = std::string(source_) + ": " + event_label(e, index);
+      ++x_.report().events;
+      for_each_string(e, [&](const std::string& s) { x_.scan(s, label); });
+    }
+
+   private:
+    std::string_view source_;
+    Extractor& x_;
+  } events(source, x);
+  Extractor::State saved = x.save();
+  trace_internal::TraceShape shape;
   try {
-    doc = parse_json(text, source);
-  } catch (const InvalidArgument& e) {
+    shape = trace_internal::parse_trace(buf, source, events);
+  } catch (const trace_internal::MalformedTrace& e) {
+    x.restore(std::move(saved));
+    const std::string_view text = whole_text();  // its own reading's warnings come first
     report.valid_json = false;
     chrome_trace = false;
     report.warnings.push_back(std::string(e.what()) +
@@ -277,21 +316,16 @@ void extract_into(std::string_view text, std::string_view source, Extractor& x) 
     TOKAMAX_LOG("trace", kInfo, report.warnings.back());
     scan_leniently(text, x);
   }
-  const Json* events = nullptr;
-  if (doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array())
-    events = &doc["traceEvents"];
-  else if (doc.is_array())
-    events = &doc;
+  if (chrome_trace && buf_warnings) {
+    report.warnings.insert(report.warnings.begin() + static_cast<std::ptrdiff_t>(warnings_before),
+                           buf_warnings->begin(), buf_warnings->end());
+  }
   if (!chrome_trace) {
     // scanned above
-  } else if (events) {
-    for (size_t i = 0; i < events->size(); ++i) {
-      const std::string label = std::string(source) + ": " + event_label((*events)[i], i);
-      ++report.events;
-      for_each_string((*events)[i], [&](const std::string& s) { x.scan(s, label); });
-    }
-    if (doc.is_object()) {  // other top-level members (merged traces keep metadata there)
-      for (const auto& [k, v] : doc.items()) {
+  } else if (shape.events_list) {
+    // Other top-level members (merged traces keep metadata there), after the events.
+    if (shape.rest.is_object()) {
+      for (const auto& [k, v] : shape.rest.items()) {
         if (k == "traceEvents") continue;
         const std::string label = std::string(source) + ": top-level '" + k + "'";
         for_each_string(v, [&](const std::string& s) { x.scan(s, label); });
@@ -299,7 +333,7 @@ void extract_into(std::string_view text, std::string_view source, Extractor& x) 
     }
   } else {
     chrome_trace = false;
-    for_each_string(doc, [&](const std::string& s) { x.scan(s, std::string(source)); });
+    for_each_string(shape.rest, [&](const std::string& s) { x.scan(s, std::string(source)); });
   }
   report.chrome_trace = report.chrome_trace && chrome_trace;
   if (!chrome_trace && report.payloads == payloads_before) {
@@ -315,46 +349,20 @@ ExtractReport extract_bound_args(std::string_view text, std::string_view source,
                                  const ExtractOptions& options) {
   ExtractReport report;
   Extractor x(options, report);
-  extract_into(text, source, x);
+  trace_internal::TextBuf buf(text);
+  extract_into(
+      buf, source, x, [&] { return text; }, nullptr);
   x.finish();
   return report;
 }
 
 std::string read_trace_file(const std::string& path, std::vector<std::string>* warnings) {
-  std::string raw = read_file(path);
-  if (raw.size() < 2 || static_cast<unsigned char>(raw[0]) != 0x1f ||
-      static_cast<unsigned char>(raw[1]) != 0x8b) {
-    return raw;
-  }
-  z_stream z{};
-  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) throw Error(path + ": zlib initialization failed");
-  z.next_in = reinterpret_cast<Bytef*>(raw.data());
-  z.avail_in = static_cast<uInt>(raw.size());
+  trace_internal::TraceFileBuf buf(path);
   std::string out;
-  char buf[1 << 16];
-  int rc = Z_OK;
-  while (rc == Z_OK) {
-    z.next_out = reinterpret_cast<Bytef*>(buf);
-    z.avail_out = sizeof buf;
-    rc = inflate(&z, Z_NO_FLUSH);
-    // gzip compresses a repetitive text a thousandfold: the limit is on what comes out.
-    if (static_cast<int64_t>(out.size() + (sizeof buf - z.avail_out)) > kMaxInputFileBytes) {
-      inflateEnd(&z);
-      throw InvalidArgument("'" + path + "': gzip text is larger than " +
-                            std::to_string(kMaxInputFileBytes) +
-                            " bytes (kMaxInputFileBytes); expected a smaller trace");
-    }
-    out.append(buf, sizeof buf - z.avail_out);
-    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;  // input ends before the stream does
-  }
-  inflateEnd(&z);
-  if (rc != Z_STREAM_END) {
-    const std::string why = path + ": gzip stream " +
-                            (rc == Z_BUF_ERROR ? std::string("truncated") : "corrupt") + " after " +
-                            std::to_string(out.size()) + " bytes of text; reading what came out";
-    if (warnings) warnings->push_back(why);
-    TOKAMAX_LOG("trace", kInfo, why);
-  }
+  char chunk[1 << 16];
+  for (std::streamsize n; (n = buf.sgetn(chunk, sizeof chunk)) > 0;)
+    out.append(chunk, static_cast<size_t>(n));
+  if (warnings) warnings->insert(warnings->end(), buf.warnings().begin(), buf.warnings().end());
   return out;
 }
 
@@ -362,8 +370,17 @@ ExtractReport extract_bound_args_files(const std::vector<std::string>& paths,
                                        const ExtractOptions& options) {
   ExtractReport report;
   Extractor x(options, report);
-  for (const std::string& path : paths)
-    extract_into(read_trace_file(path, &report.warnings), path, x);
+  for (const std::string& path : paths) {
+    trace_internal::TraceFileBuf buf(path);
+    std::string text;
+    extract_into(
+        buf, path, x,
+        [&]() -> std::string_view {
+          text = read_trace_file(path, &report.warnings);
+          return text;
+        },
+        &buf.warnings());
+  }
   x.finish();
   return report;
 }

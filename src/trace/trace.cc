@@ -17,6 +17,7 @@
 #include <mutex>
 #include <vector>
 
+#include "op/builtins.h"
 #include "tokamax/core/device.h"
 #include "tokamax/core/error.h"
 #include "tokamax/core/json.h"
@@ -168,17 +169,27 @@ class Recorder : public CallObserver {
     pthread_atfork([] { recorder().mu_.lock(); }, [] { recorder().mu_.unlock(); },
                    [] { recorder().after_fork_in_child(); });
   }
-  // Static destruction at normal exit: the environment's trace is completed here.
+  // Static destruction at normal exit: the environment's trace is completed here, unless the
+  // program did so itself (finish_env_trace). A trace that could not be written is said on
+  // stderr whatever the log settings (the logger may already be gone at this point of the
+  // exit): a destructor cannot change the exit status, so this is the one place left to say
+  // it. Programs that must fail on it call finish_env_trace.
   ~Recorder() override {
     set_call_observer(nullptr);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!env_writer_) return;
-    try {
-      env_writer_->finish();
-    } catch (const std::exception& e) {
-      // The logger may already be gone at this point of the exit.
-      std::fprintf(stderr, "tokamax: TOKAMAX_TRACE: %s\n", e.what());
+    const std::string error = finish_env_locked();
+    set_call_observer(nullptr);  // again: finishing updated it
+    if (!error.empty() && !env_error_reported_) {
+      std::fprintf(stderr, "tokamax: TOKAMAX_TRACE: no trace written: %s\n", error.c_str());
     }
+  }
+
+  // finish_env_trace: "" when the trace was written (or there is none), else why not.
+  std::string finish_env() {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string error = finish_env_locked();
+    env_error_reported_ = !error.empty();  // the program has it now: not said again at exit
+    return error;
   }
 
   void on_call(const std::string& name, const std::string& payload, double start_us, double dur_us,
@@ -208,11 +219,13 @@ class Recorder : public CallObserver {
     append_us(text, start_us);
     text += '}';
     std::lock_guard<std::mutex> lock(mu_);
-    if (!env_path_.empty() && !env_writer_ && !env_failed_) {
+    if (!env_path_.empty() && !env_writer_ && env_error_.empty() && !env_finished_) {
       try {
         env_writer_ = std::make_shared<TraceWriter>(env_path_);
       } catch (const std::exception& e) {
-        env_failed_ = true;
+        // Said again at exit, or by finish_env_trace; tokamax's errors without their kind.
+        const auto* error = dynamic_cast<const Error*>(&e);
+        env_error_ = error ? error->message() : e.what();
         TOKAMAX_LOG("trace", kError, std::string("TOKAMAX_TRACE: ") + e.what());
       }
     }
@@ -234,7 +247,7 @@ class Recorder : public CallObserver {
   std::mutex& mutex() const { return mu_; }
   bool enabled() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return !env_path_.empty() || !sessions_.empty();
+    return recording();
   }
   const std::string& env_path() const { return env_path_; }
 
@@ -248,19 +261,41 @@ class Recorder : public CallObserver {
     sessions_.clear();
     if (env_writer_) env_writer_->abandon();
     env_writer_.reset();
-    env_failed_ = false;
+    env_error_.clear();
+    env_error_reported_ = env_finished_ = false;
     env_path_ = substitute_pid(env_template_);
     update();
     mu_.unlock();
   }
 
+  // Completes the environment's trace (once); "" when it was written or there is none, else
+  // why not (also when its file could not be created at the first call). Caller holds mu_.
+  std::string finish_env_locked() {
+    if (env_writer_) {
+      try {
+        env_writer_->finish();
+      } catch (const std::exception& e) {
+        const auto* error = dynamic_cast<const Error*>(&e);
+        env_error_ = error ? error->message() : e.what();
+      }
+      env_writer_.reset();
+    }
+    env_finished_ = true;  // later calls are not recorded into it
+    update();
+    return env_error_;
+  }
+
   // Caller holds mu_ (or is the constructor).
-  void update() { set_call_observer(!env_path_.empty() || !sessions_.empty() ? this : nullptr); }
+  void update() { set_call_observer(recording() ? this : nullptr); }
+  bool recording() const { return (!env_path_.empty() && !env_finished_) || !sessions_.empty(); }
 
   mutable std::mutex mu_;
   std::string env_template_, env_path_;
   mutable std::shared_ptr<TraceWriter> env_writer_;
-  mutable bool env_failed_ = false;
+  // Why the environment's trace cannot be written ("" while it can); whether finish_env_trace
+  // has handed that to the program; whether the trace has been completed.
+  mutable std::string env_error_;
+  bool env_error_reported_ = false, env_finished_ = false;
   std::vector<std::shared_ptr<TraceWriter>> sessions_;
 };
 
@@ -269,10 +304,19 @@ Recorder& recorder() {
   return r;
 }
 
-// Starts the environment's recording when the library loads, before any op can be called.
+// Starts the environment's recording when the shared library loads, before any op can be
+// called. A static link drops this file's initializers with the file when nothing references it
+// (the Python module's): start_env_trace, called by ensure_builtins, starts it there.
 [[maybe_unused]] const bool g_started = (recorder(), true);
 
 }  // namespace
+
+void start_env_trace() { recorder(); }
+
+void finish_env_trace() {
+  const std::string error = recorder().finish_env();
+  if (!error.empty()) throw Error("TOKAMAX_TRACE: no trace written: " + error);
+}
 
 TraceSession::TraceSession(std::string path)
     : path_(std::move(path)), writer_(std::make_shared<TraceWriter>(path_)) {

@@ -363,6 +363,20 @@ TEST(Hardening, DeviceKindFromAFileCannotLeaveTheCacheDirectory) {
   expect_invalid_argument([&] { cache_file_path("/c", "x", "..", "native"); }, "op '..'");
 }
 
+// A cache directory that cannot be made was a raw std::filesystem error from dump_cache; it is
+// bad input naming the directory.
+TEST(Hardening, CacheDirectoryThatCannotBeMadeIsNamed) {
+  AutotuningResult r(device_kind());
+  const OpFamily& fam = find_family("ragged_dot");
+  AutotuningData d;
+  d.set(fam.implementation("native")->config_from_json(
+            {{"mr", 4}, {"mc", 8}, {"kc", 64}, {"nc", 64}}),
+        BenchmarkData{.median_ms = 1});
+  r.add(fam.bind_json(ragged_args({3, 5}), "native"), d);
+  expect_invalid_argument([&] { r.dump_cache("/proc/no/such/cache"); },
+                          "cannot create the cache directory '/proc/no/such/cache/");
+}
+
 TEST(Hardening, CorruptCacheFileIsMovedAsideBeforeBeingReplaced) {
   testing::ScopedCacheDir cache("hard_aside");
   const OpFamily& fam = find_family("ragged_dot");

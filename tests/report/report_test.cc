@@ -222,6 +222,30 @@ TEST_F(ReportTest, SkipsWhatItCannotUseAndSaysWhy) {
   EXPECT_NE(r.html.find("No autotuning result given"), std::string::npos);
 }
 
+// A trace event of tokamax's with a mistyped field is left out of the charts, and the page says
+// so (it was counted as a call of no time, or of an op without a name).
+TEST_F(ReportTest, TraceEventsWithMistypedFieldsAreNamed) {
+  Json bad = trace_event("scope", 3, 600);
+  bad["dur"] = "600";
+  const Json doc = {{"traceEvents", {trace_event("scope", 3, 300), bad}}};
+  const Report r = build_report({{}, {}, {write("mistyped.json", doc.dump())}}, {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_EQ(xml_problem(r.html), "");
+  EXPECT_NE(r.html.find("<p class=\"warn\">the file: skipped 1 tokamax event: &#39;dur&#39; is "
+                        "missing or not a number"),
+            std::string::npos)
+      << r.html;
+  EXPECT_NE(r.html.find("1 op calls in 1 groups"), std::string::npos);
+  // With nothing left, the file is skipped, and why.
+  const Report only_bad = build_report(
+      {{}, {bench_file()}, {write("bad.json", Json::array({bad}).dump())}}, {"cmd", "now"});
+  ASSERT_EQ(only_bad.skipped.size(), 1u);
+  EXPECT_NE(only_bad.skipped[0].find("no tokamax op events that could be read: the file: skipped "
+                                     "1 tokamax event: 'dur'"),
+            std::string::npos)
+      << only_bad.skipped[0];
+}
+
 TEST_F(ReportTest, NoInputOrNothingUsableIsAnError) {
   EXPECT_THROW(build_report({}, {}), InvalidArgument);
   try {
@@ -279,6 +303,25 @@ TEST_F(ReportTest, ExtremeNumbersInABenchFile) {
   EXPECT_NE(r.html.find("Every row of " + path("extreme.json")), std::string::npos);
 }
 
+// A page is XML only if every character in it is one XML allows: a spec name holding U+FFFE or
+// U+FFFF (JSON may escape them) and a file name of bytes that are not UTF-8 (Linux allows any)
+// made pages an XML reader refused whole. Each becomes U+FFFD; the rest of the name stays.
+TEST_F(ReportTest, NamesOfAnyBytesKeepThePageWellFormed) {
+  const Json doc = {{"rows", {bench_row("x\xEF\xBF\xBE\xEF\xBF\xBF\x01y", "native", 10)}}};
+  ASSERT_NE(doc.dump().find("\xEF\xBF\xBE"), std::string::npos);  // U+FFFE as UTF-8, unescaped
+  // Not UTF-8 at all (0xFF, 0xFE), a lone surrogate's encoding (ED A0 80), a cut sequence (E2 82).
+  const std::string name = std::string("b\xFF\xFE-\xED\xA0\x80-\xE2\x82.json");
+  const std::string bench = write(name, doc.dump());
+  const Report r = build_report({{}, {bench}, {}}, {"tokamax report \xC0\xAF", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_EQ(xml_problem(r.html), "");
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_NE(r.html.find("x" + fffd + fffd + "?y"), std::string::npos);
+  EXPECT_NE(r.html.find("b" + fffd + fffd + "-" + fffd + fffd + fffd + "-" + fffd + fffd + ".json"),
+            std::string::npos);
+  EXPECT_NE(r.html.find("tokamax report " + fffd + fffd), std::string::npos);  // overlong '/'
+}
+
 TEST(XmlProblem, CatchesWhatItLooksFor) {
   // The checker (tests/report/xml_check.h) must be able to fail.
   EXPECT_EQ(xml_problem("<a><b/></a>"), "");
@@ -288,6 +331,11 @@ TEST(XmlProblem, CatchesWhatItLooksFor) {
   EXPECT_NE(xml_problem("<a title=\"x>y</a>"), "");
   EXPECT_NE(xml_problem("<a>"), "");
   EXPECT_NE(xml_problem("<a><></a>"), "");
+  // Characters: UTF-8 that is ill-formed, overlong or a surrogate, and characters XML refuses.
+  EXPECT_EQ(xml_problem("<a>\xC2\xB5s \xF0\x9F\x98\x80 \xEF\xBF\xBD</a>"), "");
+  for (const char* bad : {"\xFF", "\xE2\x82", "\xC0\xAF", "\xED\xA0\x80", "\xEF\xBF\xBE",
+                          "\xEF\xBF\xBF", "\x01", "\xF4\x90\x80\x80"})
+    EXPECT_NE(xml_problem(std::string("<a>") + bad + "</a>"), "") << bad;
 }
 
 }  // namespace

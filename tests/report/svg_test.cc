@@ -35,6 +35,19 @@ TEST(XmlEscape, EveryMarkupCharacter) {
                                    6)),
             "a?b\tc\n");
   EXPECT_EQ(xml_escape("µs"), "µs");  // UTF-8 passes through
+  EXPECT_EQ(xml_escape("\xF0\x9F\x98\x80 \xEF\xBF\xBD \xED\x9F\xBF"),
+            "\xF0\x9F\x98\x80 \xEF\xBF\xBD \xED\x9F\xBF");  // U+1F600, U+FFFD, U+D7FF
+  // What is not UTF-8, or not an XML character, becomes U+FFFD: each stray byte, each byte of
+  // an overlong form or a surrogate's encoding, U+FFFE and U+FFFF.
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(xml_escape("a\xFF"
+                       "b"),
+            "a" + r + "b");
+  EXPECT_EQ(xml_escape("a\xE2\x82"), "a" + r + r);   // cut short
+  EXPECT_EQ(xml_escape("\xC0\xAF"), r + r);          // overlong '/'
+  EXPECT_EQ(xml_escape("\xED\xA0\x80"), r + r + r);  // U+D800
+  EXPECT_EQ(xml_escape("\xEF\xBF\xBE\xEF\xBF\xBF<"), r + r + "&lt;");
+  EXPECT_EQ(xml_escape("\xF4\x90\x80\x80"), r + r + r + r);  // above U+10FFFF
 }
 
 TEST(Svg, LabelsAndTooltipsAreEscaped) {

@@ -1,7 +1,10 @@
 // The `tokamax` command end to end: every subcommand on the smoke specs, and bad input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +12,7 @@
 #include <string>
 
 #include "kernels/microkernels.h"
+#include "tests/sanitizers.h"
 #include "tokamax/tokamax.h"
 
 namespace tokamax {
@@ -341,6 +345,139 @@ TEST_F(Cli, BenchesEveryDistinctKeyOfABoundArgsFile) {
   EXPECT_NE(r.err.find("exactly one of --spec, --tag, --bound-args"), std::string::npos) << r.err;
 }
 
+// A key inside the size limits whose tensors do not fit in this machine's memory (1 x 2^18 x 2^18
+// f32: 256 GiB) ended the whole bench with a bare "std::bad_alloc". It is a failed row that
+// names its spec and the bytes it needs, as any row that cannot run is, and the other keys are
+// still measured.
+TEST_F(Cli, BenchKeyTooLargeForMemoryIsAFailedRow) {
+  const double needed = 4.0 * (int64_t{1} << 36);
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = 0;
+  overcommit >> mode;
+  double memory = 0;  // RAM and swap, bytes
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double kib = 0;
+    meminfo >> kib;
+    if (key == "MemTotal:" || key == "SwapTotal:") memory += kib * 1024;
+    meminfo.ignore(64, '\n');
+  }
+  // Where the allocation could succeed, it would be filled: not a test to run there.
+  if (mode == 1 || memory >= needed) GTEST_SKIP() << "256 GiB might be allocated here";
+  std::ofstream(path("huge.json"))
+      << R"([{"op": {"family": "ragged_dot"}, "arguments": {"lhs": "f32[1,262144]", )"
+      << R"("rhs": "f32[1,262144,262144]", "group_sizes": [1]}}, )"
+      << R"({"op": {"family": "ragged_dot"}, "arguments": {"lhs": "f32[8,64]", )"
+      << R"("rhs": "f32[8,64,64]", "group_sizes": [1,1,1,1,1,1,1,1]}}])";
+  const Result r =
+      run("bench --bound-args " + path("huge.json") + " --impl native --min-time 0.01 --json");
+  EXPECT_EQ(r.code, 1) << r.err;  // the work failed, in part
+  EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1 of 2 bench rows failed"), std::string::npos) << r.err;
+  const Json rows = Json::parse(r.out)["rows"];
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  EXPECT_EQ(rows[0]["spec"], "#0 f32[1,262144] x f32[1,262144,262144]");
+  EXPECT_EQ(rows[0]["implementation"], "native");
+  // lhs 1 MiB, rhs 256 GiB, the output 1 MiB.
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.1f",
+                static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                    static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 30));
+  EXPECT_EQ(rows[0]["config_source"],
+            "error: cannot allocate the tensors of spec '#0 f32[1,262144] x f32[1,262144,262144]': "
+            "they need 274880004096 bytes (256.0 GiB, inputs and outputs), this machine has " +
+                std::string(gib) + " GiB of memory")
+      << rows[0];
+  EXPECT_EQ(rows[1]["spec"], "#1 f32[8,64] x f32[8,64,64]");
+  EXPECT_GT(rows[1]["median_ms"].get<double>(), 0) << rows[1];
+}
+
+// The command `TOKAMAX_CLI args...` run directly (stdout and stderr to files in `dir`): its exit
+// status and its peak resident set size in bytes (its own, from wait4).
+std::pair<int, double> run_measured(const std::filesystem::path& dir,
+                                    const std::vector<std::string>& args) {
+  std::vector<char*> argv{const_cast<char*>(TOKAMAX_CLI)};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string out = (dir / "measured.out").string(), err = (dir / "measured.err").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(127);
+    execv(TOKAMAX_CLI, argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  if (pid < 0 || wait4(pid, &status, 0, &ru) != pid) return {-1, 0};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<double>(ru.ru_maxrss) * 1024};
+}
+
+// A trace was parsed into one document: its peak memory was several times the file's size
+// (4.5x for the recorder's events, 8.6x with a profiler's small events; a 1 GiB trace needed
+// gigabytes more than a machine may have). Read as a stream, the commands hold one event at a
+// time and what they keep: a 100 MB trace, plain or gzip-compressed, is read in a fraction of
+// its size.
+TEST_F(Cli, TraceIsReadInMemoryOfItsEventsNotOfItsSize) {
+  if (testing::kUnderSanitizer) GTEST_SKIP() << "a sanitizer's own memory would be measured";
+  const std::string trace = path("big.json"), gz = path("big.json.gz");
+  constexpr double kSize = 100e6;
+  {
+    std::ofstream f(trace);
+    f << "{\"traceEvents\":[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,"
+         "\"args\":{\"name\":\"tokamax (test_kind)\"}}";
+    for (int64_t n = 0; f.tellp() < kSize; ++n) {
+      const int m = 8 + static_cast<int>(n / 10 % 50);
+      // Nine profiler events (many small fields) to one tokamax event, as a real profile has.
+      if (n % 10) {
+        f << ",\n{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":\"aten::mm\",\"pid\":1,\"tid\":3,\"ts\":"
+          << n << ",\"dur\":3.25,\"args\":{\"External id\":" << n << ",\"Ev Idx\":" << n % 97
+          << ",\"Input Dims\":[[64,64],[64,64]]}}";
+        continue;
+      }
+      f << ",\n{\"args\":{\"payload\":\"tokamax:{\\\"arguments\\\":{\\\"group_sizes\\\":[" << m / 2
+        << "," << m - m / 2 << "],\\\"lhs\\\":\\\"f32[" << m
+        << ",2048]\\\",\\\"num_threads\\\":2,\\\"rhs\\\":\\\"f32[2,2048,5632]\\\"},\\\"format\\\":"
+           "1,"
+           "\\\"op\\\":{\\\"config\\\":{\\\"kc\\\":256},\\\"family\\\":\\\"ragged_dot\\\","
+           "\\\"implementation\\\":\\\"native\\\",\\\"rung\\\":\\\"heuristics\\\"}}\"},"
+           "\"cat\":\"tokamax\",\"dur\":2.5,\"name\":\"ragged_dot/native\",\"ph\":\"X\",\"pid\":1,"
+           "\"tid\":2,\"ts\":"
+        << n << "}";
+    }
+    f << "\n]}\n";
+  }
+  {
+    const std::string text = read_file(trace);
+    gzFile g = gzopen(gz.c_str(), "wb1");
+    ASSERT_NE(g, nullptr);
+    ASSERT_EQ(gzwrite(g, text.data(), static_cast<unsigned>(text.size())),
+              static_cast<int>(text.size()));
+    gzclose(g);
+  }
+  const std::vector<std::vector<std::string>> commands = {
+      {"trace", "summary", trace, "--json"},
+      {"trace", "summary", gz, "--json"},
+      {"trace", "extract", trace, "-o", path("ba.json")},
+      {"trace", "extract", gz, "-o", path("ba_gz.json")},
+      {"report", "--trace", trace, "-o", path("report.html")}};
+  for (const auto& args : commands) {
+    const auto [code, peak] = run_measured(dir_, args);
+    EXPECT_EQ(code, 0) << args[1] << " " << args[2] << ": " << read_file(path("measured.err"));
+    EXPECT_LT(peak, kSize / 4) << args[1] << " " << args[2];
+    if (args[1] == "summary") {
+      const Json rows = read_json_file(path("measured.out"));
+      ASSERT_EQ(rows.size(), 50u) << args[2];  // the 50 distinct keys
+      int64_t calls = 0;
+      for (const Json& r : rows) calls += r["calls"].get<int64_t>();
+      EXPECT_GT(calls, 10000) << args[2];
+    }
+  }
+  EXPECT_EQ(read_file(path("ba.json")), read_file(path("ba_gz.json")));
+  EXPECT_EQ(BoundArguments::loads_list(read_file(path("ba.json"))).size(), 50u);
+}
+
 TEST_F(Cli, ThreadsOptionSetsTheThreadCountOfTheKey) {
   for (int t : {1, 2}) {
     const Result r = run("explain --spec smoke_decode --json --threads " + std::to_string(t));
@@ -461,6 +598,67 @@ TEST_F(Cli, IntoCacheKeepsACorruptCacheFile) {
   EXPECT_EQ(run("cache verify " + file.string()).code, 0);
 }
 
+// --into-cache into a directory that cannot take files is bad input, found before any tuning
+// (it was found after the run: a raw std::filesystem error, exit 1, the run's time lost).
+TEST_F(Cli, IntoCacheDirectoryIsCheckedBeforeTuning) {
+  const std::string kind = Json::parse(run("device --json").out)["device_kind"].get<std::string>();
+  // Cannot be created (root cannot either), and a file where the directory should be.
+  std::ofstream(path("a_file")) << "x";
+  for (const std::string& dir : {std::string("/proc/tokamax/no/such"), path("a_file")}) {
+    const Result r =
+        run("autotune --spec smoke_decode --impl native --budget-s 5 --into-cache "
+            "--cache-dir " +
+            dir);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("--into-cache: cannot write into the cache directory '" + dir + "/" +
+                         kind + "': "),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("filesystem error"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("ETA"), std::string::npos) << r.err;  // no tuning progress
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+// The same for a directory whose permissions refuse new files: empty, or holding the device
+// kind's directory already. Only where permissions bind this user (not root).
+TEST_F(Cli, IntoCacheReadOnlyDirectoryIsCheckedBeforeTuning) {
+  const std::string kind = Json::parse(run("device --json").out)["device_kind"].get<std::string>();
+  const std::filesystem::path empty = dir_ / "ro_empty", full = dir_ / "ro_full";
+  std::filesystem::create_directories(empty);
+  std::filesystem::create_directories(full / kind);
+  const auto read_only = std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec |
+                         std::filesystem::perms::group_read | std::filesystem::perms::group_exec |
+                         std::filesystem::perms::others_read | std::filesystem::perms::others_exec;
+  std::filesystem::permissions(empty, read_only);
+  std::filesystem::permissions(full / kind, read_only);
+  struct Restore {  // so that TearDown can remove them
+    std::filesystem::path a, b;
+    ~Restore() {
+      std::filesystem::permissions(a, std::filesystem::perms::owner_all);
+      std::filesystem::permissions(b, std::filesystem::perms::owner_all);
+    }
+  } restore{empty, full / kind};
+  // Root (CAP_DAC_OVERRIDE) writes through 0555: nothing here could fail for it.
+  if (std::ofstream((empty / "probe").string()).good()) {
+    std::filesystem::remove(empty / "probe");
+    GTEST_SKIP() << "this user writes into 0555 directories (root?): read-only not testable";
+  }
+  for (const std::filesystem::path& dir : {empty, full}) {
+    const Result r =
+        run("autotune --spec smoke_decode --impl native --budget-s 5 --into-cache "
+            "--cache-dir " +
+            dir.string());
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("cannot write into the cache directory '" + (dir / kind).string() +
+                         "': Permission denied"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("ETA"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
 TEST_F(Cli, MistypedFieldsAreSkippedOrNamed) {
   const Result dev = run("device --json");
   const std::string kind = Json::parse(dev.out)["device_kind"].get<std::string>();
@@ -489,6 +687,12 @@ TEST_F(Cli, MistypedFieldsAreSkippedOrNamed) {
       << R"("tokamax:{\"arguments\":{},\"format\":1,\"op\":{\"config\":5,\"rung\":7}}"}}]})";
   r = run("trace summary " + path("trace.json") + " --json");
   EXPECT_EQ(r.code, 0) << r.err;
+  // The event is left out and said to be, not shown as an op without a name and no time.
+  EXPECT_EQ(Json::parse(r.out), Json::array()) << r.out;
+  EXPECT_NE(r.err.find("warning: " + path("trace.json") +
+                       ": skipped 1 tokamax event: 'name' is missing or not a string"),
+            std::string::npos)
+      << r.err;
   // Deeply nested JSON in an input file is refused, not a crash.
   std::ofstream(path("deep.json")) << std::string(100000, '[') << std::string(100000, ']');
   for (const std::string& cmd :

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <set>
 #include <thread>
 
+#include "tests/expect_error.h"
 #include "tests/op/fake_ops.h"
 
 namespace tokamax {
@@ -200,7 +202,7 @@ TEST(Trace, NestedPayloadsOutermostFirst) {
 
   // The summary counts each call under its own (last) payload, and the inner one as nested:
   // its time is inside the outer call's.
-  const std::vector<TraceCallGroup> groups = summarize_trace(read_json_file(path), path);
+  const std::vector<TraceCallGroup> groups = summarize_trace(read_json_file(path), path).groups;
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].op, "fake/one_field");
   EXPECT_EQ(groups[0].calls, 1);
@@ -231,7 +233,8 @@ TEST(TraceSummary, GroupsByOpKeyConfigAndRungAndSkipsOtherEvents) {
                       {{"ph", "M"}, {"name", "process_name"}},
                       event("f/i", {{"op", 3}}, 7),
                       42}}};
-  const auto groups = summarize_trace(doc, "doc");
+  const TraceSummary summary = summarize_trace(doc, "doc");
+  const std::vector<TraceCallGroup>& groups = summary.groups;
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].rung, "heuristics");
   EXPECT_EQ(groups[0].calls, 1);
@@ -241,7 +244,7 @@ TEST(TraceSummary, GroupsByOpKeyConfigAndRungAndSkipsOtherEvents) {
   EXPECT_EQ(groups[1].config, "{\"tile\":1}");
   EXPECT_EQ(groups[1].key, "{\"n\":1}");
   // The bare list form is a trace too; anything else is not.
-  EXPECT_EQ(summarize_trace(doc["traceEvents"], "list").size(), 2u);
+  EXPECT_EQ(summarize_trace(doc["traceEvents"], "list").groups.size(), 2u);
   try {
     summarize_trace(Json{{"events", 1}}, "not_a_trace.json");
     ADD_FAILURE() << "expected InvalidArgument";
@@ -249,6 +252,137 @@ TEST(TraceSummary, GroupsByOpKeyConfigAndRungAndSkipsOtherEvents) {
     EXPECT_NE(std::string(e.what()).find("not_a_trace.json: not a Chrome trace"), std::string::npos)
         << e.what();
   }
+}
+
+// A tokamax event whose field has the wrong type was read as blank or 0 (a numeric name gave an
+// op without a name, a string dur a call of no time) without a word. Such events are left out
+// and counted per field, with what was expected and the first of them; other tools' events
+// are still passed over in silence.
+TEST(TraceSummary, MistypedFieldsAreWarnedAboutNotReadAsBlankOrZero) {
+  const Json payload = {{"op", {{"config", {{"tile", 1}}}, {"rung", "scope"}}},
+                        {"arguments", {{"n", 1}}}};
+  auto event = [&](const Json& name, const Json& dur, const Json& p) {
+    return Json{
+        {"ph", "X"}, {"name", name}, {"dur", dur}, {"args", {{"payload", "tokamax:" + p.dump()}}}};
+  };
+  Json no_dur = event("f/i", 1, payload);
+  no_dur.erase("dur");
+  Json bad_rung = payload;
+  bad_rung["op"]["rung"] = 7;
+  Json bad_config = payload;
+  bad_config["op"]["config"] = "tile=1";
+  const Json events = {
+      event("f/i", 10, payload),
+      event(5, 10, payload),
+      event("f/i", "long", payload),
+      event(Json(), 3, payload),
+      no_dur,
+      event("f/i", 2, bad_rung),
+      event("f/i", 2, bad_config),
+      {{"ph", 1}, {"args", {{"payload", "tokamax:" + payload.dump()}}}},
+      {{"ph", "X"}, {"name", "f/i"}, {"dur", 1}, {"args", {{"payload", "tokamax:{\"op\": tru"}}}},
+      {{"ph", "X"}, {"name", 5}, {"dur", "x"}, {"args", {{"code", 1}}}}};
+  const TraceSummary s = summarize_trace({{"traceEvents", events}}, "t.json");
+  ASSERT_EQ(s.groups.size(), 1u);
+  EXPECT_EQ(s.groups[0].op, "f/i");
+  EXPECT_EQ(s.groups[0].calls, 1);
+  EXPECT_EQ(s.groups[0].total_us, 10);
+  EXPECT_EQ(s.skipped, 8);
+  const std::vector<std::string> want = {
+      "t.json: skipped 2 tokamax events: 'name' is missing or not a string, expected the op's "
+      "name (the first: event #1, 'name': 5)",
+      "t.json: skipped 2 tokamax events: 'dur' is missing or not a number, expected microseconds "
+      "(the first: event #2, 'dur': \"long\")",
+      "t.json: skipped 1 tokamax event: the payload's 'op.rung' is not a string, expected a "
+      "rung's name (the first: event #5, 'rung': 7)",
+      "t.json: skipped 1 tokamax event: the payload's 'op.config' is not an object, expected an "
+      "object (the first: event #6, 'config': \"tile=1\")",
+      "t.json: skipped 1 tokamax event: 'ph' is missing or not a string, expected \"X\" (the "
+      "first: event #7, 'ph': 1)",
+      "t.json: skipped 1 tokamax event: its payload is not a JSON object, expected "
+      "tokamax:{...} (the first: event #8)"};
+  EXPECT_EQ(s.warnings, want);
+}
+
+// The streamed summary (one event at a time, from a text or a file, gzip-compressed too) is the
+// summary of the parsed document, and refuses what parse_json refuses with its messages.
+TEST(TraceSummary, StreamedFromTextOrFileAsFromTheParsedDocument) {
+  auto event = [](const Json& name, const Json& dur, const std::string& rung, int n) {
+    const Json p = {{"op", {{"config", {{"tile", n}}}, {"rung", rung}}},
+                    {"arguments", {{"n", n}, {"s", "a \"quoted\" {brace"}}}};
+    return Json{{"ph", "X"},
+                {"name", name},
+                {"dur", dur},
+                {"args", {{"payload", "tokamax:{\"op\":{}}/tokamax:" + p.dump()}}}};
+  };
+  Json events = Json::array();
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"args", {{"name", "tokamax (k)"}}}});
+  for (int i = 0; i < 40; ++i)
+    events.push_back(event("f/i", 1.5 * i, i % 3 ? "scope" : "cache", i % 4));
+  events.push_back(event(7, 1, "scope", 1));
+  events.push_back({{"ph", "X"}, {"name", "other"}, {"args", {{"deep", {{{"a", {1, {2}}}}}}}}});
+  events.push_back(42);
+  const Json doc = {{"displayTimeUnit", "ms"}, {"traceEvents", events}, {"z", {{"x", 1}}}};
+  const TraceSummary want = summarize_trace(doc, "t");
+  ASSERT_EQ(want.groups.size(), 8u);
+  auto same = [&](const TraceSummary& got) {
+    ASSERT_EQ(got.groups.size(), want.groups.size());
+    for (size_t i = 0; i < got.groups.size(); ++i) {
+      EXPECT_EQ(got.groups[i].op, want.groups[i].op);
+      EXPECT_EQ(got.groups[i].key, want.groups[i].key);
+      EXPECT_EQ(got.groups[i].config, want.groups[i].config);
+      EXPECT_EQ(got.groups[i].rung, want.groups[i].rung);
+      EXPECT_EQ(got.groups[i].calls, want.groups[i].calls);
+      EXPECT_EQ(got.groups[i].total_us, want.groups[i].total_us);
+      EXPECT_EQ(got.groups[i].nested_calls, want.groups[i].nested_calls);
+    }
+    EXPECT_EQ(got.warnings, want.warnings);
+    EXPECT_EQ(got.device_kind, "k");
+  };
+  same(summarize_trace_text(doc.dump(), "t"));
+  same(summarize_trace_text(doc.dump(2), "t"));
+  same(summarize_trace_text(events.dump(), "t"));  // the bare list form
+  const TempPath plain("stream.json"), gz("stream.json.gz");
+  write_file_atomic(plain, doc.dump(1));
+  same(summarize_trace_file(plain, nullptr, "t"));
+  {
+    const std::string text = doc.dump();
+    gzFile g = gzopen(gz.str().c_str(), "wb");
+    ASSERT_NE(g, nullptr);
+    gzwrite(g, text.data(), static_cast<unsigned>(text.size()));
+    gzclose(g);
+  }
+  std::vector<std::string> file_warnings;
+  same(summarize_trace_file(gz, &file_warnings, "t"));
+  EXPECT_TRUE(file_warnings.empty());
+  // A gzip stream cut short: its warning, and the parse error of the text it ends with.
+  const std::string bytes = read_file(gz);
+  write_file_atomic(gz, bytes.substr(0, bytes.size() / 2));
+  file_warnings.clear();
+  testing::expect_invalid_argument([&] { summarize_trace_file(gz, &file_warnings); },
+                                   ("malformed JSON in " + gz.str() + " at byte").c_str());
+  ASSERT_EQ(file_warnings.size(), 1u);
+  EXPECT_NE(file_warnings[0].find("gzip stream truncated after"), std::string::npos);
+
+  // What parse_json refuses, with its messages: malformed text, numbers beyond double, nesting
+  // beyond kMaxJsonDepth; and what is not a trace. A repeated "traceEvents" (a parsed document
+  // keeps the last) is refused rather than read otherwise.
+  testing::expect_invalid_argument([&] { summarize_trace_text("[{\"ph\": }]", "cut.json"); },
+                                   "malformed JSON in cut.json at byte 9");
+  testing::expect_invalid_argument(
+      [&] { summarize_trace_text("[1e400]", "big.json"); },
+      "unreadable JSON in big.json: [json.exception.out_of_range.406]");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  testing::expect_invalid_argument([&] { summarize_trace_text(deep, "deep.json"); },
+                                   "JSON in deep.json nests deeper than 256 levels at byte 257");
+  testing::expect_invalid_argument(
+      [&] { summarize_trace_text(R"({"events": 1})", "not_a_trace.json"); },
+      "not_a_trace.json: not a Chrome trace");
+  testing::expect_invalid_argument(
+      [&] { summarize_trace_text(R"({"traceEvents": [], "traceEvents": 1})", "twice.json"); },
+      "JSON in twice.json has a second \"traceEvents\" member at byte");
+  testing::expect_invalid_argument([&] { summarize_trace_file("/no/such/trace.json"); },
+                                   "cannot open '/no/such/trace.json'");
 }
 
 TEST(Trace, ThrowingCallIsRecordedWithItsError) {
@@ -550,6 +684,38 @@ TEST(Extract, NotATrace) {
   EXPECT_TRUE(obj.bound_args.empty());
   EXPECT_FALSE(obj.chrome_trace);
   EXPECT_THROW(extract_bound_args("[]", "x", {.op = "no_such_op"}), InvalidArgument);
+}
+
+// Extraction streams too: the events are scanned as they are parsed, the other top-level members
+// after them; a text that turns out not to be JSON partway is scanned leniently from the start,
+// as it was when it was parsed whole (nothing of the events seen before the cut is counted twice).
+TEST(Extract, StreamedEventsThenTopLevelMembersAndLenientAfterACut) {
+  fake();
+  Json events = Json::array();
+  for (int n : {3, 5, 3})
+    events.push_back(event("fake", payload_for({{"x", ShapeDtype{{n}, DType::kF32}.str()}})));
+  const Json doc = {{"a_meta", payload_for({{"x", "f32[7]"}})},
+                    {"traceEvents", events},
+                    {"z_meta", {{"k", payload_for({{"x", "f32[5]"}})}}}};
+  const ExtractReport r = extract_bound_args(doc.dump(), "m.json");
+  EXPECT_TRUE(r.valid_json);
+  EXPECT_TRUE(r.chrome_trace);
+  EXPECT_EQ(r.events, 3);
+  ASSERT_EQ(r.bound_args.size(), 3u);  // events first, then the members in name order
+  EXPECT_EQ(r.bound_args[0].arguments()["x"], "f32[3]");
+  EXPECT_EQ(r.bound_args[1].arguments()["x"], "f32[5]");
+  EXPECT_EQ(r.bound_args[2].arguments()["x"], "f32[7]");
+  EXPECT_EQ(r.duplicates, 2);
+  const std::string text = doc.dump();
+  const ExtractReport cut = extract_bound_args(text.substr(0, text.rfind("z_meta")), "cut.json");
+  EXPECT_FALSE(cut.valid_json);
+  EXPECT_EQ(cut.events, 0);  // not counted: the text is not JSON
+  EXPECT_EQ(cut.duplicates, 1);
+  ASSERT_EQ(cut.bound_args.size(), 3u);  // in the text's order
+  EXPECT_EQ(cut.bound_args[0].arguments()["x"], "f32[7]");
+  ASSERT_FALSE(cut.warnings.empty());
+  EXPECT_NE(cut.warnings[0].find("malformed JSON in cut.json"), std::string::npos)
+      << cut.warnings[0];
 }
 
 // ---------------------------------------------------------------------------------------------

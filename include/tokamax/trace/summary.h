@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tokamax/core/export.h"
@@ -26,10 +27,35 @@ struct TraceCallGroup {
   double nested_us = 0;
 };
 
+struct TraceSummary {
+  std::vector<TraceCallGroup> groups;  // sorted by (op, key, config, rung)
+  // Events that carry a tokamax payload but were left out because a field the summary reads
+  // has the wrong type or is missing (a numeric "name", a string "dur", a payload that does not
+  // parse): one line per field, with how many events, what was expected and the first of them.
+  std::vector<std::string> warnings;
+  int64_t skipped = 0;  // those events
+  // The device kind the recorder names its process with ("tokamax (<kind>)"); "" if none.
+  std::string device_kind;
+};
+
 // Every complete event ("ph": "X") of a Chrome trace (a {"traceEvents": [...]} object or a list
-// of events) that carries a tokamax payload; other events and unreadable payloads are ignored.
-// Sorted by (op, key, config, rung). InvalidArgument naming `source` when `doc` is not a trace.
-std::vector<TraceCallGroup> summarize_trace(const Json& doc, const std::string& source);
+// of events) that carries a tokamax payload; events of other tools are ignored, tokamax events
+// with a mistyped field are counted and warned about. InvalidArgument naming `source` when `doc`
+// is not a trace.
+TraceSummary summarize_trace(const Json& doc, const std::string& source);
+
+// The same from a trace's text, parsed one event at a time: memory holds the summary, not a
+// parsed document (which took about 13 times the text's size). InvalidArgument as parse_json
+// gives it (malformed, too deep) naming `source`, or when the text is not a trace.
+TraceSummary summarize_trace_text(std::string_view text, const std::string& source);
+// The same from a trace file (gzip-compressed too), read as a stream: memory holds the summary,
+// neither the file nor its text. Errors as read_trace_file's and summarize_trace_text's; a gzip
+// stream cut short adds read_trace_file's warning to `file_warnings` (when given), also when
+// the text it ends with then fails to parse. `source` names the text in parse errors ("": the
+// path).
+TraceSummary summarize_trace_file(const std::string& path,
+                                  std::vector<std::string>* file_warnings = nullptr,
+                                  const std::string& source = "");
 
 }  // namespace tokamax
 TOKAMAX_PUBLIC_END

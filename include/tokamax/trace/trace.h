@@ -7,8 +7,9 @@
 // Recording is on while a TraceSession lives, or for the whole process when TOKAMAX_TRACE=path
 // is set at start-up ("%p" in the path becomes the process id). Events from every thread go to
 // every live session. A session streams into a temporary file next to its path and renames it
-// into place, complete, when it ends (the environment's session: at normal exit, and only if an
-// op was called), so a reader never sees a half-written trace under the final name. A process
+// into place, complete, when it ends (the environment's session: at finish_env_trace or normal
+// exit, and only if an op was called; a failure at exit is said on stderr), so a reader never
+// sees a half-written trace under the final name. A process
 // that dies instead leaves "<path>.tmp.<pid>.<n>", flushed at least every 100 ms: `tokamax trace
 // extract` reads it (the complete events are kept).
 // After fork(), the child records nothing into its parent's sessions (nor writes their files);
@@ -42,6 +43,14 @@ class TraceSession {
   std::string path_;
   std::shared_ptr<class TraceWriter> writer_;
 };
+
+// Completes the TOKAMAX_TRACE file now, as is otherwise done at exit, and stops recording into
+// it (later calls are not traced). A program calls this after its work to learn whether its
+// trace was written: at exit the library can only say so on stderr, not change the exit status.
+// Error naming the path and why when the trace could not be written, or its file could not be
+// created at the first op call (not said again at exit then). Does nothing when TOKAMAX_TRACE is
+// not set or no op was called; a second call says what the first did.
+void finish_env_trace();
 
 // Whether any session (or TOKAMAX_TRACE) is recording.
 bool tracing_enabled();
