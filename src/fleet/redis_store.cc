@@ -1,18 +1,47 @@
-// The Redis store: one hiredis connection per object, guarded by a mutex (a lease's renewal
-// thread shares it with the tuner). Every wait is bounded: the connection by connect_timeout_s,
-// each reply by command_timeout_s. A connection that failed is dropped and re-opened (one
-// attempt, bounded the same way) by the next command, so a Redis restarted mid-run is used again.
+// The Redis store: one connection per object, guarded by a mutex (a lease's renewal thread
+// shares it with the tuner). hiredis makes the TCP connection, formats each command and parses
+// each reply; the waits are this file's own (poll on a non-blocking socket), so that each command
+// is bounded by one deadline rather than each read by a timeout: a server that trickles a reply
+// a byte at a time cannot stretch a command past command_timeout_s, as it could with the
+// socket's receive timeout (hiredis's bound), which starts again with every byte.
+//
+// Opening the store (TCP connect, INFO, SELECT) is bounded by connect_timeout_s as a whole; a
+// command that finds no connection opens one within its own deadline. A connection that failed
+// (a transport error, a timeout, a reply that is not RESP) is dropped, so that a late reply is
+// never read as the next command's, and the next command re-opens it: a Redis restarted mid-run
+// is used again.
 #include "fleet/redis_store.h"
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 
 namespace tokamax {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point after(double s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+double seconds_until(Clock::time_point t) {
+  return std::chrono::duration<double>(t - Clock::now()).count();
+}
 
 timeval to_timeval(double s) {
   timeval tv;
@@ -37,19 +66,28 @@ constexpr const char* kHashDeleteScript =
     "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then "
     "return redis.call('hdel', KEYS[1], ARGV[1]) else return 0 end";
 
+// SCAN and HSCAN visit each element at least once in a bounded number of calls; the cap guards
+// against a store that never returns cursor 0.
+constexpr int kMaxScanCalls = 100000;
+
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+struct ReaderDeleter {
+  void operator()(redisReader* r) const { redisReaderFree(r); }
+};
+using Reader = std::unique_ptr<redisReader, ReaderDeleter>;
 
 class RedisStore : public Store {
  public:
-  RedisStore(const StoreUrl& u, const StoreOptions& o) : Store(u.prefix), url_(u), options_(o) {
+  RedisStore(const StoreUrl& u, const StoreOptions& o)
+      : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()) {
     std::lock_guard<std::mutex> lock(mu_);
-    connect();
+    connect(after(options_.connect_timeout_s));
   }
   ~RedisStore() override {
-    if (ctx_) redisFree(ctx_);
+    if (fd_ >= 0) ::close(fd_);
   }
 
   std::string describe() const override { return url_.str(); }
@@ -125,20 +163,28 @@ class RedisStore : public Store {
       out.push_back(string_of(*r->element[i], "HRANDFIELD"));
     return out;
   }
+  // In pages (HSCAN), each one command with its own deadline: a run's results (thousands of
+  // keys, 20 KB each) are not one reply that must arrive whole within one command's bound.
   std::map<std::string, std::string> hash_get_all(const std::string& key) override {
-    Reply r = command({"HGETALL", key});
     std::map<std::string, std::string> out;
-    const size_t n = array_of(*r, "HGETALL");
-    for (size_t i = 0; i + 1 < n; i += 2)
-      out[string_of(*r->element[i], "HGETALL")] = string_of(*r->element[i + 1], "HGETALL");
+    std::string cursor = "0";
+    for (int calls = 0; calls < kMaxScanCalls; ++calls) {
+      Reply r = command({"HSCAN", key, cursor, "COUNT", "1000"});
+      if (array_of(*r, "HSCAN") != 2) bad_reply("HSCAN");
+      cursor = string_of(*r->element[0], "HSCAN");
+      const redisReply& page = *r->element[1];
+      const size_t n = array_of(page, "HSCAN");
+      if (n % 2 != 0) bad_reply("HSCAN");
+      for (size_t i = 0; i < n; i += 2)
+        out[string_of(*page.element[i], "HSCAN")] = string_of(*page.element[i + 1], "HSCAN");
+      if (cursor == "0") break;
+    }
     return out;
   }
   std::vector<std::string> keys(const std::string& pattern) override {
     std::vector<std::string> out;
     std::string cursor = "0";
-    // SCAN visits each key at least once in a bounded number of calls; the cap guards against a
-    // store that never returns cursor 0.
-    for (int calls = 0; calls < 100000; ++calls) {
+    for (int calls = 0; calls < kMaxScanCalls; ++calls) {
       Reply r = command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
       if (array_of(*r, "SCAN") != 2) bad_reply("SCAN");
       cursor = string_of(*r->element[0], "SCAN");
@@ -152,24 +198,28 @@ class RedisStore : public Store {
   }
 
  private:
-  void connect() {
-    if (ctx_) {
-      redisFree(ctx_);
-      ctx_ = nullptr;
-    }
-    redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port,
-                                              to_timeval(options_.connect_timeout_s));
+  // A new connection (the old one dropped) and its handshake, all by `deadline`.
+  void connect(Clock::time_point deadline) {
+    drop();
+    const double left = seconds_until(deadline);
+    if (left <= 0) throw StoreError(describe() + ": cannot connect: no time left" + timeouts());
+    redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, to_timeval(left));
     if (!c || c->err) {
       const std::string why = c ? c->errstr : "out of memory";
       if (c) redisFree(c);
       throw StoreError(describe() + ": cannot connect: " + why);
     }
-    redisSetTimeout(c, to_timeval(options_.command_timeout_s));
-    ctx_ = c;
+    fd_ = redisFreeKeepFd(c);  // this file does the socket's I/O from here on
+    const int flags = fcntl(fd_, F_GETFL);
+    if (flags < 0 || fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0) {
+      const std::string why = std::strerror(errno);
+      drop();
+      throw StoreError(describe() + ": cannot connect: " + why);
+    }
+    // HRANDFIELD (the sweep) needs Redis 6.2; an older server is refused here, not by a
+    // sweep that fails until the deadline.
     try {
-      // HRANDFIELD (the sweep) needs Redis 6.2; an older server is refused here, not by a
-      // sweep that fails until the deadline.
-      const Reply info = raw({"INFO", "server"});
+      const Reply info = roundtrip({"INFO", "server"}, deadline);
       const std::string text = string_of(*info, "INFO");
       const auto at = text.find("redis_version:");
       int major = 0, minor = 0;
@@ -181,13 +231,105 @@ class RedisStore : public Store {
         throw StoreError(describe() + ": Redis " + std::to_string(major) + "." +
                          std::to_string(minor) + " is too old (6.2 or later is needed)");
       }
-      if (url_.db != 0) raw({"SELECT", std::to_string(url_.db)});
+      if (url_.db != 0) roundtrip({"SELECT", std::to_string(url_.db)}, deadline);
     } catch (...) {
       // Never keep a connection on the wrong database or an unusable server.
-      if (ctx_) redisFree(ctx_);
-      ctx_ = nullptr;
+      drop();
       throw;
     }
+  }
+
+  // Closes the connection and forgets whatever part of a reply was read.
+  void drop() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    reader_.reset(redisReaderCreate());
+  }
+
+  std::string timeouts() const {
+    return " (timeouts, each bounding a whole exchange: connect " +
+           fmt_s(options_.connect_timeout_s) + ", command " + fmt_s(options_.command_timeout_s) +
+           ")";
+  }
+  // The connection is unusable: dropped, and the command fails.
+  [[noreturn]] void transport_failure(const std::string& what, const std::string& why) {
+    drop();
+    throw StoreError(describe() + ": " + what + " failed: " + why + timeouts());
+  }
+
+  // Until fd_ is ready for `events` (or has failed: the next send or recv says how), by deadline.
+  void wait_for(short events, Clock::time_point deadline, const std::string& what) {
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        transport_failure(what, events == POLLOUT ? "timed out sending the command"
+                                                  : "timed out before the whole reply came");
+      }
+      // Rounded up: a timeout of 0 would not wait at all.
+      const int ms = static_cast<int>(std::min<int64_t>((left + 999) / 1000, INT_MAX));
+      pollfd p{fd_, events, 0};
+      const int r = ::poll(&p, 1, ms);
+      if (r > 0) return;
+      if (r < 0 && errno != EINTR) transport_failure(what, std::strerror(errno));
+    }
+  }
+
+  void send_command(const std::vector<std::string>& args, Clock::time_point deadline) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    char* formatted = nullptr;
+    const int len =
+        redisFormatCommandArgv(&formatted, static_cast<int>(args.size()), argv.data(), lens.data());
+    if (len < 0) throw StoreError(describe() + ": " + args[0] + ": out of memory");
+    const std::unique_ptr<char, void (*)(char*)> owned(formatted, redisFreeCommand);
+    for (size_t sent = 0; sent < static_cast<size_t>(len);) {
+      const ssize_t n = ::send(fd_, formatted + sent, len - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        wait_for(POLLOUT, deadline, args[0]);
+      } else if (n < 0 && errno != EINTR) {
+        transport_failure(args[0], std::strerror(errno));
+      }
+    }
+  }
+
+  // The next whole reply, by deadline.
+  Reply read_reply(const std::string& what, Clock::time_point deadline) {
+    for (;;) {
+      void* r = nullptr;
+      if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK) {
+        transport_failure(what, std::string("not a Redis reply: ") + reader_->errstr);
+      }
+      if (r) return Reply(static_cast<redisReply*>(r));
+      wait_for(POLLIN, deadline, what);
+      char buf[65536];
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n > 0) {
+        if (redisReaderFeed(reader_.get(), buf, static_cast<size_t>(n)) != REDIS_OK)
+          transport_failure(what, "out of memory");
+      } else if (n == 0) {
+        transport_failure(what, "the server closed the connection");
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        transport_failure(what, std::strerror(errno));
+      }
+    }
+  }
+
+  // One command on the live connection: sent and its whole reply read by `deadline`.
+  Reply roundtrip(const std::vector<std::string>& args, Clock::time_point deadline) {
+    ++operations_;
+    send_command(args, deadline);
+    Reply reply = read_reply(args[0], deadline);
+    if (reply->type == REDIS_REPLY_ERROR) {
+      throw StoreError(describe() + ": " + args[0] + ": " + std::string(reply->str, reply->len));
+    }
+    return reply;
   }
 
   [[noreturn]] void bad_reply(const char* what) const {
@@ -205,48 +347,25 @@ class RedisStore : public Store {
     if (r.type != REDIS_REPLY_ARRAY) bad_reply(what);
     return r.elements;
   }
-
-  // One command on the live connection; the connection is dropped on any transport error.
-  Reply raw(const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    ++operations_;
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data()));
-    if (!r) {
-      const std::string why = ctx_->errstr[0] ? ctx_->errstr : "no reply";
-      redisFree(ctx_);
-      ctx_ = nullptr;
-      throw StoreError(describe() + ": " + args[0] + " failed: " + why + " (timeouts: connect " +
-                       fmt_s(options_.connect_timeout_s) + ", command " +
-                       fmt_s(options_.command_timeout_s) + ")");
-    }
-    Reply reply(r);
-    if (reply->type == REDIS_REPLY_ERROR) {
-      throw StoreError(describe() + ": " + args[0] + ": " + std::string(r->str, r->len));
-    }
-    return reply;
-  }
   static std::string fmt_s(double s) {
     char buf[32];
     snprintf(buf, sizeof buf, "%g s", s);
     return buf;
   }
 
+  // One command, by one deadline that covers re-opening the connection if it was dropped.
   Reply command(const std::vector<std::string>& args) {
+    const Clock::time_point deadline = after(options_.command_timeout_s);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!ctx_) connect();
-    return raw(args);
+    if (fd_ < 0) connect(std::min(deadline, after(options_.connect_timeout_s)));
+    return roundtrip(args, deadline);
   }
 
   StoreUrl url_;
   StoreOptions options_;
-  std::mutex mu_;
-  redisContext* ctx_ = nullptr;
+  std::mutex mu_;  // everything below
+  int fd_ = -1;
+  Reader reader_;
 };
 
 }  // namespace

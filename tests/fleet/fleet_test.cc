@@ -4,12 +4,15 @@
 // runs of `tokamax autotune --store` are in fleet_cli_test.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "tests/expect_error.h"
+#include "tests/fleet/fake_redis.h"
 #include "tests/fleet/redis_server.h"
 #include "tokamax/tokamax.h"
 
@@ -102,6 +105,11 @@ TEST(RedisStore, SemanticsAgainstARealServer) {
   const auto s = open_store(server.url());
   check_store_semantics(
       *s, [](int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
+  // A hash read whole in pages (HSCAN): every field once, of a hash past one page.
+  for (int i = 0; i < 2500; ++i) s->hash_set("big", std::to_string(i), std::to_string(2 * i));
+  const auto all = s->hash_get_all("big");
+  ASSERT_EQ(all.size(), 2500u);
+  EXPECT_EQ(all.at("1234"), "2468");
   // A restarted server is reconnected to by the next command.
   server.stop();
   EXPECT_THROW(s->get("k"), StoreError);
@@ -135,6 +143,52 @@ TEST(RedisStore, UnreachableOrSilentStoresFailWithinTheirTimeouts) {
   }
   EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 2.0);
   close(fd);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A server that answers a byte every 0.3 s never lets a read time out, so a bound per read
+// let one command take minutes. Every command, opening the connection included, now ends by
+// one deadline: 1 s here (the checks allow 5 s for a loaded machine).
+TEST(RedisStore, ATricklingServerCannotStretchACommandPastItsTimeout) {
+  using testing::FakeRedis;
+  {
+    // The handshake's reply trickled: opening fails within the connect timeout.
+    FakeRedis server([](const std::vector<std::string>&) {
+      return FakeRedis::Answer{FakeRedis::info_reply(), 0, 0.3};
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      open_store(server.url(), {1, 1});
+      ADD_FAILURE() << "opened a store whose INFO reply trickles";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("INFO failed: timed out"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(seconds_since(t0), 5);
+  }
+  // A command's reply trickled (a 100-byte value: 30 s at that pace).
+  FakeRedis server(FakeRedis::answer_info_then([](const std::vector<std::string>&) {
+    return FakeRedis::Answer{FakeRedis::bulk(std::string(100, 'v')), 0, 0.3};
+  }));
+  const auto s = open_store(server.url(), {1, 1});
+  for (int i = 0; i < 2; ++i) {  // the second after re-opening the dropped connection
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      s->get("k");
+      ADD_FAILURE() << "a trickled reply was read whole";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("GET failed: timed out"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(seconds_since(t0), 5);
+  }
+  // Slow but within the bound: each reply whole after 0.2 s is read.
+  FakeRedis slow(FakeRedis::answer_info_then([](const std::vector<std::string>&) {
+    return FakeRedis::Answer{FakeRedis::bulk("value"), 0.2, 0};
+  }));
+  EXPECT_EQ(open_store(slow.url(), {2, 2})->get("k").value_or(""), "value");
 }
 
 // ---- The claim protocol, on the in-memory store's clock ----------------------------------------

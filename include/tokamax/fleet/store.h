@@ -1,13 +1,15 @@
 // A key-value store shared by the processes of a fleet: what sharded tuning claims work and
 // publishes results through (tokamax/fleet/sharded.h), and what the remote cache rung reads
 // (TOKAMAX_REMOTE_CACHE). Two implementations: Redis (hiredis; `redis://host:port/db`, one
-// connection per store object, every wait bounded by StoreOptions) and an in-memory store (one
-// process: tests, the claim-protocol simulation; its clock, latency and failures injectable).
+// connection per store object, every command bounded as a whole by StoreOptions) and an
+// in-memory store (one process: tests, the claim-protocol simulation; its clock, latency and
+// failures injectable).
 //
 // The operations are the few the protocols need, each one Redis command (or one short Lua
-// script, atomic on the server). Expiry is the store's own (PX): a lease never depends on the
-// clients' clocks agreeing. Every failure to reach the store, a timeout, or a reply of the wrong
-// type is a StoreError naming the store and the command.
+// script, atomic on the server; hash_get_all reads in pages, one command each). Expiry is the
+// store's own (PX): a lease never depends on the clients' clocks agreeing. Every failure to reach
+// the store, a timeout, or a reply of the wrong type is a StoreError naming the store and the
+// command.
 #pragma once
 
 #include <atomic>
@@ -32,9 +34,13 @@ class StoreError : public Error {
   explicit StoreError(const std::string& what) : Error("StoreError: ", what) {}
 };
 
+// Each bound covers a whole exchange, not each read: a server that trickles its reply a byte at
+// a time cannot stretch a wait past it.
 struct StoreOptions {
-  double connect_timeout_s = 2;  // one connection attempt
-  double command_timeout_s = 2;  // one command's reply
+  // Opening a connection: the TCP connection, then INFO (the version check) and SELECT.
+  double connect_timeout_s = 2;
+  // One command: re-opening the connection if it was dropped, sending, and the whole reply.
+  double command_timeout_s = 2;
 };
 
 // Where a store is and how its keys are named: `redis://host:port/db?prefix=ns` (port 6379 and
