@@ -1,9 +1,15 @@
 // The Redis store: one connection per object, guarded by a mutex (a lease's renewal thread
-// shares it with the tuner). hiredis makes the TCP connection, formats each command and parses
-// each reply; the waits are this file's own (poll on a non-blocking socket), so that each command
-// is bounded by one deadline rather than each read by a timeout: a server that trickles a reply
-// a byte at a time cannot stretch a command past command_timeout_s, as it could with the
-// socket's receive timeout (hiredis's bound), which starts again with every byte.
+// shares it with the tuner; the remote cache rung, every thread that looks a key up). Waiting
+// for that mutex counts against a command's deadline too, so that threads do not queue past
+// their bound behind a slow reply: one connection suffices (a remote lookup is one round trip
+// per key and process, 0.07-0.10 ms on loopback), where a pool would multiply the connections a
+// fleet of processes opens to one Redis, and a fast failure while another lookup is in flight
+// would give a call another config by the timing of another thread's. hiredis makes the TCP
+// connection, formats each command and parses each reply; the waits are this file's own (poll on a
+// non-blocking socket), so that each command is bounded by one deadline rather than each read by a
+// timeout: a server that trickles a reply a byte at a time cannot stretch a command past
+// command_timeout_s, as it could with the socket's receive timeout (hiredis's bound), which starts
+// again with every byte.
 //
 // Opening the store (TCP connect, INFO, SELECT) is bounded by connect_timeout_s as a whole; a
 // command that finds no connection opens one within its own deadline. A connection that failed
@@ -83,7 +89,8 @@ class RedisStore : public Store {
  public:
   RedisStore(const StoreUrl& u, const StoreOptions& o)
       : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    if (options_.connect_lazily) return;
+    std::lock_guard<std::timed_mutex> lock(mu_);
     connect(after(options_.connect_timeout_s));
   }
   ~RedisStore() override {
@@ -353,17 +360,22 @@ class RedisStore : public Store {
     return buf;
   }
 
-  // One command, by one deadline that covers re-opening the connection if it was dropped.
+  // One command, by one deadline that covers the wait for the connection (another thread's
+  // command) and re-opening it if it was dropped.
   Reply command(const std::vector<std::string>& args) {
     const Clock::time_point deadline = after(options_.command_timeout_s);
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::timed_mutex> lock(mu_, deadline);
+    if (!lock.owns_lock()) {
+      throw StoreError(describe() + ": " + args[0] +
+                       " failed: timed out waiting for another thread's command" + timeouts());
+    }
     if (fd_ < 0) connect(std::min(deadline, after(options_.connect_timeout_s)));
     return roundtrip(args, deadline);
   }
 
   StoreUrl url_;
   StoreOptions options_;
-  std::mutex mu_;  // everything below
+  std::timed_mutex mu_;  // everything below
   int fd_ = -1;
   Reader reader_;
 };

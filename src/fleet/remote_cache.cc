@@ -79,6 +79,8 @@ std::string RemoteCache::hash_key(const std::string& prefix, const std::string& 
 
 void RemoteCache::back_off(const std::string& why) {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  // Threads whose lookups met the same slow store together: one warning, one back-off period.
+  if (!store_ && now_s() < down_until_) return;
   store_.reset();
   down_until_ = now_s() + options_.backoff_s;
   TOKAMAX_LOG("remote_cache", kWarning,
@@ -95,8 +97,8 @@ std::shared_ptr<Store> RemoteCache::store() {
     url = url_;
     so = options_.store;
   }
-  // Connected outside the lock (bounded by the connect timeout); a second thread racing here
-  // opens its own connection and the first one kept wins.
+  // Opened outside the lock (the connection is made by the first lookup, within its bound); a
+  // second thread racing here opens its own and the first one kept wins.
   try {
     std::shared_ptr<Store> s = open_store(url, so);
     std::unique_lock<std::shared_mutex> lock(mu_);

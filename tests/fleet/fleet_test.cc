@@ -448,6 +448,95 @@ TEST(RemoteCache, ServesWhatAnotherProcessPublishedAndFallsBackWhenDown) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
+// A call of `family`'s spec with nothing local to serve it (no shipped data, no user cache), and
+// a config of its space that is not its heuristics': what a lookup served remotely returns.
+struct RemoteKey {
+  RemoteKey(const std::string& family, const std::string& spec)
+      : fam(find_family(family)),
+        bound(fam.bind_json(find_arg_specs(family, spec).at(0).arguments, "native")),
+        call(fam.make_call(bound, 1)),
+        impl(fam.implementation("native")) {
+    const auto space = impl->autotuning_configs(*call);
+    tuned = space.back();
+  }
+  // Publishes `tuned` for this key to `store`.
+  void publish_to(Store& store) const {
+    AutotuningResult r;
+    AutotuningData d;
+    BenchmarkData bd;
+    bd.median_ms = 1;
+    d.set(tuned, bd);
+    r.add(bound, d);
+    EXPECT_EQ(RemoteCache::global().publish(r, &store), 1);
+  }
+  std::string hash(const Store& store) const {
+    return RemoteCache::hash_key(store.prefix(), fam.name(), *impl);
+  }
+  Rung rung() const {
+    CallOptions co;
+    co.implementation = "native";
+    return explain(fam, *call, co).resolution.rung;
+  }
+  const OpFamily& fam;
+  BoundArguments bound;
+  std::unique_ptr<CallBase> call;
+  std::shared_ptr<const Implementation> impl;
+  Config tuned;
+};
+
+// The local ladder emptied (data and cache directories) for a test, restored after it with the
+// remote cache unset.
+struct LocalLadderEmpty {
+  explicit LocalLadderEmpty(const std::string& name) {
+    const std::string empty = scratch(name);
+    for (const char* v : {"TOKAMAX_DATA_DIR", "TOKAMAX_CACHE_DIR"}) {
+      const char* old = std::getenv(v);
+      saved[v] = old ? std::optional<std::string>(old) : std::nullopt;
+      setenv(v, empty.c_str(), 1);
+    }
+    DiskCache::global().clear();
+  }
+  ~LocalLadderEmpty() {
+    for (const auto& [n, v] : saved) v ? setenv(n.c_str(), v->c_str(), 1) : unsetenv(n.c_str());
+    DiskCache::global().clear();
+    RemoteCache::global().configure("");
+  }
+  std::map<std::string, std::optional<std::string>> saved;
+};
+
+// Threads whose lookups meet a slow store (0.4 s a reply) wait at most about the rung's bound
+// (0.5 s) each, not in turn behind each other's replies on the one connection (16 in turn:
+// over 6 s for the last).
+TEST(RemoteCache, ManyThreadsDoNotQueueBehindASlowStore) {
+  using testing::FakeRedis;
+  const RemoteKey key("layer_norm", "layer_norm_smoke");
+  LocalLadderEmpty local("remote_threads");
+  FakeRedis server(FakeRedis::answer_info_then([](const std::vector<std::string>&) {
+    return FakeRedis::Answer{"$-1\r\n", 0.4, 0};
+  }));
+  RemoteCache::global().configure(server.url());
+  constexpr int kThreads = 16;
+  std::vector<double> took(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string detail;
+      EXPECT_FALSE(RemoteCache::global().lookup(*key.impl, key.bound, &detail));
+      took[t] = seconds_since(t0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double worst = *std::max_element(took.begin(), took.end());
+  EXPECT_LT(worst, 2.5) << "a lookup waited " << worst << " s";
+  // The store is set aside (too slow): the next lookup does not ask it.
+  const int asked = server.commands();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(key.rung(), Rung::kHeuristics);
+  EXPECT_LT(seconds_since(t0), 0.3);
+  EXPECT_EQ(server.commands(), asked);
+}
+
 }  // namespace
 }  // namespace tokamax
 

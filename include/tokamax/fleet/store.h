@@ -39,8 +39,12 @@ class StoreError : public Error {
 struct StoreOptions {
   // Opening a connection: the TCP connection, then INFO (the version check) and SELECT.
   double connect_timeout_s = 2;
-  // One command: re-opening the connection if it was dropped, sending, and the whole reply.
+  // One command: waiting for another thread's command on the connection, re-opening the
+  // connection if it was dropped, sending, and the whole reply.
   double command_timeout_s = 2;
+  // Open the connection at the first command (within its command_timeout_s), not in open_store:
+  // a store opened on a call's path costs that call one bound, not two.
+  bool connect_lazily = false;
 };
 
 // Where a store is and how its keys are named: `redis://host:port/db?prefix=ns` (port 6379 and
