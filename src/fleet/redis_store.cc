@@ -34,6 +34,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "tokamax/core/log.h"
+
 namespace tokamax {
 
 namespace {
@@ -56,21 +58,31 @@ timeval to_timeval(double s) {
   return tv;
 }
 
-// Compare-and-expire and compare-and-delete, atomic on the server.
+// Compare-and-expire and compare-and-delete, atomic on the server. A key of another type (another
+// writer's) does not hold the value: 0, where GET or HGET on it would fail the script.
 constexpr const char* kRenewScript =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then "
-    "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+    "if redis.call('type', KEYS[1]).ok == 'string' and redis.call('get', KEYS[1]) == ARGV[1] "
+    "then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 constexpr const char* kReleaseScript =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then "
-    "return redis.call('del', KEYS[1]) else return 0 end";
-
-// SET NX PX and the in-flight listing in one step, so that a claim is never unlisted.
-constexpr const char* kClaimScript =
-    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
-    "redis.call('hset', KEYS[2], ARGV[3], ARGV[1]) return 1 else return 0 end";
+    "if redis.call('type', KEYS[1]).ok == 'string' and redis.call('get', KEYS[1]) == ARGV[1] "
+    "then return redis.call('del', KEYS[1]) else return 0 end";
 constexpr const char* kHashDeleteScript =
-    "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then "
-    "return redis.call('hdel', KEYS[1], ARGV[1]) else return 0 end";
+    "if redis.call('type', KEYS[1]).ok == 'hash' and redis.call('hget', KEYS[1], ARGV[1]) == "
+    "ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) else return 0 end";
+
+// SET NX PX and the in-flight listing in one step, so that a claim is never unlisted. The list's
+// type is checked first: a script's error does not undo what it did before. A lease key of
+// another type is no lease (SET NX would keep it forever, and its key unclaimed): replaced, and
+// 2 returned so that the replacement is named in a warning.
+constexpr const char* kClaimScript =
+    "local list = redis.call('type', KEYS[2]).ok "
+    "if list ~= 'none' and list ~= 'hash' then "
+    "return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' holds a ' .. list .. ', not a hash') "
+    "end "
+    "local lease, replaced = redis.call('type', KEYS[1]).ok, 0 "
+    "if lease ~= 'none' and lease ~= 'string' then redis.call('del', KEYS[1]) replaced = 1 end "
+    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
+    "redis.call('hset', KEYS[2], ARGV[3], ARGV[1]) return 1 + replaced else return 0 end";
 
 // SCAN and HSCAN visit each element at least once in a bounded number of calls; the cap guards
 // against a store that never returns cursor 0.
@@ -121,9 +133,16 @@ class RedisStore : public Store {
   }
   bool claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
              const std::string& list_key, const std::string& field) override {
-    return integer_of(*command({"EVAL", kClaimScript, "2", lease_key, list_key, token,
-                                std::to_string(ttl_ms), field}),
-                      "EVAL claim") == 1;
+    const int64_t r = integer_of(*command({"EVAL", kClaimScript, "2", lease_key, list_key, token,
+                                           std::to_string(ttl_ms), field}),
+                                 "EVAL claim");
+    if (r == 2) {
+      TOKAMAX_LOG("fleet", kWarning,
+                  describe() + ": '" + lease_key +
+                      "' held a value of another type than a lease (another writer's); "
+                      "replaced by this process's lease");
+    }
+    return r >= 1;
   }
   bool hash_delete_if_equal(const std::string& key, const std::string& field,
                             const std::string& value) override {
@@ -328,14 +347,42 @@ class RedisStore : public Store {
     }
   }
 
+  // The keys a command names (for errors): a script's KEYS, else a key command's first argument.
+  static std::vector<std::string> keys_of(const std::vector<std::string>& args) {
+    if (args[0] == "EVAL") {
+      const size_t n = std::min<size_t>(std::stoul(args[2]), args.size() - 3);
+      return {args.begin() + 3, args.begin() + 3 + static_cast<ptrdiff_t>(n)};
+    }
+    if (args[0] == "INFO" || args[0] == "SELECT" || args[0] == "SCAN") return {};
+    return {args[1]};
+  }
+
+  // An error reply: a StoreKeyError when a key holds what the command cannot use (another
+  // writer's value: waiting will not mend it), else a StoreError.
+  [[noreturn]] void error_reply(const std::vector<std::string>& args, const redisReply& reply) {
+    const std::string text(reply.str, reply.len);
+    const std::vector<std::string> keys = keys_of(args);
+    const bool wrong_type = text.find("WRONGTYPE") != std::string::npos;
+    const bool not_integer = args[0] == "INCR" && text.find("not an integer") != std::string::npos;
+    if (keys.empty() || (!wrong_type && !not_integer)) {
+      throw StoreError(describe() + ": " + args[0] + ": " + text);
+    }
+    // The key the server's message names (the claim script's does), else the first.
+    std::string key = keys[0];
+    for (const auto& k : keys) {
+      if (text.find(k) != std::string::npos) key = k;
+    }
+    throw StoreKeyError(describe() + ": " + args[0] + " '" + key + "': " + text +
+                            " (a value this library did not write there)",
+                        key);
+  }
+
   // One command on the live connection: sent and its whole reply read by `deadline`.
   Reply roundtrip(const std::vector<std::string>& args, Clock::time_point deadline) {
     ++operations_;
     send_command(args, deadline);
     Reply reply = read_reply(args[0], deadline);
-    if (reply->type == REDIS_REPLY_ERROR) {
-      throw StoreError(describe() + ": " + args[0] + ": " + std::string(reply->str, reply->len));
-    }
+    if (reply->type == REDIS_REPLY_ERROR) error_reply(args, *reply);
     return reply;
   }
 

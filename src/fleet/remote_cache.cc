@@ -146,7 +146,8 @@ std::optional<Config> RemoteCache::lookup(const Implementation& impl, const Boun
     back_off(e.what());
     return std::nullopt;
   } catch (const std::exception& e) {
-    // A corrupt or foreign entry: a warning, then the next rung (as for a local cache file).
+    // A corrupt or foreign entry, or a key of another type (StoreKeyError): a warning, then the
+    // next rung (as for a local cache file), and the store kept: it answered.
     TOKAMAX_LOG("remote_cache", kWarning, std::string("unusable entry ignored: ") + e.what());
     k.config.reset();
   }
@@ -180,9 +181,14 @@ int RemoteCache::publish(const AutotuningResult& result, Store* store) {
       Json v = {{"config", best.config.json()}, {"by", std::string(host)}};
       if (best.benchmark && best.benchmark->evidence)
         v["evidence"] = best.benchmark->evidence->summary();
-      store->hash_set(hash_key(store->prefix(), bound.family(), *impl, result.device_kind()),
-                      bound.key(), v.dump());
-      ++n;
+      try {
+        store->hash_set(hash_key(store->prefix(), bound.family(), *impl, result.device_kind()),
+                        bound.key(), v.dump());
+        ++n;
+      } catch (const StoreKeyError& e) {
+        // That entry's hash holds another writer's value: the others are still published.
+        TOKAMAX_LOG("remote_cache", kWarning, std::string("not published: ") + e.what());
+      }
     }
   } catch (const std::exception& e) {
     TOKAMAX_LOG(

@@ -260,11 +260,15 @@ void ClaimProtocol::discard(const std::string& field, const std::string& value) 
 
 std::string ClaimProtocol::claimant(size_t i) {
   auto who = [](const std::string& token) { return token.substr(0, token.rfind('#')); };
-  if (const auto holder = store_.get(key("claim:" + std::to_string(i)))) {
-    return who(*holder) + " (lease live)";
-  }
-  if (const auto last = store_.hash_get(key("inflight"), std::to_string(i))) {
-    return who(*last) + " (lease expired)";
+  try {
+    if (const auto holder = store_.get(key("claim:" + std::to_string(i)))) {
+      return who(*holder) + " (lease live)";
+    }
+    if (const auto last = store_.hash_get(key("inflight"), std::to_string(i))) {
+      return who(*last) + " (lease expired)";
+    }
+  } catch (const StoreKeyError& e) {
+    return "unknown: " + e.message();
   }
   return "nobody";
 }
@@ -413,7 +417,8 @@ class Renewer {
                                 " (it expired; another process may tune it too)");
                 return;  // nothing left to renew
               }
-            } catch (const StoreError& e) {
+            } catch (const std::exception& e) {
+              // Any error: one escaping this thread would end the process.
               TOKAMAX_LOG("fleet", kWarning, std::string("lease renewal failed: ") + e.what());
             }
           }
@@ -762,13 +767,20 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
   std::mutex store_mu;  // the store object is shared with the lease renewer
   ClaimProtocol proto(store, options.run_id, device_kind() + "@" + library_version(), worker,
                       static_cast<int64_t>(options.lease_s * 1000));
-  join_run(proto, tuner, work, by_id, std::move(ids), options, deadline);
-  // --budget-s bounds this process's tuning (no key is started after it); the deadline bounds
-  // the whole run, waiting for the others included.
-  const double tune_until = std::min(deadline, start + tune_options.budget_s);
-  ShardedRunner runner(store, proto, store_mu, to, options, by_id, worker, start, deadline,
-                       tune_until);
-  return runner.run();
+  try {
+    join_run(proto, tuner, work, by_id, std::move(ids), options, deadline);
+    // --budget-s bounds this process's tuning (no key is started after it); the deadline bounds
+    // the whole run, waiting for the others included.
+    const double tune_until = std::min(deadline, start + tune_options.budget_s);
+    ShardedRunner runner(store, proto, store_mu, to, options, by_id, worker, start, deadline,
+                         tune_until);
+    return runner.run();
+  } catch (const StoreKeyError& e) {
+    // One of the run's own keys (its plan, cursor, results or in-flight list) holds another
+    // writer's value: every process would meet it, and waiting does not mend it.
+    throw InvalidArgument(fmt::format("run {}: {}; delete that key or use another --run-id",
+                                      options.run_id, e.message()));
+  }
 }
 
 }  // namespace tokamax

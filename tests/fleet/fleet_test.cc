@@ -85,8 +85,29 @@ void check_store_semantics(Store& s, const std::function<void(int64_t)>& advance
   EXPECT_EQ(s.hash_get_all("h").size(), 1u);
   EXPECT_FALSE(s.hash_get("h", "f1"));
   EXPECT_EQ(s.keys("h*"), (std::vector<std::string>{"h"}));
-  // A hash where a string is expected (a foreign value under a key) is a StoreError.
-  EXPECT_THROW(s.get("h"), StoreError);
+  // A key of another type than a command expects (a foreign writer's value) is a StoreKeyError
+  // naming it, not an outage (a StoreError); the compare-and-act operations find no match in it.
+  try {
+    s.get("h");
+    ADD_FAILURE() << "GET of a hash";
+  } catch (const StoreKeyError& e) {
+    EXPECT_EQ(e.key(), "h");
+  }
+  s.set("str", "not a number");
+  EXPECT_THROW(s.hash_get("str", "f"), StoreKeyError);
+  EXPECT_THROW(s.increment("str"), StoreKeyError);
+  EXPECT_FALSE(s.renew_if_equal("h", "v", 500));
+  EXPECT_FALSE(s.delete_if_equal("h", "v"));
+  EXPECT_FALSE(s.hash_delete_if_equal("str", "f", "v"));
+  // A lease key of another type holds no lease: a claim replaces it. An in-flight list of
+  // another type refuses the claim before anything changes.
+  s.del("list");
+  EXPECT_TRUE(s.claim("h", "token", 500, "list", "0"));
+  EXPECT_EQ(s.get("h").value_or(""), "token");
+  EXPECT_EQ(s.hash_get("list", "0").value_or(""), "token");
+  s.del("lease");
+  EXPECT_THROW(s.claim("lease", "t", 500, "str", "0"), StoreKeyError);
+  EXPECT_FALSE(s.exists("lease"));
   EXPECT_GT(s.operations(), 20);
 }
 
@@ -537,6 +558,30 @@ TEST(RemoteCache, ManyThreadsDoNotQueueBehindASlowStore) {
   EXPECT_EQ(server.commands(), asked);
 }
 
+// A key of another type where the rung expects a hash (a foreign writer's) is that entry's
+// problem, with a warning naming it: the next rung serves the call and the store is not set
+// aside as if it were down (another family's entry is still served from it).
+TEST(RemoteCache, AWrongTypedEntryIsIgnoredNotAnOutage) {
+  const RemoteKey norm("layer_norm", "layer_norm_smoke");
+  const RemoteKey glu("gated_linear_unit", "glu_smoke");
+  LocalLadderEmpty local("remote_wrongtype");
+  auto check = [&](Store& store, const std::string& url) {
+    glu.publish_to(store);
+    store.del(norm.hash(store));
+    store.set(norm.hash(store), "a string, not a hash");
+    RemoteCache::global().configure(url);
+    EXPECT_EQ(norm.rung(), Rung::kHeuristics) << url;
+    EXPECT_EQ(glu.rung(), Rung::kRemoteCache) << url;
+  };
+  MemoryStore::reset("remote_wrongtype");
+  MemoryStore mem("remote_wrongtype");
+  check(mem, "mem://remote_wrongtype");
+  if (!testing::have_redis_server()) return;
+  testing::RedisServer server(scratch("remote_wrongtype_redis"));
+  ASSERT_TRUE(server.running());
+  check(*open_store(server.url()), server.url());
+}
+
 }  // namespace
 }  // namespace tokamax
 
@@ -587,6 +632,74 @@ TEST(TuneSharded, CompletesAndRetunesACorruptResult) {
   list.pop_back();
   testing::expect_invalid_argument([&] { tune_sharded(list, store, o, f); },
                                    "other bound arguments");
+}
+
+// Bound arguments of layer_norm (native) by spec, and one that no process can tune: native
+// layer_norm normalizes a contiguous axis only (axis 0 of [8, 16] is strided: Unsupported).
+std::vector<BoundArguments> norm_keys(bool with_untunable) {
+  std::vector<BoundArguments> list;
+  const OpFamily& fam = find_family("layer_norm");
+  list.push_back(
+      fam.bind_json(find_arg_specs("layer_norm", "layer_norm_smoke").at(0).arguments, "native"));
+  if (with_untunable) {
+    list.push_back(fam.bind_json(
+        Json{{"x", "f32[8,16]"}, {"scale", "f32[8]"}, {"subtract_mean", true}, {"axis", 0}},
+        "native"));
+  }
+  return list;
+}
+
+FleetOptions fleet_options(const std::string& run, double deadline_s) {
+  FleetOptions f;
+  f.run_id = run;
+  f.poll_s = 0.05;
+  f.deadline_s = deadline_s;
+  f.host_lock_path = scratch("sharded_" + run) + "/measure.lock";
+  return f;
+}
+
+AutotuneOptions fast_tuning() {
+  AutotuneOptions o;
+  o.max_candidates = 2;
+  o.measure_budget_s = 0.2;
+  return o;
+}
+
+std::string run_key(const std::string& run, const std::string& suffix) {
+  return "tokamax:{" + run + "}:" + device_kind() + "@" + library_version() + ":" + suffix;
+}
+
+// A key of the wrong type in a run's namespace (a foreign writer's) was taken for an outage:
+// every process retried it until the deadline. The run's own keys of the wrong type now refuse
+// the run at once with an error naming the key; a key's lease of the wrong type is replaced
+// and the key tuned.
+TEST(TuneSharded, AWrongTypedKeyIsNotAnOutage) {
+  const auto list = norm_keys(false);
+  auto refused_fast = [&](Store& store, const std::string& run, const std::string& key) {
+    const auto t0 = std::chrono::steady_clock::now();
+    testing::expect_invalid_argument(
+        [&] { tune_sharded(list, store, fast_tuning(), fleet_options(run, 10)); }, key.c_str());
+    EXPECT_LT(seconds_since(t0), 5) << key;
+  };
+  MemoryStore::reset("wrongtype");
+  MemoryStore mem("wrongtype");
+  mem.set(run_key("m", "results"), "a string, not a hash");
+  refused_fast(mem, "m", run_key("m", "results"));
+  if (!testing::have_redis_server()) return;
+  testing::RedisServer server(scratch("wrongtype_redis"));
+  ASSERT_TRUE(server.running());
+  const auto redis = open_store(server.url());
+  redis->hash_set(run_key("p", "plan"), "a", "hash, not a plan");
+  refused_fast(*redis, "p", run_key("p", "plan"));
+  redis->set(run_key("r", "results"), "a string, not a hash");
+  refused_fast(*redis, "r", run_key("r", "results"));
+  redis->set(run_key("i", "inflight"), "a string, not a hash");
+  refused_fast(*redis, "i", run_key("i", "inflight"));
+  // Key 0's lease as a hash: replaced by a real lease, and the key tuned.
+  redis->hash_set(run_key("c", "claim:0"), "a", "hash, not a lease");
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(tune_sharded(list, *redis, fast_tuning(), fleet_options("c", 20)).data().size(), 1u);
+  EXPECT_LT(seconds_since(t0), 15);
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 // script, atomic on the server; hash_get_all reads in pages, one command each). Expiry is the
 // store's own (PX): a lease never depends on the clients' clocks agreeing. Every failure to reach
 // the store, a timeout, or a reply of the wrong type is a StoreError naming the store and the
-// command.
+// command: an outage, which callers wait out. A key that holds what this library cannot use
+// there (another writer's) is a StoreKeyError naming the key: not an outage, for the caller to
+// skip that key or refuse it.
 #pragma once
 
 #include <atomic>
@@ -32,6 +34,20 @@ namespace tokamax {
 class StoreError : public Error {
  public:
   explicit StoreError(const std::string& what) : Error("StoreError: ", what) {}
+};
+
+// The store answered, but `key` holds what this library cannot use there: a value of another
+// Redis type (WRONGTYPE: a list or a hash where a string is kept, or the reverse), or a string
+// that is not an integer where INCR counts. Waiting does not mend it (another writer put it
+// there), so it is bad input, not a StoreError.
+class StoreKeyError : public InvalidArgument {
+ public:
+  StoreKeyError(const std::string& what, std::string key)
+      : InvalidArgument(what), key_(std::move(key)) {}
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
 };
 
 // Each bound covers a whole exchange, not each read: a server that trickles its reply a byte at
@@ -78,10 +94,13 @@ class Store {
   virtual bool set_if_absent(const std::string& key, const std::string& value,
                              int64_t ttl_ms = 0) = 0;
   // A lease's renewal: key expires ttl_ms from now if it still holds `value`; false if it does
-  // not (expired, or taken over by another holder).
+  // not (expired, or taken over by another holder). In this and the other compare-and-act
+  // operations, a key of another type does not hold `value`: false, not a StoreKeyError.
   virtual bool renew_if_equal(const std::string& key, const std::string& value, int64_t ttl_ms) = 0;
   // A claim: SET lease_key token NX PX ttl_ms and, if it was set, HSET list_key field token,
-  // atomically (one script on Redis; both keys must share a hash tag on a cluster).
+  // atomically (one script on Redis; both keys must share a hash tag on a cluster). A lease_key
+  // of another type than a string holds no lease (another writer's value): it is replaced, with
+  // a warning naming it. A list_key of another type than a hash: StoreKeyError, nothing changed.
   virtual bool claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
                      const std::string& list_key, const std::string& field) = 0;
   // HDEL key field if the field still holds `value`.
