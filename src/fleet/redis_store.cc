@@ -26,13 +26,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string_view>
 
 #include "tokamax/core/log.h"
 
@@ -87,6 +90,125 @@ constexpr const char* kClaimScript =
 // SCAN and HSCAN visit each element at least once in a bounded number of calls; the cap guards
 // against a store that never returns cursor 0.
 constexpr int kMaxScanCalls = 100000;
+
+// Walks a RESP2 reply as its bytes arrive, ahead of hiredis's reader, to refuse one that breaks
+// a bound before the bytes it announces are read: a value longer than the value limit (from its
+// $<length> header), a reply longer than the reply limit, an array of more than kMaxElements
+// (hiredis 0.14 allocates an array's element pointers from its header: "*2000000000" would ask
+// for 16 GB), or nested deeper than kMaxDepth (no reply of the commands used here is deeper
+// than 2). A type other than RESP2's five is refused too (RESP3's, which hiredis 0.14 does not
+// parse). It also tells where the reply ends, so that the reader is fed exactly one reply.
+class ReplyScanner {
+ public:
+  static constexpr int64_t kMaxElements = int64_t{1} << 20;
+  static constexpr size_t kMaxDepth = 4;
+  enum class State { kMore, kDone, kTooLarge, kMalformed };
+
+  ReplyScanner(int64_t max_value_bytes, int64_t max_reply_bytes)
+      : max_value_(max_value_bytes), max_reply_(max_reply_bytes) {}
+
+  // Consumes the bytes of p[0, n) that belong to the reply (*used of them): kDone when it ended
+  // there, kMore when it goes on; kTooLarge or kMalformed (why() says how) as soon as it breaks a
+  // bound, before the bytes its header announces.
+  State feed(const char* p, size_t n, size_t* used) {
+    size_t i = 0;
+    State state = State::kMore;
+    while (i < n && state == State::kMore) {
+      if (body_left_ > 0) {  // a bulk string's body and its CRLF
+        const size_t take = static_cast<size_t>(std::min<int64_t>(body_left_, n - i));
+        i += take;
+        body_left_ -= static_cast<int64_t>(take);
+        if (body_left_ == 0) state = element_done();
+        continue;
+      }
+      const char* nl = static_cast<const char*>(std::memchr(p + i, '\n', n - i));
+      const size_t end = nl ? static_cast<size_t>(nl - p) + 1 : n;
+      line_.append(p + i, end - i);
+      total_ += static_cast<int64_t>(end - i);
+      i = end;
+      if (total_ > max_reply_) {
+        state = too_large("a reply of more than " + std::to_string(max_reply_) + " bytes");
+      } else if (static_cast<int64_t>(line_.size()) > std::min(max_value_, max_reply_) + 32) {
+        state = too_large("a line of more than " + std::to_string(line_.size()) + " bytes");
+      } else if (nl && line_.size() >= 2 && line_[line_.size() - 2] == '\r') {
+        state = header();  // a line ends only at CRLF (a lone LF is part of it, as for hiredis)
+        line_.clear();
+      }
+    }
+    *used = i;
+    return state;
+  }
+  const std::string& why() const { return why_; }
+
+ private:
+  State too_large(const std::string& why) {
+    why_ = why;
+    return State::kTooLarge;
+  }
+  State malformed(const std::string& why) {
+    why_ = why;
+    return State::kMalformed;
+  }
+
+  // A complete header line in line_ (CRLF included).
+  State header() {
+    if (line_.size() < 3) return malformed("an empty line");
+    const char type = line_[0];
+    const std::string_view body(line_.data() + 1, line_.size() - 3);
+    if (type == '+' || type == '-' || type == ':') return element_done();
+    if (type != '$' && type != '*') {
+      char shown[8];
+      std::snprintf(shown, sizeof shown,
+                    std::isprint(static_cast<unsigned char>(type)) ? "%c" : "\\x%02x",
+                    static_cast<unsigned char>(type));
+      return malformed(std::string("a reply of unknown type '") + shown + "'");
+    }
+    int64_t len = 0;
+    const auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), len);
+    if (body.empty() || ec != std::errc() || end != body.data() + body.size() || len < -1) {
+      return malformed("a length that is not a count: '" + std::string(body) + "'");
+    }
+    if (len == -1) return element_done();  // nil
+    if (type == '$') {
+      if (len > max_value_) {
+        return too_large("a value of " + std::to_string(len) + " bytes, over the limit of " +
+                         std::to_string(max_value_));
+      }
+      if (len > max_reply_ - total_ - 2) {  // total_ <= max_reply_ here: no overflow
+        return too_large("a reply of more than " + std::to_string(max_reply_) + " bytes");
+      }
+      body_left_ = len + 2;
+      total_ += len + 2;
+      return State::kMore;
+    }
+    if (len > kMaxElements) {
+      return malformed("an array of " + std::to_string(len) + " elements (at most " +
+                       std::to_string(kMaxElements) + ")");
+    }
+    if (len == 0) return element_done();
+    if (open_.size() == kMaxDepth) {
+      return malformed("arrays nested deeper than " + std::to_string(kMaxDepth));
+    }
+    open_.push_back(len);
+    return State::kMore;
+  }
+
+  // One element (or the reply) ended: kDone when it closed every open array.
+  State element_done() {
+    while (!open_.empty()) {
+      if (--open_.back() > 0) return State::kMore;
+      open_.pop_back();
+    }
+    return State::kDone;
+  }
+
+  const int64_t max_value_, max_reply_;
+  std::string line_;           // the header line read so far
+  int64_t body_left_ = 0;      // bytes of a bulk string's body (and CRLF) still to come
+  int64_t total_ = 0;          // bytes of the reply so far, bodies counted from their headers
+  std::vector<int64_t> open_;  // elements still to come in each open array, outermost first
+  std::string why_;
+};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -245,7 +367,7 @@ class RedisStore : public Store {
     // HRANDFIELD (the sweep) needs Redis 6.2; an older server is refused here, not by a
     // sweep that fails until the deadline.
     try {
-      const Reply info = roundtrip({"INFO", "server"}, deadline);
+      const Reply info = roundtrip({"INFO", "server"}, deadline, /*handshake=*/true);
       const std::string text = string_of(*info, "INFO");
       const auto at = text.find("redis_version:");
       int major = 0, minor = 0;
@@ -257,7 +379,7 @@ class RedisStore : public Store {
         throw StoreError(describe() + ": Redis " + std::to_string(major) + "." +
                          std::to_string(minor) + " is too old (6.2 or later is needed)");
       }
-      if (url_.db != 0) roundtrip({"SELECT", std::to_string(url_.db)}, deadline);
+      if (url_.db != 0) roundtrip({"SELECT", std::to_string(url_.db)}, deadline, true);
     } catch (...) {
       // Never keep a connection on the wrong database or an unusable server.
       drop();
@@ -270,6 +392,7 @@ class RedisStore : public Store {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     reader_.reset(redisReaderCreate());
+    ahead_.clear();
   }
 
   std::string timeouts() const {
@@ -325,26 +448,59 @@ class RedisStore : public Store {
     }
   }
 
-  // The next whole reply, by deadline.
-  Reply read_reply(const std::string& what, Clock::time_point deadline) {
+  // The next whole reply to `args`, by deadline: the scanner checks the bytes as they come, and
+  // hiredis's reader is fed exactly the reply's bytes (any after it wait for the next command).
+  Reply read_reply(const std::vector<std::string>& args, Clock::time_point deadline,
+                   int64_t max_value_bytes, int64_t max_reply_bytes) {
+    const std::string& what = args[0];
+    ReplyScanner scan(max_value_bytes, max_reply_bytes);
+    std::string chunk;
+    chunk.swap(ahead_);
     for (;;) {
-      void* r = nullptr;
-      if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK) {
-        transport_failure(what, std::string("not a Redis reply: ") + reader_->errstr);
-      }
-      if (r) return Reply(static_cast<redisReply*>(r));
-      wait_for(POLLIN, deadline, what);
-      char buf[65536];
-      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n > 0) {
-        if (redisReaderFeed(reader_.get(), buf, static_cast<size_t>(n)) != REDIS_OK)
+      if (!chunk.empty()) {
+        size_t used = 0;
+        const ReplyScanner::State state = scan.feed(chunk.data(), chunk.size(), &used);
+        if (state == ReplyScanner::State::kTooLarge) too_large(args, scan.why());
+        if (state == ReplyScanner::State::kMalformed) {
+          transport_failure(what, "not a Redis reply: " + scan.why());
+        }
+        if (redisReaderFeed(reader_.get(), chunk.data(), used) != REDIS_OK) {
           transport_failure(what, "out of memory");
-      } else if (n == 0) {
+        }
+        if (state == ReplyScanner::State::kDone) {
+          ahead_.assign(chunk, used, std::string::npos);
+          void* r = nullptr;
+          if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK || !r) {
+            transport_failure(what, std::string("not a Redis reply: ") +
+                                        (r ? "" : "hiredis found it incomplete ") +
+                                        reader_->errstr);
+          }
+          return Reply(static_cast<redisReply*>(r));
+        }
+      }
+      wait_for(POLLIN, deadline, what);
+      chunk.resize(65536);
+      const ssize_t n = ::recv(fd_, chunk.data(), chunk.size(), 0);
+      chunk.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      if (n == 0) {
         transport_failure(what, "the server closed the connection");
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         transport_failure(what, std::strerror(errno));
       }
     }
+  }
+
+  // A reply over a size limit: its bytes are left unread (the connection dropped: the rest of
+  // the reply is on its way), and the key is named.
+  [[noreturn]] void too_large(const std::vector<std::string>& args, const std::string& why) {
+    drop();
+    const std::vector<std::string> keys = keys_of(args);
+    const std::string msg =
+        describe() + ": " + args[0] + (keys.empty() ? "" : " '" + keys[0] + "'") + ": " + why +
+        " (StoreOptions max_value_bytes " + std::to_string(options_.max_value_bytes) +
+        ", max_reply_bytes " + std::to_string(options_.max_reply_bytes) + "); not read";
+    if (keys.empty()) throw StoreError(msg);
+    throw StoreKeyError(msg, keys[0]);
   }
 
   // The keys a command names (for errors): a script's KEYS, else a key command's first argument.
@@ -377,11 +533,16 @@ class RedisStore : public Store {
                         key);
   }
 
-  // One command on the live connection: sent and its whole reply read by `deadline`.
-  Reply roundtrip(const std::vector<std::string>& args, Clock::time_point deadline) {
+  // One command on the live connection: sent and its whole reply read by `deadline`. The
+  // handshake's replies (INFO, SELECT) are no values of the store: a fixed 1 MiB bounds them.
+  Reply roundtrip(const std::vector<std::string>& args, Clock::time_point deadline,
+                  bool handshake = false) {
     ++operations_;
     send_command(args, deadline);
-    Reply reply = read_reply(args[0], deadline);
+    constexpr int64_t kHandshakeLimit = int64_t{1} << 20;
+    Reply reply =
+        handshake ? read_reply(args, deadline, kHandshakeLimit, kHandshakeLimit)
+                  : read_reply(args, deadline, options_.max_value_bytes, options_.max_reply_bytes);
     if (reply->type == REDIS_REPLY_ERROR) error_reply(args, *reply);
     return reply;
   }
@@ -425,6 +586,7 @@ class RedisStore : public Store {
   std::timed_mutex mu_;  // everything below
   int fd_ = -1;
   Reader reader_;
+  std::string ahead_;  // bytes read past the last reply (a server's extra bytes): the next one's
 };
 
 }  // namespace

@@ -96,6 +96,11 @@ std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& op
                           std::to_string(options.connect_timeout_s) + ", command " +
                           std::to_string(options.command_timeout_s) + ")");
   }
+  if (options.max_value_bytes < 1 || options.max_reply_bytes < 1) {
+    throw InvalidArgument("store size limits must be >= 1 byte (value " +
+                          std::to_string(options.max_value_bytes) + ", reply " +
+                          std::to_string(options.max_reply_bytes) + ")");
+  }
   const StoreUrl u = parse_store_url(url);
   if (u.scheme == "mem") return std::make_unique<MemoryStore>(u.name, u.prefix);
   return open_redis_store(u, options);

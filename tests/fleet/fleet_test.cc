@@ -212,6 +212,71 @@ TEST(RedisStore, ATricklingServerCannotStretchACommandPastItsTimeout) {
   EXPECT_EQ(open_store(slow.url(), {2, 2})->get("k").value_or(""), "value");
 }
 
+// Replies are checked as they arrive: a value over the limit is refused from its length header,
+// unread, as an error naming the key (the store stays usable); so is what hiredis 0.14 would
+// allocate for from a header alone (an array of 2e9 elements: 16 GB of pointers) or cannot
+// parse (arrays nested past its depth, RESP3's types).
+TEST(RedisStore, RepliesOverTheLimitsAreRefusedUnread) {
+  using testing::FakeRedis;
+  const std::map<std::string, std::string> replies = {
+      {"huge", "$99999999999\r\n"},
+      {"fits", FakeRedis::bulk(std::string(1000, 'x'))},
+      {"over", FakeRedis::bulk(std::string(1001, 'x'))},
+      {"array", "*2000000000\r\n"},
+      {"deep", "*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n"},
+      {"resp3", "%1\r\n+a\r\n+b\r\n"},
+      {"empty", "\r\n"},
+      {"count", "$1x\r\n"},
+  };
+  FakeRedis server(FakeRedis::answer_info_then(
+      [&](const std::vector<std::string>& c) { return FakeRedis::Answer{replies.at(c.at(1))}; }));
+  StoreOptions o;
+  o.max_value_bytes = 1000;
+  const auto s = open_store(server.url(), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* key : {"huge", "over"}) {
+    try {
+      s->get(key);
+      ADD_FAILURE() << key << " was read";
+    } catch (const StoreKeyError& e) {
+      EXPECT_EQ(e.key(), key);
+      EXPECT_NE(std::string(e.what()).find("over the limit of 1000"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(s->get("fits").value_or(""), std::string(1000, 'x'));
+  }
+  for (const char* key : {"array", "deep", "resp3", "empty", "count"}) {
+    try {
+      s->get(key);
+      ADD_FAILURE() << key << " was read";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a Redis reply"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(s->get("fits").value_or(""), std::string(1000, 'x'));
+  }
+  EXPECT_LT(seconds_since(t0), 5);
+  testing::expect_invalid_argument(
+      [&] {
+        open_store(server.url(), {1, 1, false, 0});
+      },
+      "size limits");
+  // A real server: a hash's page with a field over the limit is refused too.
+  if (!testing::have_redis_server()) return;
+  testing::RedisServer redis(scratch("limits"));
+  ASSERT_TRUE(redis.running());
+  const auto r = open_store(redis.url(), o);
+  r->hash_set("h", "small", "v");
+  r->hash_set("h", "large", std::string(5000, 'v'));
+  try {
+    r->hash_get_all("h");
+    ADD_FAILURE() << "a hash with a 5000-byte value was read";
+  } catch (const StoreKeyError& e) {
+    EXPECT_EQ(e.key(), "h");
+  }
+  EXPECT_EQ(r->hash_get("h", "small").value_or(""), "v");
+  EXPECT_THROW(r->hash_get("h", "large"), StoreKeyError);
+}
+
 // ---- The claim protocol, on the in-memory store's clock ----------------------------------------
 
 struct ProtocolRig {
@@ -223,7 +288,10 @@ struct ProtocolRig {
     }
   }
   ClaimProtocol make(int k, const std::vector<std::string>& ids) {
-    ClaimProtocol p(*stores[k], "run", "scope", "w" + std::to_string(k), 1000);
+    // Appended, not "w" + to_string(k): GCC 12 warns (-Wrestrict) on that falsely when inlined.
+    std::string worker = "w";
+    worker += std::to_string(k);
+    ClaimProtocol p(*stores[k], "run", "scope", worker, 1000);
     p.join(ids, ids);
     return p;
   }
@@ -580,6 +648,30 @@ TEST(RemoteCache, AWrongTypedEntryIsIgnoredNotAnOutage) {
   testing::RedisServer server(scratch("remote_wrongtype_redis"));
   ASSERT_TRUE(server.running());
   check(*open_store(server.url()), server.url());
+}
+
+// A 50 MB value under a remote cache entry (a valid entry padded) is refused from its length,
+// before it is read: not used, and no slower than a miss.
+TEST(RemoteCache, AnOversizedEntryIsRefusedBeforeItIsRead) {
+  REQUIRE_REDIS();
+  const RemoteKey key("layer_norm", "layer_norm_smoke");
+  LocalLadderEmpty local("remote_oversized");
+  testing::RedisServer server(scratch("remote_oversized_redis"));
+  ASSERT_TRUE(server.running());
+  const auto store = open_store(server.url());
+  key.publish_to(*store);
+  Json entry = parse_json(store->hash_get(key.hash(*store), key.bound.key()).value(), "entry");
+  entry["by"] = std::string(50 << 20, 'x');
+  store->hash_set(key.hash(*store), key.bound.key(), entry.dump());
+  RemoteCache::global().configure(server.url());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(key.rung(), Rung::kHeuristics);
+  EXPECT_LT(seconds_since(t0), 1.0);
+  // The entry at its usual size is served.
+  entry["by"] = "host";
+  store->hash_set(key.hash(*store), key.bound.key(), entry.dump());
+  RemoteCache::global().clear();
+  EXPECT_EQ(key.rung(), Rung::kRemoteCache);
 }
 
 }  // namespace

@@ -36,8 +36,9 @@ namespace tokamax {
 
 struct RemoteCacheOptions {
   // Short timeouts: a call waits on them at most once per back-off. The connection is opened by
-  // the first lookup, within its 0.5 s.
-  StoreOptions store{0.5, 0.5, /*connect_lazily=*/true};
+  // the first lookup, within its 0.5 s. An entry over 1 MiB is refused unread (entries are under
+  // 1 KB; a larger one is not this library's, and reading it would cost the call).
+  StoreOptions store{0.5, 0.5, /*connect_lazily=*/true, /*max_value_bytes=*/int64_t{1} << 20};
   double backoff_s = 60;   // after a failure, the store is not asked again for this long
   double miss_ttl_s = 30;  // a miss is remembered this long (then asked again)
 };

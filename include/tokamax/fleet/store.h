@@ -37,9 +37,9 @@ class StoreError : public Error {
 };
 
 // The store answered, but `key` holds what this library cannot use there: a value of another
-// Redis type (WRONGTYPE: a list or a hash where a string is kept, or the reverse), or a string
-// that is not an integer where INCR counts. Waiting does not mend it (another writer put it
-// there), so it is bad input, not a StoreError.
+// Redis type (WRONGTYPE: a list or a hash where a string is kept, or the reverse), a string that
+// is not an integer where INCR counts, or a value over StoreOptions::max_value_bytes. Waiting does
+// not mend it (another writer put it there), so it is bad input, not a StoreError.
 class StoreKeyError : public InvalidArgument {
  public:
   StoreKeyError(const std::string& what, std::string key)
@@ -61,6 +61,13 @@ struct StoreOptions {
   // Open the connection at the first command (within its command_timeout_s), not in open_store:
   // a store opened on a call's path costs that call one bound, not two.
   bool connect_lazily = false;
+  // The longest value (a string, a hash field's value) read: one whose length header says more
+  // is refused before its bytes are read, as a StoreKeyError naming the key (the connection is
+  // dropped; the next command opens another). 64 MiB: a run's plan of 100,000 keys is about
+  // 20 MB; the remote cache sets 1 MiB (its entries are under 1 KB).
+  int64_t max_value_bytes = int64_t{64} << 20;
+  // The longest whole reply (a page of a hash, say), refused likewise.
+  int64_t max_reply_bytes = int64_t{1} << 30;
 };
 
 // Where a store is and how its keys are named: `redis://host:port/db?prefix=ns` (port 6379 and
@@ -133,7 +140,8 @@ class Store {
   std::atomic<int64_t> operations_{0};
 };
 
-// Opens the store at `url` (connects for Redis: StoreError when it cannot within the timeout).
+// Opens the store at `url` (connects for Redis: StoreError when it cannot within the timeout;
+// InvalidArgument for options out of range).
 std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& options = {});
 
 // The in-memory store: one map per name in the process, shared by every MemoryStore object of
