@@ -794,6 +794,31 @@ TEST(TuneSharded, AWrongTypedKeyIsNotAnOutage) {
   EXPECT_LT(seconds_since(t0), 15);
 }
 
+// A failed marker in the store ({"failed": ...}) is believed only when this process reproduces
+// the failure: a forged one over a key that tunes is re-tuned and replaced by its result; a real
+// one is confirmed and its key left out, as without a store.
+TEST(TuneSharded, AForgedFailedMarkerIsRetunedARealOneConfirmed) {
+  MemoryStore::reset("forged");
+  MemoryStore store("forged");
+  const auto list = norm_keys(true);
+  const FleetOptions f = fleet_options("forged", 120);
+  const AutotuningResult first = tune_sharded(list, store, fast_tuning(), f);
+  ASSERT_EQ(first.data().size(), 1u);  // the untunable key is left out
+  const std::string results = run_key("forged", "results");
+  const auto values = store.hash_get_all(results);
+  ASSERT_EQ(values.size(), 2u);
+  std::string tunable;
+  for (const auto& [field, value] : values) {
+    if (value.find("\"failed\"") == std::string::npos) tunable = field;
+  }
+  ASSERT_FALSE(tunable.empty());
+  store.hash_set(results, tunable, R"({"worker":"mallory","failed":"forged"})");
+  const AutotuningResult second = tune_sharded(list, store, fast_tuning(), f);
+  EXPECT_EQ(second.data().size(), 1u);
+  const std::string fixed = store.hash_get(results, tunable).value_or("");
+  EXPECT_NE(fixed.find("\"result\""), std::string::npos) << fixed;
+}
+
 }  // namespace
 }  // namespace tokamax
 
