@@ -1,21 +1,25 @@
 // The Redis store: one connection per object, guarded by a mutex (a lease's renewal thread
-// shares it with the tuner; the remote cache rung, every thread that looks a key up). Waiting
-// for that mutex counts against a command's deadline too, so that threads do not queue past
-// their bound behind a slow reply: one connection suffices (a remote lookup is one round trip
-// per key and process, 0.07-0.10 ms on loopback), where a pool would multiply the connections a
-// fleet of processes opens to one Redis, and a fast failure while another lookup is in flight
-// would give a call another config by the timing of another thread's. hiredis makes the TCP
-// connection, formats each command and parses each reply; the waits are this file's own (poll on a
-// non-blocking socket), so that each command is bounded by one deadline rather than each read by a
-// timeout: a server that trickles a reply a byte at a time cannot stretch a command past
-// command_timeout_s, as it could with the socket's receive timeout (hiredis's bound), which starts
-// again with every byte.
+// shares it with the tuner; the remote cache rung, every thread that looks a key up).
 //
-// Opening the store (TCP connect, INFO, SELECT) is bounded by connect_timeout_s as a whole; a
-// command that finds no connection opens one within its own deadline. A connection that failed
-// (a transport error, a timeout, a reply that is not RESP) is dropped, so that a late reply is
-// never read as the next command's, and the next command re-opens it: a Redis restarted mid-run
-// is used again.
+// Time. hiredis makes the TCP connection, formats each command and parses each reply; the waits
+// are this file's own (poll on a non-blocking socket), so that each command is bounded by one
+// deadline rather than each read by a timeout: a server that trickles a reply a byte at a time
+// cannot stretch a command past command_timeout_s, as it could with the socket's receive timeout
+// (hiredis's bound), which starts again with every byte. Waiting for the mutex counts against
+// that deadline too, so that threads do not queue past their bound behind a slow reply. One
+// connection suffices (a remote lookup is one round trip per key and process, 0.07-0.10 ms on
+// loopback): a pool would multiply the connections a fleet of processes opens to one Redis, and
+// a fast failure while another lookup is in flight would give a call another config by the
+// timing of another thread's. Opening the store (TCP connect, INFO, SELECT) is bounded by
+// connect_timeout_s as a whole; a command that finds no connection opens one within its own
+// deadline.
+//
+// Size. Each reply is checked as it arrives (ReplyScanner), before hiredis's reader sees it: a
+// value over max_value_bytes is refused from its length header, unread.
+//
+// A connection that failed (a transport error, a timeout, a reply that is not RESP or too large)
+// is dropped, so that a late reply is never read as the next command's, and the next command
+// re-opens it: a Redis restarted mid-run is used again.
 #include "fleet/redis_store.h"
 
 #include <fcntl.h>
@@ -97,7 +101,8 @@ constexpr int kMaxScanCalls = 100000;
 // (hiredis 0.14 allocates an array's element pointers from its header: "*2000000000" would ask
 // for 16 GB), or nested deeper than kMaxDepth (no reply of the commands used here is deeper
 // than 2). A type other than RESP2's five is refused too (RESP3's, which hiredis 0.14 does not
-// parse). It also tells where the reply ends, so that the reader is fed exactly one reply.
+// parse), and so is a length or an integer that is not a whole int64. It also tells where the
+// reply ends, so that the reader is fed exactly one reply.
 class ReplyScanner {
  public:
   static constexpr int64_t kMaxElements = int64_t{1} << 20;
@@ -155,7 +160,17 @@ class ReplyScanner {
     if (line_.size() < 3) return malformed("an empty line");
     const char type = line_[0];
     const std::string_view body(line_.data() + 1, line_.size() - 3);
-    if (type == '+' || type == '-' || type == ':') return element_done();
+    if (type == '+' || type == '-') return element_done();
+    if (type == ':') {
+      // Checked here: hiredis 0.14 reads an integer without checking its range (a signed
+      // overflow, undefined, for 20 digits).
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), v);
+      if (body.empty() || ec != std::errc() || end != body.data() + body.size()) {
+        return malformed("an integer that is not one: '" + std::string(body) + "'");
+      }
+      return element_done();
+    }
     if (type != '$' && type != '*') {
       char shown[8];
       std::snprintf(shown, sizeof shown,
@@ -221,6 +236,13 @@ using Reader = std::unique_ptr<redisReader, ReaderDeleter>;
 
 class RedisStore : public Store {
  public:
+  // On a socket already connected (`fd`, taken over; tests and the fuzzer): the handshake is made
+  // on it, and a connection lost is not re-opened.
+  RedisStore(int fd, const StoreUrl& u, const StoreOptions& o)
+      : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()), reconnectable_(false) {
+    std::lock_guard<std::timed_mutex> lock(mu_);
+    adopt(fd, after(options_.connect_timeout_s));
+  }
   RedisStore(const StoreUrl& u, const StoreOptions& o)
       : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()) {
     if (options_.connect_lazily) return;
@@ -349,6 +371,11 @@ class RedisStore : public Store {
   // A new connection (the old one dropped) and its handshake, all by `deadline`.
   void connect(Clock::time_point deadline) {
     drop();
+    if (!reconnectable_) {
+      throw StoreError(describe() +
+                       ": the connection was lost (a store on a given socket is not "
+                       "re-opened)");
+    }
     const double left = seconds_until(deadline);
     if (left <= 0) throw StoreError(describe() + ": cannot connect: no time left" + timeouts());
     redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, to_timeval(left));
@@ -357,7 +384,12 @@ class RedisStore : public Store {
       if (c) redisFree(c);
       throw StoreError(describe() + ": cannot connect: " + why);
     }
-    fd_ = redisFreeKeepFd(c);  // this file does the socket's I/O from here on
+    adopt(redisFreeKeepFd(c), deadline);  // this file does the socket's I/O from here on
+  }
+
+  // Takes over a connected socket and makes the handshake on it, by deadline.
+  void adopt(int fd, Clock::time_point deadline) {
+    fd_ = fd;
     const int flags = fcntl(fd_, F_GETFL);
     if (flags < 0 || fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0) {
       const std::string why = std::strerror(errno);
@@ -368,13 +400,7 @@ class RedisStore : public Store {
     // sweep that fails until the deadline.
     try {
       const Reply info = roundtrip({"INFO", "server"}, deadline, /*handshake=*/true);
-      const std::string text = string_of(*info, "INFO");
-      const auto at = text.find("redis_version:");
-      int major = 0, minor = 0;
-      if (at == std::string::npos ||
-          std::sscanf(text.c_str() + at + 14, "%d.%d", &major, &minor) != 2) {
-        throw StoreError(describe() + ": INFO does not name a redis_version");
-      }
+      const auto [major, minor] = redis_version(string_of(*info, "INFO"));
       if (major < 6 || (major == 6 && minor < 2)) {
         throw StoreError(describe() + ": Redis " + std::to_string(major) + "." +
                          std::to_string(minor) + " is too old (6.2 or later is needed)");
@@ -385,6 +411,24 @@ class RedisStore : public Store {
       drop();
       throw;
     }
+  }
+
+  // "redis_version:MAJOR.MINOR" of an INFO reply. Parsed with from_chars, not sscanf's %d, whose
+  // result for a number out of int's range (a server's to choose) is undefined.
+  std::pair<int, int> redis_version(const std::string& info) const {
+    constexpr std::string_view kField = "redis_version:";
+    const auto at = info.find(kField);
+    int major = 0, minor = 0;
+    const char* p = at == std::string::npos ? nullptr : info.data() + at + kField.size();
+    const char* end = info.data() + info.size();
+    if (p) {
+      const auto a = std::from_chars(p, end, major);
+      if (a.ec == std::errc() && a.ptr < end && *a.ptr == '.' &&
+          std::from_chars(a.ptr + 1, end, minor).ec == std::errc()) {
+        return {major, minor};
+      }
+    }
+    throw StoreError(describe() + ": INFO does not name a redis_version");
   }
 
   // Closes the connection and forgets whatever part of a reply was read.
@@ -586,6 +630,7 @@ class RedisStore : public Store {
   std::timed_mutex mu_;  // everything below
   int fd_ = -1;
   Reader reader_;
+  const bool reconnectable_ = true;
   std::string ahead_;  // bytes read past the last reply (a server's extra bytes): the next one's
 };
 
@@ -593,6 +638,14 @@ class RedisStore : public Store {
 
 std::unique_ptr<Store> open_redis_store(const StoreUrl& u, const StoreOptions& options) {
   return std::make_unique<RedisStore>(u, options);
+}
+
+std::unique_ptr<Store> open_redis_store_on_fd(int fd, const std::string& name,
+                                              const StoreOptions& options) {
+  StoreUrl u;
+  u.scheme = "redis";
+  u.host = name;
+  return std::make_unique<RedisStore>(fd, u, options);
 }
 
 }  // namespace tokamax

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "fleet/redis_store.h"
 #include "tests/expect_error.h"
 #include "tests/fleet/fake_redis.h"
 #include "tests/fleet/redis_server.h"
@@ -227,6 +228,7 @@ TEST(RedisStore, RepliesOverTheLimitsAreRefusedUnread) {
       {"resp3", "%1\r\n+a\r\n+b\r\n"},
       {"empty", "\r\n"},
       {"count", "$1x\r\n"},
+      {"integer", ":99999999999999999999\r\n"},
   };
   FakeRedis server(FakeRedis::answer_info_then(
       [&](const std::vector<std::string>& c) { return FakeRedis::Answer{replies.at(c.at(1))}; }));
@@ -245,7 +247,7 @@ TEST(RedisStore, RepliesOverTheLimitsAreRefusedUnread) {
     }
     EXPECT_EQ(s->get("fits").value_or(""), std::string(1000, 'x'));
   }
-  for (const char* key : {"array", "deep", "resp3", "empty", "count"}) {
+  for (const char* key : {"array", "deep", "resp3", "empty", "count", "integer"}) {
     try {
       s->get(key);
       ADD_FAILURE() << key << " was read";
@@ -275,6 +277,48 @@ TEST(RedisStore, RepliesOverTheLimitsAreRefusedUnread) {
   }
   EXPECT_EQ(r->hash_get("h", "small").value_or(""), "v");
   EXPECT_THROW(r->hash_get("h", "large"), StoreKeyError);
+}
+
+// A store on a socket given to it (the fuzzer's way in): the handshake and the replies are read
+// from what the other end sent; once that stream ends, every command fails and none re-opens.
+TEST(RedisStore, OnAGivenSocket) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  const std::string replies =
+      testing::FakeRedis::info_reply() + testing::FakeRedis::bulk("v") + ":7\r\n";
+  ASSERT_EQ(write(sv[1], replies.data(), replies.size()), static_cast<ssize_t>(replies.size()));
+  shutdown(sv[1], SHUT_WR);
+  const auto s = open_redis_store_on_fd(sv[0], "pair", {1, 1});
+  EXPECT_EQ(s->describe(), "redis://pair:6379/0");
+  EXPECT_EQ(s->get("k").value_or(""), "v");
+  EXPECT_EQ(s->increment("n"), 7);
+  for (int i = 0; i < 2; ++i) {
+    try {
+      s->get("k");
+      ADD_FAILURE() << "a reply read past the stream's end";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find(i == 0 ? "closed" : "not re-opened"), std::string::npos)
+          << e.what();
+    }
+  }
+  close(sv[1]);
+  // The handshake's version check: too old, or a number out of range (read with sscanf's %d
+  // before: undefined).
+  for (const auto& [info, why] : std::vector<std::pair<std::string, std::string>>{
+           {"redis_version:6.0.9", "is too old"},
+           {"redis_version:99999999999.1", "does not name a redis_version"},
+           {"redis_version:7", "does not name a redis_version"}}) {
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    const std::string reply = testing::FakeRedis::bulk(info);
+    ASSERT_EQ(write(sv[1], reply.data(), reply.size()), static_cast<ssize_t>(reply.size()));
+    try {
+      open_redis_store_on_fd(sv[0], "pair", {1, 1});
+      ADD_FAILURE() << info << " accepted";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    close(sv[1]);
+  }
 }
 
 // ---- The claim protocol, on the in-memory store's clock ----------------------------------------
