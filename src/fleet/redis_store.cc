@@ -1,18 +1,62 @@
-// The Redis store: one hiredis connection per object, guarded by a mutex (a lease's renewal
-// thread shares it with the tuner). Every wait is bounded: the connection by connect_timeout_s,
-// each reply by command_timeout_s. A connection that failed is dropped and re-opened (one
-// attempt, bounded the same way) by the next command, so a Redis restarted mid-run is used again.
+// The Redis store: one connection per object, guarded by a mutex (a lease's renewal thread
+// shares it with the tuner; the remote cache rung, every thread that looks a key up).
+//
+// Time. hiredis makes the TCP connection, formats each command and parses each reply; the waits
+// are this file's own (poll on a non-blocking socket), so that each command is bounded by one
+// deadline rather than each read by a timeout: a server that trickles a reply a byte at a time
+// cannot stretch a command past command_timeout_s, as it could with the socket's receive timeout
+// (hiredis's bound), which starts again with every byte. Waiting for the mutex counts against
+// that deadline too, so that threads do not queue past their bound behind a slow reply. One
+// connection suffices (a remote lookup is one round trip per key and process, 0.07-0.10 ms on
+// loopback): a pool would multiply the connections a fleet of processes opens to one Redis, and
+// a fast failure while another lookup is in flight would give a call another config by the
+// timing of another thread's. Opening the store (TCP connect, INFO, SELECT) is bounded by
+// connect_timeout_s as a whole; a command that finds no connection opens one within its own
+// deadline.
+//
+// Size. Each reply is checked as it arrives (ReplyScanner), before hiredis's reader sees it: a
+// value over max_value_bytes is refused from its length header, unread.
+//
+// A connection that failed (a transport error, a timeout, a reply that is not RESP or too large)
+// is dropped, so that a late reply is never read as the next command's, and the next command
+// re-opens it: a Redis restarted mid-run is used again.
 #include "fleet/redis_store.h"
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <climits>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <string_view>
+
+#include "tokamax/core/log.h"
 
 namespace tokamax {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point after(double s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+double seconds_until(Clock::time_point t) {
+  return std::chrono::duration<double>(t - Clock::now()).count();
+}
 
 timeval to_timeval(double s) {
   timeval tv;
@@ -21,35 +65,192 @@ timeval to_timeval(double s) {
   return tv;
 }
 
-// Compare-and-expire and compare-and-delete, atomic on the server.
+// Compare-and-expire and compare-and-delete, atomic on the server. A key of another type (another
+// writer's) does not hold the value: 0, where GET or HGET on it would fail the script.
 constexpr const char* kRenewScript =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then "
-    "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+    "if redis.call('type', KEYS[1]).ok == 'string' and redis.call('get', KEYS[1]) == ARGV[1] "
+    "then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 constexpr const char* kReleaseScript =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then "
-    "return redis.call('del', KEYS[1]) else return 0 end";
-
-// SET NX PX and the in-flight listing in one step, so that a claim is never unlisted.
-constexpr const char* kClaimScript =
-    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
-    "redis.call('hset', KEYS[2], ARGV[3], ARGV[1]) return 1 else return 0 end";
+    "if redis.call('type', KEYS[1]).ok == 'string' and redis.call('get', KEYS[1]) == ARGV[1] "
+    "then return redis.call('del', KEYS[1]) else return 0 end";
 constexpr const char* kHashDeleteScript =
-    "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then "
-    "return redis.call('hdel', KEYS[1], ARGV[1]) else return 0 end";
+    "if redis.call('type', KEYS[1]).ok == 'hash' and redis.call('hget', KEYS[1], ARGV[1]) == "
+    "ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) else return 0 end";
+
+// SET NX PX and the in-flight listing in one step, so that a claim is never unlisted. The list's
+// type is checked first: a script's error does not undo what it did before. A lease key of
+// another type is no lease (SET NX would keep it forever, and its key unclaimed): replaced, and
+// 2 returned so that the replacement is named in a warning.
+constexpr const char* kClaimScript =
+    "local list = redis.call('type', KEYS[2]).ok "
+    "if list ~= 'none' and list ~= 'hash' then "
+    "return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' holds a ' .. list .. ', not a hash') "
+    "end "
+    "local lease, replaced = redis.call('type', KEYS[1]).ok, 0 "
+    "if lease ~= 'none' and lease ~= 'string' then redis.call('del', KEYS[1]) replaced = 1 end "
+    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
+    "redis.call('hset', KEYS[2], ARGV[3], ARGV[1]) return 1 + replaced else return 0 end";
+
+// SCAN and HSCAN visit each element at least once in a bounded number of calls; the cap guards
+// against a store that never returns cursor 0.
+constexpr int kMaxScanCalls = 100000;
+
+// Walks a RESP2 reply as its bytes arrive, ahead of hiredis's reader, to refuse one that breaks
+// a bound before the bytes it announces are read: a value longer than the value limit (from its
+// $<length> header), a reply longer than the reply limit, an array of more than kMaxElements
+// (hiredis 0.14 allocates an array's element pointers from its header: "*2000000000" would ask
+// for 16 GB), or nested deeper than kMaxDepth (no reply of the commands used here is deeper
+// than 2). A type other than RESP2's five is refused too (RESP3's, which hiredis 0.14 does not
+// parse), and so is a length or an integer that is not a whole int64. It also tells where the
+// reply ends, so that the reader is fed exactly one reply.
+class ReplyScanner {
+ public:
+  static constexpr int64_t kMaxElements = int64_t{1} << 20;
+  static constexpr size_t kMaxDepth = 4;
+  enum class State { kMore, kDone, kTooLarge, kMalformed };
+
+  ReplyScanner(int64_t max_value_bytes, int64_t max_reply_bytes)
+      : max_value_(max_value_bytes), max_reply_(max_reply_bytes) {}
+
+  // Consumes the bytes of p[0, n) that belong to the reply (*used of them): kDone when it ended
+  // there, kMore when it goes on; kTooLarge or kMalformed (why() says how) as soon as it breaks a
+  // bound, before the bytes its header announces.
+  State feed(const char* p, size_t n, size_t* used) {
+    size_t i = 0;
+    State state = State::kMore;
+    while (i < n && state == State::kMore) {
+      if (body_left_ > 0) {  // a bulk string's body and its CRLF
+        const size_t take = static_cast<size_t>(std::min<int64_t>(body_left_, n - i));
+        i += take;
+        body_left_ -= static_cast<int64_t>(take);
+        if (body_left_ == 0) state = element_done();
+        continue;
+      }
+      const char* nl = static_cast<const char*>(std::memchr(p + i, '\n', n - i));
+      const size_t end = nl ? static_cast<size_t>(nl - p) + 1 : n;
+      line_.append(p + i, end - i);
+      total_ += static_cast<int64_t>(end - i);
+      i = end;
+      if (total_ > max_reply_) {
+        state = too_large("a reply of more than " + std::to_string(max_reply_) + " bytes");
+      } else if (static_cast<int64_t>(line_.size()) > std::min(max_value_, max_reply_) + 32) {
+        state = too_large("a line of more than " + std::to_string(line_.size()) + " bytes");
+      } else if (nl && line_.size() >= 2 && line_[line_.size() - 2] == '\r') {
+        state = header();  // a line ends only at CRLF (a lone LF is part of it, as for hiredis)
+        line_.clear();
+      }
+    }
+    *used = i;
+    return state;
+  }
+  const std::string& why() const { return why_; }
+
+ private:
+  State too_large(const std::string& why) {
+    why_ = why;
+    return State::kTooLarge;
+  }
+  State malformed(const std::string& why) {
+    why_ = why;
+    return State::kMalformed;
+  }
+
+  // A complete header line in line_ (CRLF included).
+  State header() {
+    if (line_.size() < 3) return malformed("an empty line");
+    const char type = line_[0];
+    const std::string_view body(line_.data() + 1, line_.size() - 3);
+    if (type == '+' || type == '-') return element_done();
+    if (type == ':') {
+      // Checked here: hiredis 0.14 reads an integer without checking its range (a signed
+      // overflow, undefined, for 20 digits).
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), v);
+      if (body.empty() || ec != std::errc() || end != body.data() + body.size()) {
+        return malformed("an integer that is not one: '" + std::string(body) + "'");
+      }
+      return element_done();
+    }
+    if (type != '$' && type != '*') {
+      char shown[8];
+      std::snprintf(shown, sizeof shown,
+                    std::isprint(static_cast<unsigned char>(type)) ? "%c" : "\\x%02x",
+                    static_cast<unsigned char>(type));
+      return malformed(std::string("a reply of unknown type '") + shown + "'");
+    }
+    int64_t len = 0;
+    const auto [end, ec] = std::from_chars(body.data(), body.data() + body.size(), len);
+    if (body.empty() || ec != std::errc() || end != body.data() + body.size() || len < -1) {
+      return malformed("a length that is not a count: '" + std::string(body) + "'");
+    }
+    if (len == -1) return element_done();  // nil
+    if (type == '$') {
+      if (len > max_value_) {
+        return too_large("a value of " + std::to_string(len) + " bytes, over the limit of " +
+                         std::to_string(max_value_));
+      }
+      if (len > max_reply_ - total_ - 2) {  // total_ <= max_reply_ here: no overflow
+        return too_large("a reply of more than " + std::to_string(max_reply_) + " bytes");
+      }
+      body_left_ = len + 2;
+      total_ += len + 2;
+      return State::kMore;
+    }
+    if (len > kMaxElements) {
+      return malformed("an array of " + std::to_string(len) + " elements (at most " +
+                       std::to_string(kMaxElements) + ")");
+    }
+    if (len == 0) return element_done();
+    if (open_.size() == kMaxDepth) {
+      return malformed("arrays nested deeper than " + std::to_string(kMaxDepth));
+    }
+    open_.push_back(len);
+    return State::kMore;
+  }
+
+  // One element (or the reply) ended: kDone when it closed every open array.
+  State element_done() {
+    while (!open_.empty()) {
+      if (--open_.back() > 0) return State::kMore;
+      open_.pop_back();
+    }
+    return State::kDone;
+  }
+
+  const int64_t max_value_, max_reply_;
+  std::string line_;           // the header line read so far
+  int64_t body_left_ = 0;      // bytes of a bulk string's body (and CRLF) still to come
+  int64_t total_ = 0;          // bytes of the reply so far, bodies counted from their headers
+  std::vector<int64_t> open_;  // elements still to come in each open array, outermost first
+  std::string why_;
+};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+struct ReaderDeleter {
+  void operator()(redisReader* r) const { redisReaderFree(r); }
+};
+using Reader = std::unique_ptr<redisReader, ReaderDeleter>;
 
 class RedisStore : public Store {
  public:
-  RedisStore(const StoreUrl& u, const StoreOptions& o) : Store(u.prefix), url_(u), options_(o) {
-    std::lock_guard<std::mutex> lock(mu_);
-    connect();
+  // On a socket already connected (`fd`, taken over; tests and the fuzzer): the handshake is made
+  // on it, and a connection lost is not re-opened.
+  RedisStore(int fd, const StoreUrl& u, const StoreOptions& o)
+      : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()), reconnectable_(false) {
+    std::lock_guard<std::timed_mutex> lock(mu_);
+    adopt(fd, after(options_.connect_timeout_s));
+  }
+  RedisStore(const StoreUrl& u, const StoreOptions& o)
+      : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()) {
+    if (options_.connect_lazily) return;
+    std::lock_guard<std::timed_mutex> lock(mu_);
+    connect(after(options_.connect_timeout_s));
   }
   ~RedisStore() override {
-    if (ctx_) redisFree(ctx_);
+    if (fd_ >= 0) ::close(fd_);
   }
 
   std::string describe() const override { return url_.str(); }
@@ -76,9 +277,16 @@ class RedisStore : public Store {
   }
   bool claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
              const std::string& list_key, const std::string& field) override {
-    return integer_of(*command({"EVAL", kClaimScript, "2", lease_key, list_key, token,
-                                std::to_string(ttl_ms), field}),
-                      "EVAL claim") == 1;
+    const int64_t r = integer_of(*command({"EVAL", kClaimScript, "2", lease_key, list_key, token,
+                                           std::to_string(ttl_ms), field}),
+                                 "EVAL claim");
+    if (r == 2) {
+      TOKAMAX_LOG("fleet", kWarning,
+                  describe() + ": '" + lease_key +
+                      "' held a value of another type than a lease (another writer's); "
+                      "replaced by this process's lease");
+    }
+    return r >= 1;
   }
   bool hash_delete_if_equal(const std::string& key, const std::string& field,
                             const std::string& value) override {
@@ -125,20 +333,28 @@ class RedisStore : public Store {
       out.push_back(string_of(*r->element[i], "HRANDFIELD"));
     return out;
   }
+  // In pages (HSCAN), each one command with its own deadline: a run's results (thousands of
+  // keys, 20 KB each) are not one reply that must arrive whole within one command's bound.
   std::map<std::string, std::string> hash_get_all(const std::string& key) override {
-    Reply r = command({"HGETALL", key});
     std::map<std::string, std::string> out;
-    const size_t n = array_of(*r, "HGETALL");
-    for (size_t i = 0; i + 1 < n; i += 2)
-      out[string_of(*r->element[i], "HGETALL")] = string_of(*r->element[i + 1], "HGETALL");
+    std::string cursor = "0";
+    for (int calls = 0; calls < kMaxScanCalls; ++calls) {
+      Reply r = command({"HSCAN", key, cursor, "COUNT", "1000"});
+      if (array_of(*r, "HSCAN") != 2) bad_reply("HSCAN");
+      cursor = string_of(*r->element[0], "HSCAN");
+      const redisReply& page = *r->element[1];
+      const size_t n = array_of(page, "HSCAN");
+      if (n % 2 != 0) bad_reply("HSCAN");
+      for (size_t i = 0; i < n; i += 2)
+        out[string_of(*page.element[i], "HSCAN")] = string_of(*page.element[i + 1], "HSCAN");
+      if (cursor == "0") break;
+    }
     return out;
   }
   std::vector<std::string> keys(const std::string& pattern) override {
     std::vector<std::string> out;
     std::string cursor = "0";
-    // SCAN visits each key at least once in a bounded number of calls; the cap guards against a
-    // store that never returns cursor 0.
-    for (int calls = 0; calls < 100000; ++calls) {
+    for (int calls = 0; calls < kMaxScanCalls; ++calls) {
       Reply r = command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
       if (array_of(*r, "SCAN") != 2) bad_reply("SCAN");
       cursor = string_of(*r->element[0], "SCAN");
@@ -152,42 +368,227 @@ class RedisStore : public Store {
   }
 
  private:
-  void connect() {
-    if (ctx_) {
-      redisFree(ctx_);
-      ctx_ = nullptr;
+  // A new connection (the old one dropped) and its handshake, all by `deadline`.
+  void connect(Clock::time_point deadline) {
+    drop();
+    if (!reconnectable_) {
+      throw StoreError(describe() +
+                       ": the connection was lost (a store on a given socket is not "
+                       "re-opened)");
     }
-    redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port,
-                                              to_timeval(options_.connect_timeout_s));
+    const double left = seconds_until(deadline);
+    if (left <= 0) throw StoreError(describe() + ": cannot connect: no time left" + timeouts());
+    redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, to_timeval(left));
     if (!c || c->err) {
       const std::string why = c ? c->errstr : "out of memory";
       if (c) redisFree(c);
       throw StoreError(describe() + ": cannot connect: " + why);
     }
-    redisSetTimeout(c, to_timeval(options_.command_timeout_s));
-    ctx_ = c;
+    adopt(redisFreeKeepFd(c), deadline);  // this file does the socket's I/O from here on
+  }
+
+  // Takes over a connected socket and makes the handshake on it, by deadline.
+  void adopt(int fd, Clock::time_point deadline) {
+    fd_ = fd;
+    const int flags = fcntl(fd_, F_GETFL);
+    if (flags < 0 || fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0) {
+      const std::string why = std::strerror(errno);
+      drop();
+      throw StoreError(describe() + ": cannot connect: " + why);
+    }
+    // HRANDFIELD (the sweep) needs Redis 6.2; an older server is refused here, not by a
+    // sweep that fails until the deadline.
     try {
-      // HRANDFIELD (the sweep) needs Redis 6.2; an older server is refused here, not by a
-      // sweep that fails until the deadline.
-      const Reply info = raw({"INFO", "server"});
-      const std::string text = string_of(*info, "INFO");
-      const auto at = text.find("redis_version:");
-      int major = 0, minor = 0;
-      if (at == std::string::npos ||
-          std::sscanf(text.c_str() + at + 14, "%d.%d", &major, &minor) != 2) {
-        throw StoreError(describe() + ": INFO does not name a redis_version");
-      }
+      const Reply info = roundtrip({"INFO", "server"}, deadline, /*handshake=*/true);
+      const auto [major, minor] = redis_version(string_of(*info, "INFO"));
       if (major < 6 || (major == 6 && minor < 2)) {
         throw StoreError(describe() + ": Redis " + std::to_string(major) + "." +
                          std::to_string(minor) + " is too old (6.2 or later is needed)");
       }
-      if (url_.db != 0) raw({"SELECT", std::to_string(url_.db)});
+      if (url_.db != 0) roundtrip({"SELECT", std::to_string(url_.db)}, deadline, true);
     } catch (...) {
       // Never keep a connection on the wrong database or an unusable server.
-      if (ctx_) redisFree(ctx_);
-      ctx_ = nullptr;
+      drop();
       throw;
     }
+  }
+
+  // "redis_version:MAJOR.MINOR" of an INFO reply. Parsed with from_chars, not sscanf's %d, whose
+  // result for a number out of int's range (a server's to choose) is undefined.
+  std::pair<int, int> redis_version(const std::string& info) const {
+    constexpr std::string_view kField = "redis_version:";
+    const auto at = info.find(kField);
+    int major = 0, minor = 0;
+    const char* p = at == std::string::npos ? nullptr : info.data() + at + kField.size();
+    const char* end = info.data() + info.size();
+    if (p) {
+      const auto a = std::from_chars(p, end, major);
+      if (a.ec == std::errc() && a.ptr < end && *a.ptr == '.' &&
+          std::from_chars(a.ptr + 1, end, minor).ec == std::errc()) {
+        return {major, minor};
+      }
+    }
+    throw StoreError(describe() + ": INFO does not name a redis_version");
+  }
+
+  // Closes the connection and forgets whatever part of a reply was read.
+  void drop() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    reader_.reset(redisReaderCreate());
+    ahead_.clear();
+  }
+
+  std::string timeouts() const {
+    return " (timeouts, each bounding a whole exchange: connect " +
+           fmt_s(options_.connect_timeout_s) + ", command " + fmt_s(options_.command_timeout_s) +
+           ")";
+  }
+  // The connection is unusable: dropped, and the command fails.
+  [[noreturn]] void transport_failure(const std::string& what, const std::string& why) {
+    drop();
+    throw StoreError(describe() + ": " + what + " failed: " + why + timeouts());
+  }
+
+  // Until fd_ is ready for `events` (or has failed: the next send or recv says how), by deadline.
+  void wait_for(short events, Clock::time_point deadline, const std::string& what) {
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        transport_failure(what, events == POLLOUT ? "timed out sending the command"
+                                                  : "timed out before the whole reply came");
+      }
+      // Rounded up: a timeout of 0 would not wait at all.
+      const int ms = static_cast<int>(std::min<int64_t>((left + 999) / 1000, INT_MAX));
+      pollfd p{fd_, events, 0};
+      const int r = ::poll(&p, 1, ms);
+      if (r > 0) return;
+      if (r < 0 && errno != EINTR) transport_failure(what, std::strerror(errno));
+    }
+  }
+
+  void send_command(const std::vector<std::string>& args, Clock::time_point deadline) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    char* formatted = nullptr;
+    const int len =
+        redisFormatCommandArgv(&formatted, static_cast<int>(args.size()), argv.data(), lens.data());
+    if (len < 0) throw StoreError(describe() + ": " + args[0] + ": out of memory");
+    const std::unique_ptr<char, void (*)(char*)> owned(formatted, redisFreeCommand);
+    for (size_t sent = 0; sent < static_cast<size_t>(len);) {
+      const ssize_t n = ::send(fd_, formatted + sent, len - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        wait_for(POLLOUT, deadline, args[0]);
+      } else if (n < 0 && errno != EINTR) {
+        transport_failure(args[0], std::strerror(errno));
+      }
+    }
+  }
+
+  // The next whole reply to `args`, by deadline: the scanner checks the bytes as they come, and
+  // hiredis's reader is fed exactly the reply's bytes (any after it wait for the next command).
+  Reply read_reply(const std::vector<std::string>& args, Clock::time_point deadline,
+                   int64_t max_value_bytes, int64_t max_reply_bytes) {
+    const std::string& what = args[0];
+    ReplyScanner scan(max_value_bytes, max_reply_bytes);
+    std::string chunk;
+    chunk.swap(ahead_);
+    for (;;) {
+      if (!chunk.empty()) {
+        size_t used = 0;
+        const ReplyScanner::State state = scan.feed(chunk.data(), chunk.size(), &used);
+        if (state == ReplyScanner::State::kTooLarge) too_large(args, scan.why());
+        if (state == ReplyScanner::State::kMalformed) {
+          transport_failure(what, "not a Redis reply: " + scan.why());
+        }
+        if (redisReaderFeed(reader_.get(), chunk.data(), used) != REDIS_OK) {
+          transport_failure(what, "out of memory");
+        }
+        if (state == ReplyScanner::State::kDone) {
+          ahead_.assign(chunk, used, std::string::npos);
+          void* r = nullptr;
+          if (redisReaderGetReply(reader_.get(), &r) != REDIS_OK || !r) {
+            transport_failure(what, std::string("not a Redis reply: ") +
+                                        (r ? "" : "hiredis found it incomplete ") +
+                                        reader_->errstr);
+          }
+          return Reply(static_cast<redisReply*>(r));
+        }
+      }
+      wait_for(POLLIN, deadline, what);
+      chunk.resize(65536);
+      const ssize_t n = ::recv(fd_, chunk.data(), chunk.size(), 0);
+      chunk.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      if (n == 0) {
+        transport_failure(what, "the server closed the connection");
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        transport_failure(what, std::strerror(errno));
+      }
+    }
+  }
+
+  // A reply over a size limit: its bytes are left unread (the connection dropped: the rest of
+  // the reply is on its way), and the key is named.
+  [[noreturn]] void too_large(const std::vector<std::string>& args, const std::string& why) {
+    drop();
+    const std::vector<std::string> keys = keys_of(args);
+    const std::string msg =
+        describe() + ": " + args[0] + (keys.empty() ? "" : " '" + keys[0] + "'") + ": " + why +
+        " (StoreOptions max_value_bytes " + std::to_string(options_.max_value_bytes) +
+        ", max_reply_bytes " + std::to_string(options_.max_reply_bytes) + "); not read";
+    if (keys.empty()) throw StoreError(msg);
+    throw StoreKeyError(msg, keys[0]);
+  }
+
+  // The keys a command names (for errors): a script's KEYS, else a key command's first argument.
+  static std::vector<std::string> keys_of(const std::vector<std::string>& args) {
+    if (args[0] == "EVAL") {
+      const size_t n = std::min<size_t>(std::stoul(args[2]), args.size() - 3);
+      return {args.begin() + 3, args.begin() + 3 + static_cast<ptrdiff_t>(n)};
+    }
+    if (args[0] == "INFO" || args[0] == "SELECT" || args[0] == "SCAN") return {};
+    return {args[1]};
+  }
+
+  // An error reply: a StoreKeyError when a key holds what the command cannot use (another
+  // writer's value: waiting will not mend it), else a StoreError.
+  [[noreturn]] void error_reply(const std::vector<std::string>& args, const redisReply& reply) {
+    const std::string text(reply.str, reply.len);
+    const std::vector<std::string> keys = keys_of(args);
+    const bool wrong_type = text.find("WRONGTYPE") != std::string::npos;
+    const bool not_integer = args[0] == "INCR" && text.find("not an integer") != std::string::npos;
+    if (keys.empty() || (!wrong_type && !not_integer)) {
+      throw StoreError(describe() + ": " + args[0] + ": " + text);
+    }
+    // The key the server's message names (the claim script's does), else the first.
+    std::string key = keys[0];
+    for (const auto& k : keys) {
+      if (text.find(k) != std::string::npos) key = k;
+    }
+    throw StoreKeyError(describe() + ": " + args[0] + " '" + key + "': " + text +
+                            " (a value this library did not write there)",
+                        key);
+  }
+
+  // One command on the live connection: sent and its whole reply read by `deadline`. The
+  // handshake's replies (INFO, SELECT) are no values of the store: a fixed 1 MiB bounds them.
+  Reply roundtrip(const std::vector<std::string>& args, Clock::time_point deadline,
+                  bool handshake = false) {
+    ++operations_;
+    send_command(args, deadline);
+    constexpr int64_t kHandshakeLimit = int64_t{1} << 20;
+    Reply reply =
+        handshake ? read_reply(args, deadline, kHandshakeLimit, kHandshakeLimit)
+                  : read_reply(args, deadline, options_.max_value_bytes, options_.max_reply_bytes);
+    if (reply->type == REDIS_REPLY_ERROR) error_reply(args, *reply);
+    return reply;
   }
 
   [[noreturn]] void bad_reply(const char* what) const {
@@ -205,54 +606,46 @@ class RedisStore : public Store {
     if (r.type != REDIS_REPLY_ARRAY) bad_reply(what);
     return r.elements;
   }
-
-  // One command on the live connection; the connection is dropped on any transport error.
-  Reply raw(const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    ++operations_;
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data()));
-    if (!r) {
-      const std::string why = ctx_->errstr[0] ? ctx_->errstr : "no reply";
-      redisFree(ctx_);
-      ctx_ = nullptr;
-      throw StoreError(describe() + ": " + args[0] + " failed: " + why + " (timeouts: connect " +
-                       fmt_s(options_.connect_timeout_s) + ", command " +
-                       fmt_s(options_.command_timeout_s) + ")");
-    }
-    Reply reply(r);
-    if (reply->type == REDIS_REPLY_ERROR) {
-      throw StoreError(describe() + ": " + args[0] + ": " + std::string(r->str, r->len));
-    }
-    return reply;
-  }
   static std::string fmt_s(double s) {
     char buf[32];
     snprintf(buf, sizeof buf, "%g s", s);
     return buf;
   }
 
+  // One command, by one deadline that covers the wait for the connection (another thread's
+  // command) and re-opening it if it was dropped.
   Reply command(const std::vector<std::string>& args) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!ctx_) connect();
-    return raw(args);
+    const Clock::time_point deadline = after(options_.command_timeout_s);
+    std::unique_lock<std::timed_mutex> lock(mu_, deadline);
+    if (!lock.owns_lock()) {
+      throw StoreError(describe() + ": " + args[0] +
+                       " failed: timed out waiting for another thread's command" + timeouts());
+    }
+    if (fd_ < 0) connect(std::min(deadline, after(options_.connect_timeout_s)));
+    return roundtrip(args, deadline);
   }
 
   StoreUrl url_;
   StoreOptions options_;
-  std::mutex mu_;
-  redisContext* ctx_ = nullptr;
+  std::timed_mutex mu_;  // everything below
+  int fd_ = -1;
+  Reader reader_;
+  const bool reconnectable_ = true;
+  std::string ahead_;  // bytes read past the last reply (a server's extra bytes): the next one's
 };
 
 }  // namespace
 
 std::unique_ptr<Store> open_redis_store(const StoreUrl& u, const StoreOptions& options) {
   return std::make_unique<RedisStore>(u, options);
+}
+
+std::unique_ptr<Store> open_redis_store_on_fd(int fd, const std::string& name,
+                                              const StoreOptions& options) {
+  StoreUrl u;
+  u.scheme = "redis";
+  u.host = name;
+  return std::make_unique<RedisStore>(fd, u, options);
 }
 
 }  // namespace tokamax

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "tokamax/fleet/store.h"
 
@@ -9,5 +10,13 @@ namespace tokamax {
 
 // Connects to u (SELECT u.db): StoreError naming the URL when it cannot within the timeout.
 std::unique_ptr<Store> open_redis_store(const StoreUrl& u, const StoreOptions& options);
+
+// The same store on a socket already connected to a server (taken over: closed with the store,
+// or by this call when it fails), named `name` in messages: the handshake is made on it within
+// options.connect_timeout_s, and a connection lost is not re-opened (every later command fails).
+// For tests and the fuzzer (fuzz/fuzz_redis_reply.cc), which feed it replies through a
+// socketpair.
+std::unique_ptr<Store> open_redis_store_on_fd(int fd, const std::string& name,
+                                              const StoreOptions& options);
 
 }  // namespace tokamax

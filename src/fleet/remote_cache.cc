@@ -79,6 +79,8 @@ std::string RemoteCache::hash_key(const std::string& prefix, const std::string& 
 
 void RemoteCache::back_off(const std::string& why) {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  // Threads whose lookups met the same slow store together: one warning, one back-off period.
+  if (!store_ && now_s() < down_until_) return;
   store_.reset();
   down_until_ = now_s() + options_.backoff_s;
   TOKAMAX_LOG("remote_cache", kWarning,
@@ -95,8 +97,8 @@ std::shared_ptr<Store> RemoteCache::store() {
     url = url_;
     so = options_.store;
   }
-  // Connected outside the lock (bounded by the connect timeout); a second thread racing here
-  // opens its own connection and the first one kept wins.
+  // Opened outside the lock (the connection is made by the first lookup, within its bound); a
+  // second thread racing here opens its own and the first one kept wins.
   try {
     std::shared_ptr<Store> s = open_store(url, so);
     std::unique_lock<std::shared_mutex> lock(mu_);
@@ -144,7 +146,8 @@ std::optional<Config> RemoteCache::lookup(const Implementation& impl, const Boun
     back_off(e.what());
     return std::nullopt;
   } catch (const std::exception& e) {
-    // A corrupt or foreign entry: a warning, then the next rung (as for a local cache file).
+    // A corrupt or foreign entry, or a key of another type (StoreKeyError): a warning, then the
+    // next rung (as for a local cache file), and the store kept: it answered.
     TOKAMAX_LOG("remote_cache", kWarning, std::string("unusable entry ignored: ") + e.what());
     k.config.reset();
   }
@@ -178,9 +181,14 @@ int RemoteCache::publish(const AutotuningResult& result, Store* store) {
       Json v = {{"config", best.config.json()}, {"by", std::string(host)}};
       if (best.benchmark && best.benchmark->evidence)
         v["evidence"] = best.benchmark->evidence->summary();
-      store->hash_set(hash_key(store->prefix(), bound.family(), *impl, result.device_kind()),
-                      bound.key(), v.dump());
-      ++n;
+      try {
+        store->hash_set(hash_key(store->prefix(), bound.family(), *impl, result.device_kind()),
+                        bound.key(), v.dump());
+        ++n;
+      } catch (const StoreKeyError& e) {
+        // That entry's hash holds another writer's value: the others are still published.
+        TOKAMAX_LOG("remote_cache", kWarning, std::string("not published: ") + e.what());
+      }
     }
   } catch (const std::exception& e) {
     TOKAMAX_LOG(

@@ -260,11 +260,15 @@ void ClaimProtocol::discard(const std::string& field, const std::string& value) 
 
 std::string ClaimProtocol::claimant(size_t i) {
   auto who = [](const std::string& token) { return token.substr(0, token.rfind('#')); };
-  if (const auto holder = store_.get(key("claim:" + std::to_string(i)))) {
-    return who(*holder) + " (lease live)";
-  }
-  if (const auto last = store_.hash_get(key("inflight"), std::to_string(i))) {
-    return who(*last) + " (lease expired)";
+  try {
+    if (const auto holder = store_.get(key("claim:" + std::to_string(i)))) {
+      return who(*holder) + " (lease live)";
+    }
+    if (const auto last = store_.hash_get(key("inflight"), std::to_string(i))) {
+      return who(*last) + " (lease expired)";
+    }
+  } catch (const StoreKeyError& e) {
+    return "unknown: " + e.message();
   }
   return "nobody";
 }
@@ -413,7 +417,8 @@ class Renewer {
                                 " (it expired; another process may tune it too)");
                 return;  // nothing left to renew
               }
-            } catch (const StoreError& e) {
+            } catch (const std::exception& e) {
+              // Any error: one escaping this thread would end the process.
               TOKAMAX_LOG("fleet", kWarning, std::string("lease renewal failed: ") + e.what());
             }
           }
@@ -519,7 +524,9 @@ class ShardedRunner {
   void publish_unpublished();
   void tune_claimed(size_t i, std::unique_lock<std::mutex>& lock);
   std::optional<std::string> tune_key(const BoundArguments& b, size_t i);
-  std::optional<AutotuningResult> merge_results();
+  std::optional<std::string> tune_value(const BoundArguments& b);
+  std::optional<AutotuningResult> merge_results(std::map<size_t, std::string>* doubtful);
+  void check_failure(size_t k, const std::string& marker);
 
   Store& store_;
   ClaimProtocol& proto_;
@@ -533,6 +540,9 @@ class ShardedRunner {
   const size_t n_;
   // Results this process produced and has not yet managed to publish (the store was down).
   std::map<size_t, std::string> unpublished_;
+  // The value this process got for each key it tuned, or checked because the store said it
+  // failed: what a failed marker in the store is weighed against.
+  std::map<size_t, std::string> own_;
   int64_t remaining_;  // as last seen
   int mine_ = 0;
   double backoff_, idle_poll_;
@@ -613,6 +623,7 @@ void ShardedRunner::tune_claimed(size_t i, std::unique_lock<std::mutex>& lock) {
     return;
   }
   ++mine_;
+  own_[i] = *value;
   unpublished_[i] = *value;
   proto_.publish(i, unpublished_[i]);
   unpublished_.erase(i);
@@ -621,43 +632,79 @@ void ShardedRunner::tune_claimed(size_t i, std::unique_lock<std::mutex>& lock) {
   report("");
 }
 
-// The value to publish for key i: its result, or why no process can tune it; nothing when the
-// failure may pass (another look may tune it). The lease is renewed meanwhile.
+// The value to publish for claimed key i (tune_value's), its lease renewed meanwhile.
 std::optional<std::string> ShardedRunner::tune_key(const BoundArguments& b, size_t i) {
+  Renewer renewer(proto_, store_mu_, i, options_.lease_s);
+  return tune_value(b);
+}
+
+// The value to publish for b: its result, or why no process can tune it; nothing when the
+// failure may pass (another look may tune it).
+std::optional<std::string> ShardedRunner::tune_value(const BoundArguments& b) {
   Json value = {{"worker", worker_}};
-  bool keep = true;
-  {
-    Renewer renewer(proto_, store_mu_, i, options_.lease_s);
-    try {
-      AutotuneOptions o = to_;
-      o.budget_s = std::max(1.0, tune_until_ - now_s());
-      AutotuningResult r;
-      r.add(b, Autotuner(o).tune(b));
-      value["result"] = parse_json(r.dumps(), "result");
-    } catch (const StoreError&) {
-      throw;
-    } catch (const Error& e) {
-      const bool deterministic =
-          dynamic_cast<const InvalidArgument*>(&e) || dynamic_cast<const Unsupported*>(&e);
-      TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
-      if (deterministic) {
-        // Published: the others must not wait for a key no process can tune.
-        value["failed"] = e.what();
-      } else {
-        keep = false;  // transient (the host lock's wait, ...): another look may tune it
-      }
-    } catch (const std::exception& e) {
-      TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
-      keep = false;
-    }
+  try {
+    AutotuneOptions o = to_;
+    o.budget_s = std::max(1.0, tune_until_ - now_s());
+    AutotuningResult r;
+    r.add(b, Autotuner(o).tune(b));
+    value["result"] = parse_json(r.dumps(), "result");
+  } catch (const StoreError&) {
+    throw;
+  } catch (const Error& e) {
+    const bool deterministic =
+        dynamic_cast<const InvalidArgument*>(&e) || dynamic_cast<const Unsupported*>(&e);
+    TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
+    // Published when deterministic: the others must not wait for a key no process can tune.
+    // Transient (the host lock's wait, ...): another look may tune it.
+    if (!deterministic) return std::nullopt;
+    value["failed"] = e.what();
+  } catch (const std::exception& e) {
+    TOKAMAX_LOG("autotune", kWarning, "failed to autotune " + id_of(b) + ": " + e.what());
+    return std::nullopt;
   }
-  if (!keep) return std::nullopt;
   return value.dump();
 }
 
+// Key k's published value is a failed marker, `marker`: another writer's word that no process
+// can tune the key. Anyone who can write to the store can forge one, and one believed would
+// take the key out of every process's result; so this process tunes the key itself first. A
+// result replaces the marker in the store (published by the run's loop, as a result the store
+// missed); the same kind of failure confirms it. A deterministic failure is usually raised
+// before any measuring (binding the call, an unsupported implementation), so a real marker costs
+// each process little.
+void ShardedRunner::check_failure(size_t k, const std::string& marker) {
+  std::string by = "?";
+  try {
+    by = parse_json(marker, "marker").value("worker", "?");
+  } catch (const std::exception&) {
+  }
+  report(fields_[k]);
+  std::optional<std::string> value = tune_value(*by_id_.at(proto_.order()[k]));
+  if (!value) {
+    // Neither confirmed nor refuted here: left out, as the marker says.
+    value =
+        Json{{"worker", worker_}, {"failed", "a transient failure where it was checked"}}.dump();
+  }
+  own_[k] = *value;
+  const Json j = parse_json(*value, "own value");
+  if (j.contains("failed")) {
+    TOKAMAX_LOG("fleet", kWarning,
+                fmt::format("{} could not be tuned (by {}, and here): {}", fields_[k], by,
+                            j["failed"].dump()));
+    return;
+  }
+  TOKAMAX_LOG("fleet", kWarning,
+              fmt::format("{}: the failure published by {} did not happen here (forged, or it "
+                          "has passed); this process's result replaces it",
+                          fields_[k], by));
+  unpublished_[k] = *value;
+}
+
 // With the store lock held and every key published: the merged results, or nothing when one is
-// missing after all. A value this library cannot use is removed so that its key is tuned again.
-std::optional<AutotuningResult> ShardedRunner::merge_results() {
+// missing after all. A value this library cannot use is removed so that its key is tuned again;
+// a failed marker not yet checked by this process goes to `doubtful` (check_failure).
+std::optional<AutotuningResult> ShardedRunner::merge_results(
+    std::map<size_t, std::string>* doubtful) {
   AutotuningResult merged;
   bool all_good = true;
   const auto values = proto_.results();
@@ -668,12 +715,18 @@ std::optional<AutotuningResult> ShardedRunner::merge_results() {
       continue;
     }
     try {
-      const Json j = parse_json(it->second, "result " + fields_[k]);
+      Json j = parse_json(it->second, "result " + fields_[k]);
       if (j.contains("failed")) {
-        TOKAMAX_LOG("fleet", kWarning,
-                    fmt::format("{} could not be tuned by {}: {}", fields_[k],
-                                j.value("worker", "?"), j["failed"].dump()));
-        continue;
+        // Weighed against this process's own value for the key: a failure of its own leaves the
+        // key out; its own result is used (a marker written over it again is not believed).
+        const auto own = own_.find(k);
+        if (own == own_.end()) {
+          (*doubtful)[k] = it->second;
+          all_good = false;
+          continue;
+        }
+        j = parse_json(own->second, "result " + fields_[k]);
+        if (j.contains("failed")) continue;
       }
       const AutotuningResult r =
           AutotuningResult::loads(j.at("result").dump(), "result " + fields_[k]);
@@ -717,9 +770,15 @@ AutotuningResult ShardedRunner::run() {
         continue;
       }
       // Every key has a result: read them all.
-      if (std::optional<AutotuningResult> merged = merge_results()) {
+      std::map<size_t, std::string> doubtful;
+      if (std::optional<AutotuningResult> merged = merge_results(&doubtful)) {
         report("");
         return std::move(*merged);
+      }
+      if (!doubtful.empty()) {
+        lock.unlock();
+        for (const auto& [k, marker] : doubtful) check_failure(k, marker);
+        continue;  // its results published, then everything read again
       }
       // Something is missing after all (a result discarded, or others' fields in the hash):
       // look for it, after a pause.
@@ -762,13 +821,20 @@ AutotuningResult tune_sharded(const std::vector<BoundArguments>& list, Store& st
   std::mutex store_mu;  // the store object is shared with the lease renewer
   ClaimProtocol proto(store, options.run_id, device_kind() + "@" + library_version(), worker,
                       static_cast<int64_t>(options.lease_s * 1000));
-  join_run(proto, tuner, work, by_id, std::move(ids), options, deadline);
-  // --budget-s bounds this process's tuning (no key is started after it); the deadline bounds
-  // the whole run, waiting for the others included.
-  const double tune_until = std::min(deadline, start + tune_options.budget_s);
-  ShardedRunner runner(store, proto, store_mu, to, options, by_id, worker, start, deadline,
-                       tune_until);
-  return runner.run();
+  try {
+    join_run(proto, tuner, work, by_id, std::move(ids), options, deadline);
+    // --budget-s bounds this process's tuning (no key is started after it); the deadline bounds
+    // the whole run, waiting for the others included.
+    const double tune_until = std::min(deadline, start + tune_options.budget_s);
+    ShardedRunner runner(store, proto, store_mu, to, options, by_id, worker, start, deadline,
+                         tune_until);
+    return runner.run();
+  } catch (const StoreKeyError& e) {
+    // One of the run's own keys (its plan, cursor, results or in-flight list) holds another
+    // writer's value: every process would meet it, and waiting does not mend it.
+    throw InvalidArgument(fmt::format("run {}: {}; delete that key or use another --run-id",
+                                      options.run_id, e.message()));
+  }
 }
 
 }  // namespace tokamax

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "fleet/redis_store.h"
+#include "tokamax/core/log.h"
 
 namespace tokamax {
 
@@ -94,6 +95,11 @@ std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& op
     throw InvalidArgument("store timeouts must be > 0 s (connect " +
                           std::to_string(options.connect_timeout_s) + ", command " +
                           std::to_string(options.command_timeout_s) + ")");
+  }
+  if (options.max_value_bytes < 1 || options.max_reply_bytes < 1) {
+    throw InvalidArgument("store size limits must be >= 1 byte (value " +
+                          std::to_string(options.max_value_bytes) + ", reply " +
+                          std::to_string(options.max_reply_bytes) + ")");
   }
   const StoreUrl u = parse_store_url(url);
   if (u.scheme == "mem") return std::make_unique<MemoryStore>(u.name, u.prefix);
@@ -181,8 +187,17 @@ MemoryStore::Data::Value* find_value(MemoryStore::Data& d, const std::string& ke
     return nullptr;
   }
   if (it->second.is_hash != hash) {
-    throw StoreError(where + ": key '" + key + "' holds the wrong kind of value (WRONGTYPE)");
+    throw StoreKeyError(where + ": key '" + key + "' holds the wrong kind of value (WRONGTYPE)",
+                        key);
   }
+  return &it->second;
+}
+
+// The live value under key if it is of the kind asked for; a key of another kind holds no value
+// a compare-and-act operation looks for (as the Redis store's scripts check the type).
+MemoryStore::Data::Value* find_kind(MemoryStore::Data& d, const std::string& key, bool hash) {
+  auto it = d.values.find(key);
+  if (it == d.values.end() || d.expired(it->second) || it->second.is_hash != hash) return nullptr;
   return &it->second;
 }
 }  // namespace
@@ -208,7 +223,7 @@ bool MemoryStore::set_if_absent(const std::string& key, const std::string& value
 
 bool MemoryStore::renew_if_equal(const std::string& key, const std::string& value, int64_t ttl_ms) {
   auto lock = begin("EVAL renew");
-  auto* v = find_value(*data_, key, false, describe());
+  auto* v = find_kind(*data_, key, false);
   if (!v || v->str != value) return false;
   v->expires_ms = now_ms_() + ttl_ms;
   return true;
@@ -216,7 +231,7 @@ bool MemoryStore::renew_if_equal(const std::string& key, const std::string& valu
 
 bool MemoryStore::delete_if_equal(const std::string& key, const std::string& value) {
   auto lock = begin("EVAL release");
-  auto* v = find_value(*data_, key, false, describe());
+  auto* v = find_kind(*data_, key, false);
   if (!v || v->str != value) return false;
   data_->values.erase(key);
   return true;
@@ -225,9 +240,15 @@ bool MemoryStore::delete_if_equal(const std::string& key, const std::string& val
 bool MemoryStore::claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
                         const std::string& list_key, const std::string& field) {
   auto lock = begin("EVAL claim");
-  auto it = data_->values.find(lease_key);
-  if (it != data_->values.end() && !data_->expired(it->second)) return false;
   auto* list = find_value(*data_, list_key, true, describe());  // WRONGTYPE before any change
+  auto it = data_->values.find(lease_key);
+  if (it != data_->values.end() && !data_->expired(it->second)) {
+    if (!it->second.is_hash) return false;
+    TOKAMAX_LOG("fleet", kWarning,
+                describe() + ": '" + lease_key +
+                    "' held a value of another type than a lease (another writer's); replaced by "
+                    "this process's lease");
+  }
   data_->values[lease_key] = Data::Value{token, {}, false, ttl_ms > 0 ? data_->now_ms + ttl_ms : 0};
   if (!list) {
     list = &data_->values[list_key];
@@ -240,7 +261,7 @@ bool MemoryStore::claim(const std::string& lease_key, const std::string& token, 
 bool MemoryStore::hash_delete_if_equal(const std::string& key, const std::string& field,
                                        const std::string& value) {
   auto lock = begin("EVAL hdel_if");
-  auto* v = find_value(*data_, key, true, describe());
+  auto* v = find_kind(*data_, key, true);
   if (!v) return false;
   auto it = v->hash.find(field);
   if (it == v->hash.end() || it->second != value) return false;
@@ -261,7 +282,7 @@ int64_t MemoryStore::increment(const std::string& key) {
     try {
       n = std::stoll(v->str);
     } catch (const std::exception&) {
-      throw StoreError(describe() + ": INCR " + key + ": value is not an integer");
+      throw StoreKeyError(describe() + ": INCR '" + key + "': value is not an integer", key);
     }
   }
   data_->values[key].str = std::to_string(++n);

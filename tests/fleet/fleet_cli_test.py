@@ -6,7 +6,8 @@ a free loopback port (started and stopped here).
 killed with SIGKILL mid-run has its keys re-tuned by the other; a run id reused with other inputs is
 refused; the store stopped mid-run gives the deadline's error, and a new run resumes from what was
 published once it is back; the remote cache rung serves a key only another process tuned, and a dead
-store falls back to the local ladder within its timeout; `cache show|verify --store`.
+store falls back to the local ladder within its timeout; a store that answers a byte every 0.3 s
+ends `explain` and `autotune --store` within their bounds; `cache show|verify --store`.
 
 Usage: fleet_cli_test.py TOKAMAX_CLI WORK_DIR
 """
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 CLI, WORK = sys.argv[1], sys.argv[2]
@@ -63,6 +65,59 @@ class Redis:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+class TrickleServer:
+    """A fake Redis that answers every command a byte every 0.3 s (with prompt_info, every one
+    but the handshake's INFO): each read of the client sees data well within any timeout, so only
+    a bound on the whole command ends the wait."""
+
+    def __init__(self, prompt_info=False):
+        self.prompt_info = prompt_info
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.05)
+        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.accept, daemon=True)]
+        self.threads[0].start()
+
+    def accept(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            t = threading.Thread(target=self.serve, args=(conn,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def serve(self, conn):
+        # A 200-byte INFO reply (a minute at this pace), whatever the command.
+        info = b"# Server\r\nredis_version:7.0.15\r\n" + b"x" * 160
+        reply = b"$%d\r\n%s\r\n" % (len(info), info)
+        with conn:
+            try:
+                while True:
+                    command = conn.recv(65536)
+                    if not command:
+                        return
+                    if self.prompt_info and b"INFO" in command:
+                        conn.sendall(reply)
+                        continue
+                    for i in range(len(reply)):
+                        if self.stop.wait(0.3):
+                            return
+                        conn.sendall(reply[i:i + 1])
+            except OSError:
+                return  # the client gave up and closed the connection
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        self.sock.close()
 
 
 def check(cond, what):
@@ -221,6 +276,42 @@ def main():
         check(r.returncode == 0 and json.loads(r.stdout)["rung"] == "heuristics"
               and "local cache only" in r.stderr and time.time() - t0 < 5,
               f"dead store: heuristics, warning, {time.time() - t0:.1f} s")
+        # A store that answers a byte every 0.3 s: each command is bounded as a whole (the
+        # remote rung's 0.5 s, --store-timeout-s), not each read, so neither command outlasts
+        # its bound (the checks allow for a loaded machine).
+        trickle = TrickleServer()
+        try:
+            t0 = time.time()
+            r = subprocess.run([CLI, "explain", "--op", "layer_norm", "--spec", "layer_norm_smoke",
+                                "--impl", "native", "--json"], capture_output=True, text=True,
+                               env=env(TOKAMAX_REMOTE_CACHE=trickle.url, TOKAMAX_CACHE_DIR=empty,
+                                       TOKAMAX_DATA_DIR=empty), timeout=120)
+            took = time.time() - t0
+            check(r.returncode == 0 and json.loads(r.stdout)["rung"] == "heuristics" and took < 10,
+                  f"trickling store: explain falls back to heuristics in {took:.1f} s "
+                  f"({r.stderr[-300:]})")
+            t0 = time.time()
+            p = autotune(["--bound-args", "ba.json", "--store", trickle.url, "--run-id", "t",
+                          "--deadline-s", "15", "--store-timeout-s", "1", *FAST])
+            out, err = p.communicate(timeout=300)
+            took = time.time() - t0
+            check(p.returncode == 1 and "timed out" in err and took < 40,
+                  f"trickling store: autotune --store fails in {took:.1f} s ({err[-300:]})")
+        finally:
+            trickle.close()
+        # The handshake answered, every later command trickled: the run's deadline holds.
+        trickle = TrickleServer(prompt_info=True)
+        try:
+            t0 = time.time()
+            p = autotune(["--bound-args", "ba.json", "--store", trickle.url, "--run-id", "t",
+                          "--deadline-s", "15", "--store-timeout-s", "1", *FAST])
+            out, err = p.communicate(timeout=300)
+            took = time.time() - t0
+            check(p.returncode == 1 and "timed out" in err and took < 40,
+                  f"trickling store after the handshake: autotune --store ends in {took:.1f} s "
+                  f"({err[-300:]})")
+        finally:
+            trickle.close()
         # Unreachable store for sharded tuning: a clear error naming it, no hang.
         p = autotune(["--bound-args", "ba.json", "--store", dead, "--run-id", "x", *FAST])
         out, err = p.communicate(timeout=60)

@@ -4,12 +4,16 @@
 // runs of `tokamax autotune --store` are in fleet_cli_test.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <thread>
 
+#include "fleet/redis_store.h"
 #include "tests/expect_error.h"
+#include "tests/fleet/fake_redis.h"
 #include "tests/fleet/redis_server.h"
 #include "tokamax/tokamax.h"
 
@@ -82,8 +86,29 @@ void check_store_semantics(Store& s, const std::function<void(int64_t)>& advance
   EXPECT_EQ(s.hash_get_all("h").size(), 1u);
   EXPECT_FALSE(s.hash_get("h", "f1"));
   EXPECT_EQ(s.keys("h*"), (std::vector<std::string>{"h"}));
-  // A hash where a string is expected (a foreign value under a key) is a StoreError.
-  EXPECT_THROW(s.get("h"), StoreError);
+  // A key of another type than a command expects (a foreign writer's value) is a StoreKeyError
+  // naming it, not an outage (a StoreError); the compare-and-act operations find no match in it.
+  try {
+    s.get("h");
+    ADD_FAILURE() << "GET of a hash";
+  } catch (const StoreKeyError& e) {
+    EXPECT_EQ(e.key(), "h");
+  }
+  s.set("str", "not a number");
+  EXPECT_THROW(s.hash_get("str", "f"), StoreKeyError);
+  EXPECT_THROW(s.increment("str"), StoreKeyError);
+  EXPECT_FALSE(s.renew_if_equal("h", "v", 500));
+  EXPECT_FALSE(s.delete_if_equal("h", "v"));
+  EXPECT_FALSE(s.hash_delete_if_equal("str", "f", "v"));
+  // A lease key of another type holds no lease: a claim replaces it. An in-flight list of
+  // another type refuses the claim before anything changes.
+  s.del("list");
+  EXPECT_TRUE(s.claim("h", "token", 500, "list", "0"));
+  EXPECT_EQ(s.get("h").value_or(""), "token");
+  EXPECT_EQ(s.hash_get("list", "0").value_or(""), "token");
+  s.del("lease");
+  EXPECT_THROW(s.claim("lease", "t", 500, "str", "0"), StoreKeyError);
+  EXPECT_FALSE(s.exists("lease"));
   EXPECT_GT(s.operations(), 20);
 }
 
@@ -102,6 +127,11 @@ TEST(RedisStore, SemanticsAgainstARealServer) {
   const auto s = open_store(server.url());
   check_store_semantics(
       *s, [](int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
+  // A hash read whole in pages (HSCAN): every field once, of a hash past one page.
+  for (int i = 0; i < 2500; ++i) s->hash_set("big", std::to_string(i), std::to_string(2 * i));
+  const auto all = s->hash_get_all("big");
+  ASSERT_EQ(all.size(), 2500u);
+  EXPECT_EQ(all.at("1234"), "2468");
   // A restarted server is reconnected to by the next command.
   server.stop();
   EXPECT_THROW(s->get("k"), StoreError);
@@ -137,6 +167,160 @@ TEST(RedisStore, UnreachableOrSilentStoresFailWithinTheirTimeouts) {
   close(fd);
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A server that answers a byte every 0.3 s never lets a read time out, so a bound per read
+// let one command take minutes. Every command, opening the connection included, now ends by
+// one deadline: 1 s here (the checks allow 5 s for a loaded machine).
+TEST(RedisStore, ATricklingServerCannotStretchACommandPastItsTimeout) {
+  using testing::FakeRedis;
+  {
+    // The handshake's reply trickled: opening fails within the connect timeout.
+    FakeRedis server([](const std::vector<std::string>&) {
+      return FakeRedis::Answer{FakeRedis::info_reply(), 0, 0.3};
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      open_store(server.url(), {1, 1});
+      ADD_FAILURE() << "opened a store whose INFO reply trickles";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("INFO failed: timed out"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(seconds_since(t0), 5);
+  }
+  // A command's reply trickled (a 100-byte value: 30 s at that pace).
+  FakeRedis server(FakeRedis::answer_info_then([](const std::vector<std::string>&) {
+    return FakeRedis::Answer{FakeRedis::bulk(std::string(100, 'v')), 0, 0.3};
+  }));
+  const auto s = open_store(server.url(), {1, 1});
+  for (int i = 0; i < 2; ++i) {  // the second after re-opening the dropped connection
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      s->get("k");
+      ADD_FAILURE() << "a trickled reply was read whole";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("GET failed: timed out"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(seconds_since(t0), 5);
+  }
+  // Slow but within the bound: each reply whole after 0.2 s is read.
+  FakeRedis slow(FakeRedis::answer_info_then([](const std::vector<std::string>&) {
+    return FakeRedis::Answer{FakeRedis::bulk("value"), 0.2, 0};
+  }));
+  EXPECT_EQ(open_store(slow.url(), {2, 2})->get("k").value_or(""), "value");
+}
+
+// Replies are checked as they arrive: a value over the limit is refused from its length header,
+// unread, as an error naming the key (the store stays usable); so is what hiredis 0.14 would
+// allocate for from a header alone (an array of 2e9 elements: 16 GB of pointers) or cannot
+// parse (arrays nested past its depth, RESP3's types).
+TEST(RedisStore, RepliesOverTheLimitsAreRefusedUnread) {
+  using testing::FakeRedis;
+  const std::map<std::string, std::string> replies = {
+      {"huge", "$99999999999\r\n"},
+      {"fits", FakeRedis::bulk(std::string(1000, 'x'))},
+      {"over", FakeRedis::bulk(std::string(1001, 'x'))},
+      {"array", "*2000000000\r\n"},
+      {"deep", "*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n"},
+      {"resp3", "%1\r\n+a\r\n+b\r\n"},
+      {"empty", "\r\n"},
+      {"count", "$1x\r\n"},
+      {"integer", ":99999999999999999999\r\n"},
+  };
+  FakeRedis server(FakeRedis::answer_info_then(
+      [&](const std::vector<std::string>& c) { return FakeRedis::Answer{replies.at(c.at(1))}; }));
+  StoreOptions o;
+  o.max_value_bytes = 1000;
+  const auto s = open_store(server.url(), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* key : {"huge", "over"}) {
+    try {
+      s->get(key);
+      ADD_FAILURE() << key << " was read";
+    } catch (const StoreKeyError& e) {
+      EXPECT_EQ(e.key(), key);
+      EXPECT_NE(std::string(e.what()).find("over the limit of 1000"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(s->get("fits").value_or(""), std::string(1000, 'x'));
+  }
+  for (const char* key : {"array", "deep", "resp3", "empty", "count", "integer"}) {
+    try {
+      s->get(key);
+      ADD_FAILURE() << key << " was read";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find("not a Redis reply"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(s->get("fits").value_or(""), std::string(1000, 'x'));
+  }
+  EXPECT_LT(seconds_since(t0), 5);
+  testing::expect_invalid_argument(
+      [&] {
+        open_store(server.url(), {1, 1, false, 0});
+      },
+      "size limits");
+  // A real server: a hash's page with a field over the limit is refused too.
+  if (!testing::have_redis_server()) return;
+  testing::RedisServer redis(scratch("limits"));
+  ASSERT_TRUE(redis.running());
+  const auto r = open_store(redis.url(), o);
+  r->hash_set("h", "small", "v");
+  r->hash_set("h", "large", std::string(5000, 'v'));
+  try {
+    r->hash_get_all("h");
+    ADD_FAILURE() << "a hash with a 5000-byte value was read";
+  } catch (const StoreKeyError& e) {
+    EXPECT_EQ(e.key(), "h");
+  }
+  EXPECT_EQ(r->hash_get("h", "small").value_or(""), "v");
+  EXPECT_THROW(r->hash_get("h", "large"), StoreKeyError);
+}
+
+// A store on a socket given to it (the fuzzer's way in): the handshake and the replies are read
+// from what the other end sent; once that stream ends, every command fails and none re-opens.
+TEST(RedisStore, OnAGivenSocket) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  const std::string replies =
+      testing::FakeRedis::info_reply() + testing::FakeRedis::bulk("v") + ":7\r\n";
+  ASSERT_EQ(write(sv[1], replies.data(), replies.size()), static_cast<ssize_t>(replies.size()));
+  shutdown(sv[1], SHUT_WR);
+  const auto s = open_redis_store_on_fd(sv[0], "pair", {1, 1});
+  EXPECT_EQ(s->describe(), "redis://pair:6379/0");
+  EXPECT_EQ(s->get("k").value_or(""), "v");
+  EXPECT_EQ(s->increment("n"), 7);
+  for (int i = 0; i < 2; ++i) {
+    try {
+      s->get("k");
+      ADD_FAILURE() << "a reply read past the stream's end";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find(i == 0 ? "closed" : "not re-opened"), std::string::npos)
+          << e.what();
+    }
+  }
+  close(sv[1]);
+  // The handshake's version check: too old, or a number out of range (read with sscanf's %d
+  // before: undefined).
+  for (const auto& [info, why] : std::vector<std::pair<std::string, std::string>>{
+           {"redis_version:6.0.9", "is too old"},
+           {"redis_version:99999999999.1", "does not name a redis_version"},
+           {"redis_version:7", "does not name a redis_version"}}) {
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    const std::string reply = testing::FakeRedis::bulk(info);
+    ASSERT_EQ(write(sv[1], reply.data(), reply.size()), static_cast<ssize_t>(reply.size()));
+    try {
+      open_redis_store_on_fd(sv[0], "pair", {1, 1});
+      ADD_FAILURE() << info << " accepted";
+    } catch (const StoreError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    close(sv[1]);
+  }
+}
+
 // ---- The claim protocol, on the in-memory store's clock ----------------------------------------
 
 struct ProtocolRig {
@@ -148,7 +332,10 @@ struct ProtocolRig {
     }
   }
   ClaimProtocol make(int k, const std::vector<std::string>& ids) {
-    ClaimProtocol p(*stores[k], "run", "scope", "w" + std::to_string(k), 1000);
+    // Appended, not "w" + to_string(k): GCC 12 warns (-Wrestrict) on that falsely when inlined.
+    std::string worker = "w";
+    worker += std::to_string(k);
+    ClaimProtocol p(*stores[k], "run", "scope", worker, 1000);
     p.join(ids, ids);
     return p;
   }
@@ -394,6 +581,143 @@ TEST(RemoteCache, ServesWhatAnotherProcessPublishedAndFallsBackWhenDown) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
+// A call of `family`'s spec with nothing local to serve it (no shipped data, no user cache), and
+// a config of its space that is not its heuristics': what a lookup served remotely returns.
+struct RemoteKey {
+  RemoteKey(const std::string& family, const std::string& spec)
+      : fam(find_family(family)),
+        bound(fam.bind_json(find_arg_specs(family, spec).at(0).arguments, "native")),
+        call(fam.make_call(bound, 1)),
+        impl(fam.implementation("native")) {
+    const auto space = impl->autotuning_configs(*call);
+    tuned = space.back();
+  }
+  // Publishes `tuned` for this key to `store`.
+  void publish_to(Store& store) const {
+    AutotuningResult r;
+    AutotuningData d;
+    BenchmarkData bd;
+    bd.median_ms = 1;
+    d.set(tuned, bd);
+    r.add(bound, d);
+    EXPECT_EQ(RemoteCache::global().publish(r, &store), 1);
+  }
+  std::string hash(const Store& store) const {
+    return RemoteCache::hash_key(store.prefix(), fam.name(), *impl);
+  }
+  Rung rung() const {
+    CallOptions co;
+    co.implementation = "native";
+    return explain(fam, *call, co).resolution.rung;
+  }
+  const OpFamily& fam;
+  BoundArguments bound;
+  std::unique_ptr<CallBase> call;
+  std::shared_ptr<const Implementation> impl;
+  Config tuned;
+};
+
+// The local ladder emptied (data and cache directories) for a test, restored after it with the
+// remote cache unset.
+struct LocalLadderEmpty {
+  explicit LocalLadderEmpty(const std::string& name) {
+    const std::string empty = scratch(name);
+    for (const char* v : {"TOKAMAX_DATA_DIR", "TOKAMAX_CACHE_DIR"}) {
+      const char* old = std::getenv(v);
+      saved[v] = old ? std::optional<std::string>(old) : std::nullopt;
+      setenv(v, empty.c_str(), 1);
+    }
+    DiskCache::global().clear();
+  }
+  ~LocalLadderEmpty() {
+    for (const auto& [n, v] : saved) v ? setenv(n.c_str(), v->c_str(), 1) : unsetenv(n.c_str());
+    DiskCache::global().clear();
+    RemoteCache::global().configure("");
+  }
+  std::map<std::string, std::optional<std::string>> saved;
+};
+
+// Threads whose lookups meet a slow store (0.4 s a reply) wait at most about the rung's bound
+// (0.5 s) each, not in turn behind each other's replies on the one connection (16 in turn:
+// over 6 s for the last).
+TEST(RemoteCache, ManyThreadsDoNotQueueBehindASlowStore) {
+  using testing::FakeRedis;
+  const RemoteKey key("layer_norm", "layer_norm_smoke");
+  LocalLadderEmpty local("remote_threads");
+  FakeRedis server(FakeRedis::answer_info_then([](const std::vector<std::string>&) {
+    return FakeRedis::Answer{"$-1\r\n", 0.4, 0};
+  }));
+  RemoteCache::global().configure(server.url());
+  constexpr int kThreads = 16;
+  std::vector<double> took(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string detail;
+      EXPECT_FALSE(RemoteCache::global().lookup(*key.impl, key.bound, &detail));
+      took[t] = seconds_since(t0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double worst = *std::max_element(took.begin(), took.end());
+  EXPECT_LT(worst, 2.5) << "a lookup waited " << worst << " s";
+  // The store is set aside (too slow): the next lookup does not ask it.
+  const int asked = server.commands();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(key.rung(), Rung::kHeuristics);
+  EXPECT_LT(seconds_since(t0), 0.3);
+  EXPECT_EQ(server.commands(), asked);
+}
+
+// A key of another type where the rung expects a hash (a foreign writer's) is that entry's
+// problem, with a warning naming it: the next rung serves the call and the store is not set
+// aside as if it were down (another family's entry is still served from it).
+TEST(RemoteCache, AWrongTypedEntryIsIgnoredNotAnOutage) {
+  const RemoteKey norm("layer_norm", "layer_norm_smoke");
+  const RemoteKey glu("gated_linear_unit", "glu_smoke");
+  LocalLadderEmpty local("remote_wrongtype");
+  auto check = [&](Store& store, const std::string& url) {
+    glu.publish_to(store);
+    store.del(norm.hash(store));
+    store.set(norm.hash(store), "a string, not a hash");
+    RemoteCache::global().configure(url);
+    EXPECT_EQ(norm.rung(), Rung::kHeuristics) << url;
+    EXPECT_EQ(glu.rung(), Rung::kRemoteCache) << url;
+  };
+  MemoryStore::reset("remote_wrongtype");
+  MemoryStore mem("remote_wrongtype");
+  check(mem, "mem://remote_wrongtype");
+  if (!testing::have_redis_server()) return;
+  testing::RedisServer server(scratch("remote_wrongtype_redis"));
+  ASSERT_TRUE(server.running());
+  check(*open_store(server.url()), server.url());
+}
+
+// A 50 MB value under a remote cache entry (a valid entry padded) is refused from its length,
+// before it is read: not used, and no slower than a miss.
+TEST(RemoteCache, AnOversizedEntryIsRefusedBeforeItIsRead) {
+  REQUIRE_REDIS();
+  const RemoteKey key("layer_norm", "layer_norm_smoke");
+  LocalLadderEmpty local("remote_oversized");
+  testing::RedisServer server(scratch("remote_oversized_redis"));
+  ASSERT_TRUE(server.running());
+  const auto store = open_store(server.url());
+  key.publish_to(*store);
+  Json entry = parse_json(store->hash_get(key.hash(*store), key.bound.key()).value(), "entry");
+  entry["by"] = std::string(50 << 20, 'x');
+  store->hash_set(key.hash(*store), key.bound.key(), entry.dump());
+  RemoteCache::global().configure(server.url());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(key.rung(), Rung::kHeuristics);
+  EXPECT_LT(seconds_since(t0), 1.0);
+  // The entry at its usual size is served.
+  entry["by"] = "host";
+  store->hash_set(key.hash(*store), key.bound.key(), entry.dump());
+  RemoteCache::global().clear();
+  EXPECT_EQ(key.rung(), Rung::kRemoteCache);
+}
+
 }  // namespace
 }  // namespace tokamax
 
@@ -444,6 +768,99 @@ TEST(TuneSharded, CompletesAndRetunesACorruptResult) {
   list.pop_back();
   testing::expect_invalid_argument([&] { tune_sharded(list, store, o, f); },
                                    "other bound arguments");
+}
+
+// Bound arguments of layer_norm (native) by spec, and one that no process can tune: native
+// layer_norm normalizes a contiguous axis only (axis 0 of [8, 16] is strided: Unsupported).
+std::vector<BoundArguments> norm_keys(bool with_untunable) {
+  std::vector<BoundArguments> list;
+  const OpFamily& fam = find_family("layer_norm");
+  list.push_back(
+      fam.bind_json(find_arg_specs("layer_norm", "layer_norm_smoke").at(0).arguments, "native"));
+  if (with_untunable) {
+    list.push_back(fam.bind_json(
+        Json{{"x", "f32[8,16]"}, {"scale", "f32[8]"}, {"subtract_mean", true}, {"axis", 0}},
+        "native"));
+  }
+  return list;
+}
+
+FleetOptions fleet_options(const std::string& run, double deadline_s) {
+  FleetOptions f;
+  f.run_id = run;
+  f.poll_s = 0.05;
+  f.deadline_s = deadline_s;
+  f.host_lock_path = scratch("sharded_" + run) + "/measure.lock";
+  return f;
+}
+
+AutotuneOptions fast_tuning() {
+  AutotuneOptions o;
+  o.max_candidates = 2;
+  o.measure_budget_s = 0.2;
+  return o;
+}
+
+std::string run_key(const std::string& run, const std::string& suffix) {
+  return "tokamax:{" + run + "}:" + device_kind() + "@" + library_version() + ":" + suffix;
+}
+
+// A key of the wrong type in a run's namespace (a foreign writer's) was taken for an outage:
+// every process retried it until the deadline. The run's own keys of the wrong type now refuse
+// the run at once with an error naming the key; a key's lease of the wrong type is replaced
+// and the key tuned.
+TEST(TuneSharded, AWrongTypedKeyIsNotAnOutage) {
+  const auto list = norm_keys(false);
+  auto refused_fast = [&](Store& store, const std::string& run, const std::string& key) {
+    const auto t0 = std::chrono::steady_clock::now();
+    testing::expect_invalid_argument(
+        [&] { tune_sharded(list, store, fast_tuning(), fleet_options(run, 10)); }, key.c_str());
+    EXPECT_LT(seconds_since(t0), 5) << key;
+  };
+  MemoryStore::reset("wrongtype");
+  MemoryStore mem("wrongtype");
+  mem.set(run_key("m", "results"), "a string, not a hash");
+  refused_fast(mem, "m", run_key("m", "results"));
+  if (!testing::have_redis_server()) return;
+  testing::RedisServer server(scratch("wrongtype_redis"));
+  ASSERT_TRUE(server.running());
+  const auto redis = open_store(server.url());
+  redis->hash_set(run_key("p", "plan"), "a", "hash, not a plan");
+  refused_fast(*redis, "p", run_key("p", "plan"));
+  redis->set(run_key("r", "results"), "a string, not a hash");
+  refused_fast(*redis, "r", run_key("r", "results"));
+  redis->set(run_key("i", "inflight"), "a string, not a hash");
+  refused_fast(*redis, "i", run_key("i", "inflight"));
+  // Key 0's lease as a hash: replaced by a real lease, and the key tuned.
+  redis->hash_set(run_key("c", "claim:0"), "a", "hash, not a lease");
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(tune_sharded(list, *redis, fast_tuning(), fleet_options("c", 20)).data().size(), 1u);
+  EXPECT_LT(seconds_since(t0), 15);
+}
+
+// A failed marker in the store ({"failed": ...}) is believed only when this process reproduces
+// the failure: a forged one over a key that tunes is re-tuned and replaced by its result; a real
+// one is confirmed and its key left out, as without a store.
+TEST(TuneSharded, AForgedFailedMarkerIsRetunedARealOneConfirmed) {
+  MemoryStore::reset("forged");
+  MemoryStore store("forged");
+  const auto list = norm_keys(true);
+  const FleetOptions f = fleet_options("forged", 120);
+  const AutotuningResult first = tune_sharded(list, store, fast_tuning(), f);
+  ASSERT_EQ(first.data().size(), 1u);  // the untunable key is left out
+  const std::string results = run_key("forged", "results");
+  const auto values = store.hash_get_all(results);
+  ASSERT_EQ(values.size(), 2u);
+  std::string tunable;
+  for (const auto& [field, value] : values) {
+    if (value.find("\"failed\"") == std::string::npos) tunable = field;
+  }
+  ASSERT_FALSE(tunable.empty());
+  store.hash_set(results, tunable, R"({"worker":"mallory","failed":"forged"})");
+  const AutotuningResult second = tune_sharded(list, store, fast_tuning(), f);
+  EXPECT_EQ(second.data().size(), 1u);
+  const std::string fixed = store.hash_get(results, tunable).value_or("");
+  EXPECT_NE(fixed.find("\"result\""), std::string::npos) << fixed;
 }
 
 }  // namespace

@@ -10,10 +10,13 @@
 //
 // Without a remote cache the rung costs one atomic load. With one, a key's first lookup (and
 // one per miss_ttl_s after a miss) is one round trip, made without holding any lock other calls
-// need. A store that is down costs at most its bounded timeout once: the failure is logged and
-// the rung is skipped for a back-off period (local-only operation); so does a lookup slower
-// than the command timeout's half (a store too slow to sit on the call path). Never a hang,
-// never an error for a call that the local ladder can serve.
+// need. A lookup waits for the store at most the command timeout (0.5 s) as a whole: opening the
+// connection (at the first lookup) and waiting for another thread's lookup on it included, so
+// threads that meet a slow store each wait that long at most, not in turn. A store that is down
+// costs that once: the failure is logged and the rung is skipped for a back-off period
+// (local-only operation); so does a lookup slower than the command timeout's half (a store too
+// slow to sit on the call path). Never a hang, never an error for a call that the local ladder
+// can serve.
 #pragma once
 
 #include <atomic>
@@ -32,9 +35,12 @@ TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
 struct RemoteCacheOptions {
-  StoreOptions store{0.5, 0.5};  // short timeouts: a call waits on them at most once per back-off
-  double backoff_s = 60;         // after a failure, the store is not asked again for this long
-  double miss_ttl_s = 30;        // a miss is remembered this long (then asked again)
+  // Short timeouts: a call waits on them at most once per back-off. The connection is opened by
+  // the first lookup, within its 0.5 s. An entry over 1 MiB is refused unread (entries are under
+  // 1 KB; a larger one is not this library's, and reading it would cost the call).
+  StoreOptions store{0.5, 0.5, /*connect_lazily=*/true, /*max_value_bytes=*/int64_t{1} << 20};
+  double backoff_s = 60;   // after a failure, the store is not asked again for this long
+  double miss_ttl_s = 30;  // a miss is remembered this long (then asked again)
 };
 
 class RemoteCache {

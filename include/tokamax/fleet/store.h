@@ -1,13 +1,17 @@
 // A key-value store shared by the processes of a fleet: what sharded tuning claims work and
 // publishes results through (tokamax/fleet/sharded.h), and what the remote cache rung reads
 // (TOKAMAX_REMOTE_CACHE). Two implementations: Redis (hiredis; `redis://host:port/db`, one
-// connection per store object, every wait bounded by StoreOptions) and an in-memory store (one
-// process: tests, the claim-protocol simulation; its clock, latency and failures injectable).
+// connection per store object, every command bounded as a whole by StoreOptions) and an
+// in-memory store (one process: tests, the claim-protocol simulation; its clock, latency and
+// failures injectable).
 //
 // The operations are the few the protocols need, each one Redis command (or one short Lua
-// script, atomic on the server). Expiry is the store's own (PX): a lease never depends on the
-// clients' clocks agreeing. Every failure to reach the store, a timeout, or a reply of the wrong
-// type is a StoreError naming the store and the command.
+// script, atomic on the server; hash_get_all reads in pages, one command each). Expiry is the
+// store's own (PX): a lease never depends on the clients' clocks agreeing. Every failure to reach
+// the store, a timeout, or a reply of the wrong type is a StoreError naming the store and the
+// command: an outage, which callers wait out. A key that holds what this library cannot use
+// there (another writer's) is a StoreKeyError naming the key: not an outage, for the caller to
+// skip that key or refuse it.
 #pragma once
 
 #include <atomic>
@@ -32,9 +36,38 @@ class StoreError : public Error {
   explicit StoreError(const std::string& what) : Error("StoreError: ", what) {}
 };
 
+// The store answered, but `key` holds what this library cannot use there: a value of another
+// Redis type (WRONGTYPE: a list or a hash where a string is kept, or the reverse), a string that
+// is not an integer where INCR counts, or a value over StoreOptions::max_value_bytes. Waiting does
+// not mend it (another writer put it there), so it is bad input, not a StoreError.
+class StoreKeyError : public InvalidArgument {
+ public:
+  StoreKeyError(const std::string& what, std::string key)
+      : InvalidArgument(what), key_(std::move(key)) {}
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+};
+
+// Each bound covers a whole exchange, not each read: a server that trickles its reply a byte at
+// a time cannot stretch a wait past it.
 struct StoreOptions {
-  double connect_timeout_s = 2;  // one connection attempt
-  double command_timeout_s = 2;  // one command's reply
+  // Opening a connection: the TCP connection, then INFO (the version check) and SELECT.
+  double connect_timeout_s = 2;
+  // One command: waiting for another thread's command on the connection, re-opening the
+  // connection if it was dropped, sending, and the whole reply.
+  double command_timeout_s = 2;
+  // Open the connection at the first command (within its command_timeout_s), not in open_store:
+  // a store opened on a call's path costs that call one bound, not two.
+  bool connect_lazily = false;
+  // The longest value (a string, a hash field's value) read: one whose length header says more
+  // is refused before its bytes are read, as a StoreKeyError naming the key (the connection is
+  // dropped; the next command opens another). 64 MiB: a run's plan of 100,000 keys is about
+  // 20 MB; the remote cache sets 1 MiB (its entries are under 1 KB).
+  int64_t max_value_bytes = int64_t{64} << 20;
+  // The longest whole reply (a page of a hash, say), refused likewise.
+  int64_t max_reply_bytes = int64_t{1} << 30;
 };
 
 // Where a store is and how its keys are named: `redis://host:port/db?prefix=ns` (port 6379 and
@@ -68,10 +101,13 @@ class Store {
   virtual bool set_if_absent(const std::string& key, const std::string& value,
                              int64_t ttl_ms = 0) = 0;
   // A lease's renewal: key expires ttl_ms from now if it still holds `value`; false if it does
-  // not (expired, or taken over by another holder).
+  // not (expired, or taken over by another holder). In this and the other compare-and-act
+  // operations, a key of another type does not hold `value`: false, not a StoreKeyError.
   virtual bool renew_if_equal(const std::string& key, const std::string& value, int64_t ttl_ms) = 0;
   // A claim: SET lease_key token NX PX ttl_ms and, if it was set, HSET list_key field token,
-  // atomically (one script on Redis; both keys must share a hash tag on a cluster).
+  // atomically (one script on Redis; both keys must share a hash tag on a cluster). A lease_key
+  // of another type than a string holds no lease (another writer's value): it is replaced, with
+  // a warning naming it. A list_key of another type than a hash: StoreKeyError, nothing changed.
   virtual bool claim(const std::string& lease_key, const std::string& token, int64_t ttl_ms,
                      const std::string& list_key, const std::string& field) = 0;
   // HDEL key field if the field still holds `value`.
@@ -104,7 +140,8 @@ class Store {
   std::atomic<int64_t> operations_{0};
 };
 
-// Opens the store at `url` (connects for Redis: StoreError when it cannot within the timeout).
+// Opens the store at `url` (connects for Redis: StoreError when it cannot within the timeout;
+// InvalidArgument for options out of range).
 std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& options = {});
 
 // The in-memory store: one map per name in the process, shared by every MemoryStore object of
