@@ -143,3 +143,21 @@ def test_empty_input_with_huge_rows_runs_at_once_or_names_what_it_cannot_allocat
     # The residuals (a mean and rstd per row) are 4 TB each: a MemoryError naming them.
     with pytest.raises(MemoryError, match=r"f32\[1000000000000\] \(4000000000000 bytes\)"):
         tc.layer_norm(x, return_residuals=True)
+
+
+@pytest.mark.parametrize("where", ["x", "w", "dy"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_ragged_dot_vjp_non_finite_outputs_match_the_reference(rng, where, value):
+    # ragged_dot's backward is no family of its own (the contract test covers the families):
+    # the same promise, checked here.
+    x = rng.standard_normal((9, 16)).astype(np.float32)
+    w = rng.standard_normal((3, 16, 8)).astype(np.float32)
+    dy = rng.standard_normal((9, 8)).astype(np.float32)
+    groups = np.array([4, 0, 5], np.int32)
+    arrays = {"x": x, "w": w, "dy": dy}
+    arrays[where].flat[int(rng.integers(arrays[where].size))] = value
+    want = [~np.isfinite(a) for a in tc.ragged_dot_vjp(x, w, groups, dy, implementation="reference")]
+    for impl in ["native", "blas"]:
+        got = tc.ragged_dot_vjp(x, w, groups, dy, implementation=impl)
+        for g, m in zip(got, want):
+            np.testing.assert_array_equal(~np.isfinite(g), m)
