@@ -45,7 +45,8 @@ def test_implementation_of_the_wrong_type_is_a_type_error_naming_it(call):
     ],
 )
 def test_unexportable_numpy_arrays_say_why(x, pattern):
-    with pytest.raises(ValueError, match=f"layer_norm: x is an? {pattern}.*numpy.ascontiguousarray"):
+    want = f"layer_norm: x is an? {pattern}.*numpy.ascontiguousarray"
+    with pytest.raises(ValueError, match=want):
         tc.layer_norm(x)
 
 
