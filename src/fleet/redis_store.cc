@@ -1,11 +1,11 @@
-// The Redis store: one connection per object, guarded by a mutex (a lease's renewal thread
-// shares it with the tuner; the remote cache rung, every thread that looks a key up).
+// The Redis store: one connection per object, used by one thread at a time (a lease's renewal
+// thread shares it with the tuner; the remote cache rung, every thread that looks a key up).
 //
 // Time. hiredis makes the TCP connection, formats each command and parses each reply; the waits
 // are this file's own (poll on a non-blocking socket), so that each command is bounded by one
 // deadline rather than each read by a timeout: a server that trickles a reply a byte at a time
 // cannot stretch a command past command_timeout_s, as it could with the socket's receive timeout
-// (hiredis's bound), which starts again with every byte. Waiting for the mutex counts against
+// (hiredis's bound), which starts again with every byte. Waiting for the connection counts against
 // that deadline too, so that threads do not queue past their bound behind a slow reply. One
 // connection suffices (a remote lookup is one round trip per key and process, 0.07-0.10 ms on
 // loopback): a pool would multiply the connections a fleet of processes opens to one Redis, and
@@ -36,6 +36,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -225,6 +226,49 @@ class ReplyScanner {
   std::string why_;
 };
 
+// The connection's use by one thread at a time, taken by a deadline. Not std::timed_mutex: its
+// timed lock is pthread_mutex_clocklock, which clang 14's ThreadSanitizer does not intercept, so
+// that each unlock after one reads to it as the unlock of an unlocked mutex.
+class Gate {
+ public:
+  void enter() {
+    std::unique_lock<std::mutex> lock(mu_);
+    free_.wait(lock, [this] { return !busy_; });
+    busy_ = true;
+  }
+  // False when another thread still holds it at `deadline`.
+  bool enter_by(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!free_.wait_until(lock, deadline, [this] { return !busy_; })) return false;
+    busy_ = true;
+    return true;
+  }
+  void leave() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    free_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable free_;
+  bool busy_ = false;
+};
+
+// Leaves the gate when it goes (entered by the caller).
+class InGate {
+ public:
+  explicit InGate(Gate& g) : g_(g) {}
+  ~InGate() { g_.leave(); }
+  InGate(const InGate&) = delete;
+  InGate& operator=(const InGate&) = delete;
+
+ private:
+  Gate& g_;
+};
+
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };
@@ -240,13 +284,15 @@ class RedisStore : public Store {
   // on it, and a connection lost is not re-opened.
   RedisStore(int fd, const StoreUrl& u, const StoreOptions& o)
       : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()), reconnectable_(false) {
-    std::lock_guard<std::timed_mutex> lock(mu_);
+    gate_.enter();
+    const InGate in(gate_);
     adopt(fd, after(options_.connect_timeout_s));
   }
   RedisStore(const StoreUrl& u, const StoreOptions& o)
       : Store(u.prefix), url_(u), options_(o), reader_(redisReaderCreate()) {
     if (options_.connect_lazily) return;
-    std::lock_guard<std::timed_mutex> lock(mu_);
+    gate_.enter();
+    const InGate in(gate_);
     connect(after(options_.connect_timeout_s));
   }
   ~RedisStore() override {
@@ -616,18 +662,18 @@ class RedisStore : public Store {
   // command) and re-opening it if it was dropped.
   Reply command(const std::vector<std::string>& args) {
     const Clock::time_point deadline = after(options_.command_timeout_s);
-    std::unique_lock<std::timed_mutex> lock(mu_, deadline);
-    if (!lock.owns_lock()) {
+    if (!gate_.enter_by(deadline)) {
       throw StoreError(describe() + ": " + args[0] +
                        " failed: timed out waiting for another thread's command" + timeouts());
     }
+    const InGate in(gate_);
     if (fd_ < 0) connect(std::min(deadline, after(options_.connect_timeout_s)));
     return roundtrip(args, deadline);
   }
 
   StoreUrl url_;
   StoreOptions options_;
-  std::timed_mutex mu_;  // everything below
+  Gate gate_;  // everything below
   int fd_ = -1;
   Reader reader_;
   const bool reconnectable_ = true;
