@@ -37,5 +37,5 @@ def rng():
 
 @pytest.fixture
 def cache_dir():
-    """The test session's (empty, isolated) user autotuning cache directory."""
+    """The whole pytest run's (empty, isolated) user autotuning cache directory."""
     return _CACHE_DIR
