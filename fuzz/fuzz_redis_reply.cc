@@ -62,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     one([&] { check_value(s->get("k")); });
     one([&] { check_value(s->hash_get("h", "f")); });
     one([&] {
-      for (const auto& [f, v] : s->hash_get_all("h")) {
+      for (const auto& [f, v] : s->hash_get_all("h").values) {
         if (static_cast<int64_t>(f.size() + v.size()) > 2 * kMaxValue) __builtin_trap();
       }
     });

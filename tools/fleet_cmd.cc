@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <iostream>
+#include <stdexcept>
 
 #include "tokamax/fleet/remote_cache.h"
 #include "tokamax/fleet/sharded.h"
@@ -65,28 +66,55 @@ AutotuningResult autotune_sharded(const std::vector<BoundArguments>& list,
   return tune_sharded(list, *store, tune_options, f);
 }
 
+namespace {
+
+// Calls `visit(implementation, hash, key, value, error)` for every remote cache entry of the
+// families `op` selects (all when empty). A value that cannot be read (over the size limit) or a
+// hash of the wrong type (another writer's) is that entry's error, not the command's: the other
+// hashes are still listed.
+template <typename Visit>
+void for_each_store_entry(Store& store, const std::string& op, Visit visit) {
+  for (const auto& fam : families()) {
+    if (!op.empty() && fam->name() != op) continue;
+    for (const auto& impl : fam->implementations()) {
+      const std::string h = RemoteCache::hash_key(store.prefix(), fam->name(), *impl);
+      Store::HashContents all;
+      try {
+        all = store.hash_get_all(h);
+      } catch (const StoreKeyError& e) {
+        visit(*fam, *impl, h, "", "", e.message());
+        continue;
+      }
+      for (const auto& [key, value] : all.values) visit(*fam, *impl, h, key, value, "");
+      for (const auto& key : all.oversized) {
+        visit(*fam, *impl, h, key, "", "its value is over the store's size limit; not read");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 int cache_show_store(const std::string& url, const std::string& op, bool json) {
   if (!op.empty()) find_family(op);
   const auto store = open_store(url);
   Json out = Json::array();
-  for (const auto& fam : families()) {
-    if (!op.empty() && fam->name() != op) continue;
-    for (const auto& impl : fam->implementations()) {
-      const std::string h = RemoteCache::hash_key(store->prefix(), fam->name(), *impl);
-      for (const auto& [key, value] : store->hash_get_all(h)) {
+  for_each_store_entry(
+      *store, op,
+      [&](const OpFamily&, const Implementation& impl, const std::string& h, const std::string& key,
+          const std::string& value, const std::string& error) {
         Json e = {{"store", store->describe()},
                   {"hash", h},
-                  {"implementation", impl->name()},
+                  {"implementation", impl.name()},
                   {"key", key}};
         try {
+          if (!error.empty()) throw std::runtime_error(error);
           e["entry"] = parse_json(value, h + " " + key);
         } catch (const std::exception& ex) {
           e["error"] = ex.what();
         }
         out.push_back(e);
-      }
-    }
-  }
+      });
   if (json) {
     std::cout << out.dump(2) << "\n";
     return kExitSuccess;
@@ -119,21 +147,20 @@ int cache_merge_into_store(const std::vector<std::string>& files, const std::str
 int cache_verify_store(const std::string& url) {
   const auto store = open_store(url);
   int bad = 0, good = 0;
-  for (const auto& fam : families()) {
-    for (const auto& impl : fam->implementations()) {
-      const std::string h = RemoteCache::hash_key(store->prefix(), fam->name(), *impl);
-      for (const auto& [key, value] : store->hash_get_all(h)) {
+  for_each_store_entry(
+      *store, "",
+      [&](const OpFamily& fam, const Implementation& impl, const std::string& h,
+          const std::string& key, const std::string& value, const std::string& error) {
         try {
-          fam->bind_json(parse_json(key, h + " key"), impl->name());
-          impl->config_from_json(parse_json(value, h + " " + key).at("config"));
+          if (!error.empty()) throw std::runtime_error(error);
+          fam.bind_json(parse_json(key, h + " key"), impl.name());
+          impl.config_from_json(parse_json(value, h + " " + key).at("config"));
           ++good;
         } catch (const std::exception& e) {
           ++bad;
           fmt::print("BAD  {} {}: {}\n", h, key, e.what());
         }
-      }
-    }
-  }
+      });
   fmt::print("{} {} ({} entries for {}, {} bad)\n", bad ? "BAD " : "ok  ", store->describe(),
              good + bad, device_kind(), bad);
   return bad ? kExitWorkFailed : kExitSuccess;

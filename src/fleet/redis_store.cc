@@ -22,8 +22,11 @@
 // re-opens it: a Redis restarted mid-run is used again.
 #include "fleet/redis_store.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <hiredis/hiredis.h>
+#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -39,8 +42,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string_view>
+#include <thread>
 
 #include "tokamax/core/log.h"
 
@@ -64,6 +69,26 @@ timeval to_timeval(double s) {
   tv.tv_sec = static_cast<time_t>(s);
   tv.tv_usec = static_cast<suseconds_t>((s - std::floor(s)) * 1e6);
   return tv;
+}
+
+// getaddrinfo's first IPv4 or IPv6 address of `host`, numeric.
+std::string lookup_host(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0) throw StoreError("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> owned(found, freeaddrinfo);
+  for (const addrinfo* a = found; a; a = a->ai_next) {
+    if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
+    char numeric[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, numeric, sizeof numeric, nullptr, 0,
+                    NI_NUMERICHOST) == 0) {
+      return numeric;
+    }
+  }
+  throw StoreError("cannot resolve host '" + host + "': no IPv4 or IPv6 address");
 }
 
 // Compare-and-expire and compare-and-delete, atomic on the server. A key of another type (another
@@ -91,6 +116,17 @@ constexpr const char* kClaimScript =
     "if lease ~= 'none' and lease ~= 'string' then redis.call('del', KEYS[1]) replaced = 1 end "
     "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
     "redis.call('hset', KEYS[2], ARGV[3], ARGV[1]) return 1 + replaced else return 0 end";
+
+// One page of HSCAN with the values over a size limit left on the server: their fields are
+// listed apart, so that one oversized value (another writer's) costs its own field, not the hash.
+constexpr const char* kHashPageScript =
+    "local r = redis.call('hscan', KEYS[1], ARGV[1], 'COUNT', ARGV[2]) "
+    "local page, big, limit = {}, {}, tonumber(ARGV[3]) "
+    "for i = 1, #r[2], 2 do "
+    "if string.len(r[2][i + 1]) > limit then big[#big + 1] = r[2][i] "
+    "else page[#page + 1] = r[2][i] page[#page + 1] = r[2][i + 1] end "
+    "end "
+    "return {r[1], page, big}";
 
 // SCAN and HSCAN visit each element at least once in a bounded number of calls; the cap guards
 // against a store that never returns cursor 0.
@@ -379,22 +415,32 @@ class RedisStore : public Store {
       out.push_back(string_of(*r->element[i], "HRANDFIELD"));
     return out;
   }
-  // In pages (HSCAN), each one command with its own deadline: a run's results (thousands of
-  // keys, 20 KB each) are not one reply that must arrive whole within one command's bound.
-  std::map<std::string, std::string> hash_get_all(const std::string& key) override {
-    std::map<std::string, std::string> out;
+  // In pages (HSCAN in a script that leaves the oversized values on the server), each one
+  // command with its own deadline: a run's results (thousands of keys, 20 KB each) are not one
+  // reply that must arrive whole within one command's bound.
+  HashContents hash_get_all(const std::string& key) override {
+    HashContents out;
     std::string cursor = "0";
+    const std::string limit = std::to_string(options_.max_value_bytes);
     for (int calls = 0; calls < kMaxScanCalls; ++calls) {
-      Reply r = command({"HSCAN", key, cursor, "COUNT", "1000"});
-      if (array_of(*r, "HSCAN") != 2) bad_reply("HSCAN");
+      Reply r = command({"EVAL", kHashPageScript, "1", key, cursor, "1000", limit});
+      if (array_of(*r, "HSCAN") != 3) bad_reply("HSCAN");
       cursor = string_of(*r->element[0], "HSCAN");
       const redisReply& page = *r->element[1];
       const size_t n = array_of(page, "HSCAN");
       if (n % 2 != 0) bad_reply("HSCAN");
-      for (size_t i = 0; i < n; i += 2)
-        out[string_of(*page.element[i], "HSCAN")] = string_of(*page.element[i + 1], "HSCAN");
+      for (size_t i = 0; i < n; i += 2) {
+        out.values[string_of(*page.element[i], "HSCAN")] = string_of(*page.element[i + 1], "HSCAN");
+      }
+      const redisReply& big = *r->element[2];
+      for (size_t i = 0; i < array_of(big, "HSCAN"); ++i)
+        out.oversized.push_back(string_of(*big.element[i], "HSCAN"));
       if (cursor == "0") break;
     }
+    // HSCAN may return a field twice (a rehash between pages).
+    std::sort(out.oversized.begin(), out.oversized.end());
+    out.oversized.erase(std::unique(out.oversized.begin(), out.oversized.end()),
+                        out.oversized.end());
     return out;
   }
   std::vector<std::string> keys(const std::string& pattern) override {
@@ -424,7 +470,15 @@ class RedisStore : public Store {
     }
     const double left = seconds_until(deadline);
     if (left <= 0) throw StoreError(describe() + ": cannot connect: no time left" + timeouts());
-    redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, to_timeval(left));
+    std::string address;
+    try {
+      address = resolve_host(url_.host, left);
+    } catch (const StoreError& e) {
+      throw StoreError(describe() + ": cannot connect: " + e.what());
+    }
+    const double rest = seconds_until(deadline);
+    if (rest <= 0) throw StoreError(describe() + ": cannot connect: no time left" + timeouts());
+    redisContext* c = redisConnectWithTimeout(address.c_str(), url_.port, to_timeval(rest));
     if (!c || c->err) {
       const std::string why = c ? c->errstr : "out of memory";
       if (c) redisFree(c);
@@ -692,6 +746,40 @@ std::unique_ptr<Store> open_redis_store_on_fd(int fd, const std::string& name,
   u.scheme = "redis";
   u.host = name;
   return std::make_unique<RedisStore>(fd, u, options);
+}
+
+std::string resolve_host(const std::string& host, double timeout_s, const HostLookup& lookup) {
+  in6_addr any;
+  if (inet_pton(AF_INET, host.c_str(), &any) == 1 || inet_pton(AF_INET6, host.c_str(), &any) == 1)
+    return host;
+  // Shared with the lookup's thread, which may outlive this call.
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::string address, error;
+  };
+  auto pending = std::make_shared<Pending>();
+  std::thread([pending, host, lookup] {
+    std::string address, error;
+    try {
+      address = lookup ? lookup(host) : lookup_host(host);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::lock_guard<std::mutex> lock(pending->mu);
+    pending->address = std::move(address);
+    pending->error = std::move(error);
+    pending->done = true;
+    pending->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(pending->mu);
+  if (!pending->cv.wait_until(lock, after(std::max(0.0, timeout_s)),
+                              [&] { return pending->done; })) {
+    throw StoreError(fmt::format("cannot resolve host '{}' within {:.3g} s", host, timeout_s));
+  }
+  if (!pending->error.empty()) throw StoreError(pending->error);
+  return pending->address;
 }
 
 }  // namespace tokamax

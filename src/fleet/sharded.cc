@@ -250,12 +250,14 @@ std::vector<size_t> ClaimProtocol::missing() {
   return out;
 }
 
-std::map<std::string, std::string> ClaimProtocol::results() {
-  return store_.hash_get_all(key("results"));
-}
+Store::HashContents ClaimProtocol::results() { return store_.hash_get_all(key("results")); }
 
 void ClaimProtocol::discard(const std::string& field, const std::string& value) {
   store_.hash_delete_if_equal(key("results"), field, value);
+}
+
+void ClaimProtocol::discard_unread(const std::string& field) {
+  store_.hash_del(key("results"), field);
 }
 
 std::string ClaimProtocol::claimant(size_t i) {
@@ -707,7 +709,16 @@ std::optional<AutotuningResult> ShardedRunner::merge_results(
     std::map<size_t, std::string>* doubtful) {
   AutotuningResult merged;
   bool all_good = true;
-  const auto values = proto_.results();
+  const auto [values, oversized] = proto_.results();
+  for (const auto& field : oversized) {
+    // Not this library's value (its results are a few KB): dropped unread, and its key tuned
+    // again, rather than the one field refusing the whole run.
+    TOKAMAX_LOG("fleet", kWarning,
+                "discarding the result under " + field +
+                    ": its value is over the store's size limit (not read); it is tuned again");
+    proto_.discard_unread(field);
+    all_good = false;
+  }
   for (size_t k = 0; k < n_; ++k) {
     auto it = values.find(fields_[k]);
     if (it == values.end()) {

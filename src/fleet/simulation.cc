@@ -146,7 +146,7 @@ double step(const FleetSimulation& sim, const SimPlan& plan, SimWorker& wk, int 
 void count_store(const std::string& name, const std::vector<SimWorker>& ws,
                  const std::vector<int>& publications, FleetSimulationResult& out) {
   MemoryStore check(name);
-  const auto results = check.hash_get_all("tokamax:{sim}:scope:results");
+  const auto results = check.hash_get_all("tokamax:{sim}:scope:results").values;
   out.keys_published = static_cast<int>(results.size());
   for (int p : publications) {
     out.keys_published_once += p == 1;

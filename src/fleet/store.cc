@@ -360,9 +360,9 @@ std::vector<std::string> MemoryStore::hash_random_fields(const std::string& key,
   return out;
 }
 
-std::map<std::string, std::string> MemoryStore::hash_get_all(const std::string& key) {
+Store::HashContents MemoryStore::hash_get_all(const std::string& key) {
   auto lock = begin("HGETALL");
-  if (auto* v = find_value(*data_, key, true, describe())) return v->hash;
+  if (auto* v = find_value(*data_, key, true, describe())) return {v->hash, {}};
   return {};
 }
 

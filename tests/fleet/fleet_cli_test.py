@@ -266,6 +266,24 @@ def main():
         r = subprocess.run([CLI, "cache", "verify", "--store", redis.url], capture_output=True,
                            text=True, env=env())
         check(r.returncode == 0 and r.stdout.startswith("ok"), f"cache verify --store ({r.stdout})")
+        # One cache hash replaced by a string (another writer's key): that hash is named as bad,
+        # the others are still listed and verified (the command used to stop at it).
+        hashes = sorted(redis.cli("--scan", "--pattern", "tokamax:cache:*").splitlines())
+        check(len(hashes) >= 1, f"the remote cache's hashes are in the store ({hashes})")
+        foreign = hashes[0]
+        redis.cli("del", foreign)
+        redis.cli("set", foreign, "not a hash")
+        r = subprocess.run([CLI, "cache", "verify", "--store", redis.url], capture_output=True,
+                           text=True, env=env())
+        check(r.returncode == 1 and f"BAD  {foreign} " in r.stdout and "WRONGTYPE" in r.stdout,
+              f"cache verify --store names the wrong-typed hash ({r.stdout[-600:]} {r.stderr[-300:]})")
+        r = subprocess.run([CLI, "cache", "show", "--store", redis.url, "--json"],
+                           capture_output=True, text=True, env=env())
+        shown = json.loads(r.stdout) if r.returncode == 0 else []
+        check(any(e["hash"] == foreign and "WRONGTYPE" in e.get("error", "") for e in shown)
+              and {e["hash"] for e in shown} == set(hashes),
+              f"cache show --store lists every hash, the wrong-typed one as an error ({r.stdout[-600:]})")
+        redis.cli("del", foreign)
         # A dead store: the local ladder serves, within the bounded timeout, with a warning.
         dead = f"redis://127.0.0.1:{free_port()}/0"
         t0 = time.time()

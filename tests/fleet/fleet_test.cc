@@ -83,7 +83,7 @@ void check_store_semantics(Store& s, const std::function<void(int64_t)>& advance
   EXPECT_EQ(s.hash_get("h", "f2").value_or(""), std::string("v\0 2", 4));
   EXPECT_EQ(s.hash_fields("h"), (std::vector<std::string>{"f1", "f2"}));
   s.hash_del("h", "f1");
-  EXPECT_EQ(s.hash_get_all("h").size(), 1u);
+  EXPECT_EQ(s.hash_get_all("h").values.size(), 1u);
   EXPECT_FALSE(s.hash_get("h", "f1"));
   EXPECT_EQ(s.keys("h*"), (std::vector<std::string>{"h"}));
   // A key of another type than a command expects (a foreign writer's value) is a StoreKeyError
@@ -129,7 +129,7 @@ TEST(RedisStore, SemanticsAgainstARealServer) {
       *s, [](int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
   // A hash read whole in pages (HSCAN): every field once, of a hash past one page.
   for (int i = 0; i < 2500; ++i) s->hash_set("big", std::to_string(i), std::to_string(2 * i));
-  const auto all = s->hash_get_all("big");
+  const auto all = s->hash_get_all("big").values;
   ASSERT_EQ(all.size(), 2500u);
   EXPECT_EQ(all.at("1234"), "2468");
   // A restarted server is reconnected to by the next command.
@@ -169,6 +169,37 @@ TEST(RedisStore, UnreachableOrSilentStoresFailWithinTheirTimeouts) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// getaddrinfo has no timeout: a store named by a host whose DNS server does not answer held
+// open_store (and the remote rung) for as long as the resolver waited. The lookup now ends by the
+// connection's deadline.
+TEST(RedisStore, AHostNameLookupIsBoundedByItsDeadline) {
+  EXPECT_EQ(resolve_host("127.0.0.1", 0.1), "127.0.0.1");
+  EXPECT_EQ(resolve_host("::1", 0.1), "::1");
+  const std::string local = resolve_host("localhost", 10);
+  EXPECT_TRUE(local == "127.0.0.1" || local == "::1") << local;
+  const auto hang = [](const std::string&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return std::string("127.0.0.1");
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    resolve_host("dns.does-not-answer.example", 0.2, hang);
+    ADD_FAILURE() << "a lookup that hangs was waited for";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("within 0.2 s"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_THROW(resolve_host("no-such-host.invalid", 3), StoreError);
+  // A store named by its host name: the same store as by its address.
+  testing::FakeRedis server(testing::FakeRedis::answer_info_then(
+      [](const std::vector<std::string>&) { return testing::FakeRedis::Answer{"$1\r\nv\r\n"}; }));
+  std::string by_name = server.url();
+  by_name.replace(by_name.find("127.0.0.1"), 9, "localhost");
+  if (local == "127.0.0.1") {
+    EXPECT_EQ(open_store(by_name)->get("k").value_or(""), "v");
+  }
 }
 
 // A server that answers a byte every 0.3 s never lets a read time out, so a bound per read
@@ -262,19 +293,19 @@ TEST(RedisStore, RepliesOverTheLimitsAreRefusedUnread) {
         open_store(server.url(), {1, 1, false, 0});
       },
       "size limits");
-  // A real server: a hash's page with a field over the limit is refused too.
+  // A real server: a hash's field over the limit is left unread and named; the other fields of
+  // the hash are read (one foreign value used to refuse the whole hash).
   if (!testing::have_redis_server()) return;
   testing::RedisServer redis(scratch("limits"));
   ASSERT_TRUE(redis.running());
   const auto r = open_store(redis.url(), o);
   r->hash_set("h", "small", "v");
   r->hash_set("h", "large", std::string(5000, 'v'));
-  try {
-    r->hash_get_all("h");
-    ADD_FAILURE() << "a hash with a 5000-byte value was read";
-  } catch (const StoreKeyError& e) {
-    EXPECT_EQ(e.key(), "h");
-  }
+  r->hash_set("h", "edge", std::string(1000, 'e'));
+  const Store::HashContents all = r->hash_get_all("h");
+  EXPECT_EQ(all.values,
+            (std::map<std::string, std::string>{{"edge", std::string(1000, 'e')}, {"small", "v"}}));
+  EXPECT_EQ(all.oversized, std::vector<std::string>{"large"});
   EXPECT_EQ(r->hash_get("h", "small").value_or(""), "v");
   EXPECT_THROW(r->hash_get("h", "large"), StoreKeyError);
 }
@@ -359,7 +390,7 @@ TEST(ClaimProtocol, EachKeyOnceAndTheFirstPlansOrderWins) {
   for (size_t i : got) (i == 1 ? b : a).publish(i, "r");
   EXPECT_EQ(a.remaining(), 0);
   EXPECT_FALSE(a.claim_next());
-  EXPECT_EQ(a.results().size(), 3u);
+  EXPECT_EQ(a.results().values.size(), 3u);
 }
 
 TEST(ClaimProtocol, EachScopeHasItsOwnPlan) {
@@ -387,7 +418,7 @@ TEST(ClaimProtocol, AReleasedOrLostClaimNeitherBlocksNorClearsAnother) {
   EXPECT_NE(b.claimant(0).find("w1"), std::string::npos) << b.claimant(0);
   // A corrupt result discarded by one process does not remove a good one published since.
   a.discard("x", "something else");
-  EXPECT_EQ(a.results().at("x"), "late");
+  EXPECT_EQ(a.results().values.at("x"), "late");
 }
 
 TEST(ClaimProtocol, DifferentInputsAreRefused) {
@@ -838,6 +869,29 @@ TEST(TuneSharded, AWrongTypedKeyIsNotAnOutage) {
   EXPECT_LT(seconds_since(t0), 15);
 }
 
+// A result value over the store's size limit (another writer's) refused the whole run: the hash
+// of results could not be read. It is now dropped unread and its key tuned again.
+TEST(TuneSharded, AnOversizedResultIsRetunedNotTheRunRefused) {
+  REQUIRE_REDIS();
+  testing::RedisServer server(scratch("oversized_result_redis"));
+  ASSERT_TRUE(server.running());
+  StoreOptions o;
+  o.max_value_bytes = 64 << 10;
+  const auto store = open_store(server.url(), o);
+  const auto list = norm_keys(false);
+  ASSERT_EQ(tune_sharded(list, *store, fast_tuning(), fleet_options("big", 60)).data().size(), 1u);
+  const std::string results = run_key("big", "results");
+  const auto fields = store->hash_fields(results);
+  ASSERT_EQ(fields.size(), 1u);
+  store->hash_set(results, fields[0], std::string(100 << 10, '{'));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(tune_sharded(list, *store, fast_tuning(), fleet_options("big", 60)).data().size(), 1u);
+  EXPECT_LT(seconds_since(t0), 30);
+  const std::string fixed = store->hash_get(results, fields[0]).value_or("");
+  EXPECT_LT(fixed.size(), size_t{64} << 10);
+  EXPECT_NE(fixed.find(std::to_string(getpid())), std::string::npos) << fixed.substr(0, 200);
+}
+
 // A failed marker in the store ({"failed": ...}) is believed only when this process reproduces
 // the failure: a forged one over a key that tunes is re-tuned and replaced by its result; a real
 // one is confirmed and its key left out, as without a store.
@@ -849,7 +903,7 @@ TEST(TuneSharded, AForgedFailedMarkerIsRetunedARealOneConfirmed) {
   const AutotuningResult first = tune_sharded(list, store, fast_tuning(), f);
   ASSERT_EQ(first.data().size(), 1u);  // the untunable key is left out
   const std::string results = run_key("forged", "results");
-  const auto values = store.hash_get_all(results);
+  const auto values = store.hash_get_all(results).values;
   ASSERT_EQ(values.size(), 2u);
   std::string tunable;
   for (const auto& [field, value] : values) {

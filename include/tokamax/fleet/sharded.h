@@ -70,10 +70,12 @@ class ClaimProtocol {
   // How many positions have no result yet (one HLEN; never below 0).
   int64_t remaining();
   // field -> value of every published result.
-  std::map<std::string, std::string> results();
+  Store::HashContents results();
   // Removes a result that cannot be used (corrupt, foreign), if it still holds `value`, so that
   // its key is tuned again.
   void discard(const std::string& field, const std::string& value);
+  // Removes a published result whose value could not be read (over the size limit).
+  void discard_unread(const std::string& field);
   // Who holds (or last held) the claim on i, for messages.
   std::string claimant(size_t i);
   const std::string& worker() const { return worker_; }

@@ -127,7 +127,15 @@ class Store {
   virtual std::vector<std::string> hash_fields(const std::string& key) = 0;
   // Up to `count` distinct fields picked at random (HRANDFIELD): a sweep's sample.
   virtual std::vector<std::string> hash_random_fields(const std::string& key, int count) = 0;
-  virtual std::map<std::string, std::string> hash_get_all(const std::string& key) = 0;
+  // Every field and value of a hash, read in pages (HSCAN), each page one command with its own
+  // deadline. A field whose value is over max_value_bytes is not read: its name goes to
+  // `oversized`, for the caller to decide (a run drops and re-tunes it; `cache show` names it)
+  // rather than one foreign value refusing the whole hash.
+  struct HashContents {
+    std::map<std::string, std::string> values;
+    std::vector<std::string> oversized;
+  };
+  virtual HashContents hash_get_all(const std::string& key) = 0;
   // Keys matching a glob pattern (SCAN; for `tokamax cache show --store`).
   virtual std::vector<std::string> keys(const std::string& pattern) = 0;
 
@@ -185,7 +193,7 @@ class MemoryStore : public Store {
   bool exists(const std::string& key) override;
   std::vector<std::string> hash_fields(const std::string& key) override;
   std::vector<std::string> hash_random_fields(const std::string& key, int count) override;
-  std::map<std::string, std::string> hash_get_all(const std::string& key) override;
+  HashContents hash_get_all(const std::string& key) override;
   std::vector<std::string> keys(const std::string& pattern) override;
 
   struct Data;
