@@ -28,6 +28,7 @@
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
 #include "tokamax/ops/add_norm.h"
+#include "tokamax/ops/quantized.h"
 #include "tokamax/ops/attention.h"
 #include "tokamax/ops/glu.h"
 #include "tokamax/ops/loss.h"

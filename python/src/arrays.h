@@ -52,7 +52,8 @@ inline const TorchTypes& torch_types() {
                                   {"int32", DType::kI32},
                                   {"int64", DType::kI64},
                                   {"uint8", DType::kU8},
-                                  {"bool", DType::kBool}}) {
+                                  {"bool", DType::kBool},
+                                  {"int8", DType::kI8}}) {
       t.dtypes.emplace_back(torch.attr(name), d);
     }
     t.strided = torch.attr("strided");
@@ -79,7 +80,8 @@ inline constexpr DlpackType kDlpackTypes[] = {{DType::kF32, nb::dlpack::dtype_co
                                               {DType::kI32, nb::dlpack::dtype_code::Int, 32},
                                               {DType::kI64, nb::dlpack::dtype_code::Int, 64},
                                               {DType::kU8, nb::dlpack::dtype_code::UInt, 8},
-                                              {DType::kBool, nb::dlpack::dtype_code::Bool, 8}};
+                                              {DType::kBool, nb::dlpack::dtype_code::Bool, 8},
+                                              {DType::kI8, nb::dlpack::dtype_code::Int, 8}};
 
 inline std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
   if (d.lanes != 1) return std::nullopt;

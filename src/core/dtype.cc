@@ -20,6 +20,7 @@ size_t dtype_size(DType dtype) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+    case DType::kI8:
       return 1;
     case DType::kBool:
       return 1;
@@ -45,6 +46,8 @@ std::string_view dtype_name(DType dtype) {
       return "u8";
     case DType::kBool:
       return "bool";
+    case DType::kI8:
+      return "i8";
   }
   throw InvalidArgument("dtype_name: unknown dtype value");
 }
@@ -60,12 +63,13 @@ DType parse_dtype(std::string_view name) {
   static constexpr Alias kAliases[] = {{"float32", DType::kF32}, {"bfloat16", DType::kBF16},
                                        {"float16", DType::kF16}, {"float64", DType::kF64},
                                        {"int32", DType::kI32},   {"int64", DType::kI64},
-                                       {"uint8", DType::kU8},    {"bool_", DType::kBool}};
+                                       {"uint8", DType::kU8},    {"bool_", DType::kBool},
+                                       {"int8", DType::kI8}};
   for (const Alias& a : kAliases) {
     if (a.name == name) return a.dtype;
   }
   throw InvalidArgument("unknown dtype name '" + std::string(name) +
-                        "'; expected one of f32, bf16, f16, f64, i32, i64, u8, bool");
+                        "'; expected one of f32, bf16, f16, f64, i32, i64, u8, bool, i8");
 }
 
 bool is_floating(DType dtype) {

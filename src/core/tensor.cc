@@ -60,6 +60,9 @@ void store(void* base, DType dtype, int64_t offset, double v) {
     case DType::kBool:
       static_cast<uint8_t*>(base)[offset] = v != 0.0;
       return;
+    case DType::kI8:
+      static_cast<int8_t*>(base)[offset] = static_cast<int8_t>(v);
+      return;
   }
 }
 
@@ -81,6 +84,8 @@ double load(const void* base, DType dtype, int64_t offset) {
       return static_cast<const uint8_t*>(base)[offset];
     case DType::kBool:
       return static_cast<const uint8_t*>(base)[offset] ? 1.0 : 0.0;
+    case DType::kI8:
+      return static_cast<const int8_t*>(base)[offset];
   }
   return 0.0;
 }

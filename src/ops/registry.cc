@@ -6,6 +6,7 @@
 #include "ops/glu/base.h"
 #include "ops/loss/base.h"
 #include "ops/norm/base.h"
+#include "ops/quantized/base.h"
 #include "ops/ragged_dot/base.h"
 #include "tokamax/op/op.h"
 
@@ -32,6 +33,7 @@ void register_builtin_families() {
   register_family(unowned(loss::family()));
   register_family(unowned(loss::vjp_family()));
   register_family(unowned(add_norm::family()));
+  register_family(unowned(quant::family()));
 }
 
 }  // namespace tokamax

@@ -13,13 +13,15 @@
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kF64, kI32, kI64, kU8, kBool };
+// kI8 last: a dtype's number is part of tuning keys, so new ones are appended.
+enum class DType : uint8_t { kF32, kBF16, kF16, kF64, kI32, kI64, kU8, kBool, kI8 };
 
-inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF64,
-                                       DType::kI32, DType::kI64,  DType::kU8,  DType::kBool};
+inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16,
+                                       DType::kF64, DType::kI32,  DType::kI64,
+                                       DType::kU8,  DType::kBool, DType::kI8};
 
 size_t dtype_size(DType dtype);
-// The short name tokamax writes: f32, bf16, f16, f64, i32, i64, u8, bool.
+// The short name tokamax writes: f32, bf16, f16, f64, i32, i64, u8, bool, i8.
 std::string_view dtype_name(DType dtype);
 // Parses a short name (also accepts numpy's long names such as "float32", "bfloat16").
 // Throws InvalidArgument for anything else.

@@ -10,6 +10,7 @@
 #include "core/random.h"
 #include "core/thread_pool.h"
 #include "kernels/grouped_gemm.h"
+#include "ops/ragged_dot/groups.h"
 #include "tokamax/core/enum_names.h"
 #include "tokamax/core/limits.h"
 
@@ -68,18 +69,6 @@ void check_operands(const RaggedDotCall& c) {
   }
 }
 
-// A {num_groups, total_size} spec's sizes are only generated here, once lhs gives the M rows
-// they must fit in.
-void expand_pending_groups(RaggedDotCall& c, int64_t M) {
-  if (c.pending_groups < 0) return;
-  if (c.key_total_rows > M) {
-    throw bad(fmt::format("group_sizes total_size = {} exceeds the {} rows of lhs {}",
-                          c.key_total_rows, M, c.lhs.spec().str()));
-  }
-  c.group_sizes = generate_group_sizes(c.key_total_rows, c.pending_groups, 0);
-  c.pending_groups = -1;
-}
-
 // The weight gradient: rhs [M,N] shares lhs's ragged rows, and the output is [G,K,N].
 void bind_ragged_contracting(RaggedDotCall& c, int64_t M, int64_t G) {
   const ShapeDtype rhs = c.rhs.spec();
@@ -118,21 +107,6 @@ void bind_grouped(RaggedDotCall& c, int64_t M, int64_t K, int64_t G) {
   c.g = G;
 }
 
-// Sizes from a caller are unchecked until here: negative ones, or more rows than lhs has,
-// would send the kernels outside lhs.
-void bind_offsets(RaggedDotCall& c, int64_t M, int64_t G) {
-  c.offsets.assign(static_cast<size_t>(G) + 1, 0);
-  for (int64_t g = 0; g < G; ++g) {
-    if (c.group_sizes[g] < 0)
-      throw bad(fmt::format("group_sizes[{}] = {}; expected >= 0", g, c.group_sizes[g]));
-    c.offsets[g + 1] = c.offsets[g] + c.group_sizes[g];
-  }
-  if (c.offsets[G] > M) {
-    throw bad(fmt::format("sum(group_sizes) = {} exceeds the {} rows of lhs {}", c.offsets[G], M,
-                          c.lhs.spec().str()));
-  }
-}
-
 // f32 unless both operands are bf16; preferred_element_type may ask for bf16 only then.
 DType output_dtype(const RaggedDotCall& c) {
   const DType ld = c.lhs.dtype(), rd = c.rhs.spec().dtype;
@@ -157,7 +131,7 @@ DType output_dtype(const RaggedDotCall& c) {
 void Family::bind(RaggedDotCall& c) const {
   check_operands(c);
   const int64_t M = c.lhs.dim(0), K = c.lhs.dim(1);
-  expand_pending_groups(c, M);
+  expand_pending_groups(c, M, "ragged_dot");
   const int64_t G = static_cast<int64_t>(c.group_sizes.size());
   c.k = K;
   if (c.dims == RaggedDimNums::kRaggedContracting) {
@@ -165,7 +139,7 @@ void Family::bind(RaggedDotCall& c) const {
   } else {
     bind_grouped(c, M, K, G);
   }
-  bind_offsets(c, M, G);
+  bind_offsets(c, M, G, "ragged_dot");
   c.out_dtype = output_dtype(c);
   if (c.representative_group_sizes &&
       static_cast<int64_t>(c.representative_group_sizes->size()) != G) {
@@ -266,63 +240,6 @@ namespace {
 using Field = ArgField<RaggedDotCall>;
 using A = Args<RaggedDotCall>;
 
-// group_sizes in a spec: the sizes themselves (also the key's representative sizes), or
-// {"num_groups": G, "total_size": T}, spread uniformly at random over the groups.
-Field group_sizes_field() {
-  return A::custom(
-      "group_sizes",
-      [](const RaggedDotCall& c) {
-        if (c.representative_group_sizes) return Json(*c.representative_group_sizes);
-        return Json{{"num_groups", c.g}, {"total_size", c.key_total_rows}};
-      },
-      [](RaggedDotCall& c, const Json& j) {
-        if (j.is_array()) {
-          if (static_cast<int64_t>(j.size()) > kMaxSpecGroups) {
-            throw InvalidArgument(fmt::format("a list of {} group sizes; expected at most {}",
-                                              j.size(), kMaxSpecGroups));
-          }
-          for (size_t i = 0; i < j.size(); ++i) {
-            const Json& x = j[i];
-            // Checked as the 64-bit value it is: get<int32_t> wrapped 2^32 + 1 to 1, another key.
-            if (!json_integer_in(x, INT32_MIN, INT32_MAX)) {
-              throw InvalidArgument(fmt::format(
-                  "group size #{} = {}; expected an integer in [0, {}]", i, x.dump(), INT32_MAX));
-            }
-            c.group_sizes.push_back(static_cast<int32_t>(x.get<int64_t>()));
-          }
-          c.representative_group_sizes = c.group_sizes;
-          return;
-        }
-        const auto count = [&](const char* name, int64_t limit) {
-          const auto it = j.is_object() ? j.find(name) : j.end();
-          if (it == j.end() || !it->is_number_integer() ||
-              (!it->is_number_unsigned() && it->get<int64_t>() < 0))
-            throw InvalidArgument(
-                "expected a list of ints or {\"num_groups\": G, \"total_size\": M} (G, M >= 0)");
-          if (it->get<uint64_t>() > static_cast<uint64_t>(limit)) {
-            throw InvalidArgument(
-                fmt::format("{} = {}; expected at most {}", name, it->dump(), limit));
-          }
-          return it->get<int64_t>();
-        };
-        const int64_t groups = count("num_groups", kMaxSpecGroups),
-                      total = count("total_size", kMaxSpecGroupTotal);
-        c.pending_groups = groups;
-        c.key_total_rows = total;
-      },
-      [](const RaggedDotCall& c, Signature& sig) {
-        if (c.representative_group_sizes) {
-          sig.push_back(-1);
-          sig.push_back(static_cast<int64_t>(c.representative_group_sizes->size()));
-          sig.insert(sig.end(), c.representative_group_sizes->begin(),
-                     c.representative_group_sizes->end());
-        }
-        sig.push_back(-2);
-        sig.push_back(c.g);
-        sig.push_back(c.key_total_rows);
-      });
-}
-
 // preferred_element_type: absent (or null) in a spec lets bind choose; the key holds the choice.
 Field out_dtype_field() {
   return A::custom(
@@ -346,7 +263,8 @@ Family::Family()
           {A::input("lhs", &RaggedDotCall::lhs).describe("f32 or bf16 [M, K], rows grouped"),
            A::input("rhs", &RaggedDotCall::rhs)
                .describe("f32 or bf16 [G, K, N] (or pack_rhs' result)"),
-           group_sizes_field().describe("int32 [G] or a list: the rows of each group, in order"),
+           group_sizes_field<RaggedDotCall>().describe(
+               "int32 [G] or a list: the rows of each group, in order"),
            A::enumeration("dimension_numbers", &RaggedDotCall::dims, kDimNums)
                .python("dim_nums")
                .describe("forward, the transposed rhs, or the weight gradient"),

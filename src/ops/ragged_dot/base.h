@@ -9,6 +9,7 @@
 
 #include "kernels/activation.h"
 #include "ops/elements.h"
+#include "ops/ragged_dot/groups.h"
 #include "tokamax/op/family.h"
 #include "tokamax/op/op.h"
 #include "tokamax/op/typed.h"
@@ -103,8 +104,5 @@ double call_flops(const RaggedDotCall& c);
 double weight_bytes(const RaggedDotCall& c);
 // Few rows per group: the call's time is the time to read the weights once.
 bool weight_streaming(const RaggedDotCall& c);
-// Total rows spread over `groups` uniformly at random with `seed` (tokamax's representative
-// distribution).
-std::vector<int32_t> generate_group_sizes(int64_t total, int64_t groups, uint64_t seed = 0);
 
 }  // namespace tokamax::rdot

@@ -1,0 +1,168 @@
+// The quantized streaming kernel (qstream.h) written once over GCC vector extensions of W
+// floats; each ISA file defines TOKAMAX_QSTREAM_WIDTH (W) and includes this with its own
+// compiler flags (as norm_impl.h). Include it only from those files.
+//
+// Registers: a panel row is V = 64 / W vectors; the group's partial sums are MR x V vectors
+// (16 zmm at AVX-512 with MR 4), the decoded row V more. They are summed in f32 over the group
+// and scaled once per group into c, which stays in L1.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/prefetch.h"
+#include "kernels/qstream.h"
+
+namespace tokamax::kernels {
+namespace {
+
+#ifndef TOKAMAX_QSTREAM_WIDTH
+#error "define TOKAMAX_QSTREAM_WIDTH (floats per vector) before including qstream_impl.h"
+#endif
+
+struct QStream {
+  static constexpr int W = TOKAMAX_QSTREAM_WIDTH;
+  static constexpr int V = kQPanel / W;
+  typedef float vf __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH * 4)));
+  typedef int32_t vi __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH * 4)));
+  typedef int8_t vb __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH)));
+  typedef uint8_t vub __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH)));
+
+  static vf as_float(vi x) {
+    vf f;
+    std::memcpy(&f, &x, sizeof f);
+    return f;
+  }
+  static vi bytes_u(const uint8_t* p) {
+    vub b;
+    std::memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, vi);
+  }
+
+  // e4m3fn bytes to f32: the magnitude's bits moved into an f32's exponent and mantissa and
+  // re-biased (normal), the subnormals as m * 2^-9, 0x7f as NaN, the sign bit put back.
+  static vf fp8(vi x) {
+    const vi mag = x & 0x7f;
+    const vi normal = (mag << 20) + (120 << 23);
+    const vf sub = __builtin_convertvector(mag, vf) * (1.0f / 512);
+    vi bits = mag < 8 ? reinterpret(sub) : normal;
+    bits = mag == 0x7f ? vi{} + 0x7fc00000 : bits;
+    return as_float(bits | ((x & 0x80) << 24));
+  }
+  // e2m1 nibbles to f32: exponent e (bias 1) and mantissa m; e == 0 is m * 0.5.
+  static vf e2m1(vi n) {
+    const vi mag = n & 7, e = mag >> 1, m = mag & 1;
+    const vi normal = ((e + 126) << 23) | (m << 22);
+    const vi half = m * 0x3f000000;  // 0.5f or +0
+    return as_float((e == 0 ? half : normal) | ((n & 8) << 28));
+  }
+  static vi reinterpret(vf f) {
+    vi x;
+    std::memcpy(&x, &f, sizeof x);
+    return x;
+  }
+  // e8m0 bytes (2^(e - 127); 255 is NaN) to f32.
+  static vf e8m0(vi e) {
+    vi bits = e == 0 ? vi{} + 0x00400000 : e << 23;
+    bits = e == 255 ? vi{} + 0x7fc00000 : bits;
+    return as_float(bits);
+  }
+
+  // Row k's V vectors of values (before scale).
+  template <QFormat F>
+  static void decode_row(const uint8_t* row, const vf* zero, vf* w) {
+    if constexpr (F == QFormat::kInt8) {
+      for (int v = 0; v < V; ++v) {
+        vb b;
+        std::memcpy(&b, row + v * W, sizeof b);
+        w[v] = __builtin_convertvector(b, vf);
+      }
+    } else if constexpr (F == QFormat::kFp8E4M3) {
+      for (int v = 0; v < V; ++v) w[v] = fp8(bytes_u(row + v * W));
+    } else {
+      // Byte b holds column b (low nibble) and column b + 32 (high).
+      for (int v = 0; v < V / 2; ++v) {
+        const vi x = bytes_u(row + v * W);
+        if constexpr (F == QFormat::kInt4) {
+          w[v] = __builtin_convertvector(x & 15, vf) - zero[v];
+          w[v + V / 2] = __builtin_convertvector(x >> 4, vf) - zero[v + V / 2];
+        } else {
+          w[v] = e2m1(x & 15);
+          w[v + V / 2] = e2m1(x >> 4);
+        }
+      }
+    }
+  }
+
+  template <int MR, QFormat F>
+  static void run(int64_t K, int64_t gs, const float* a, int64_t lda, const uint8_t* values,
+                  const void* scales, const uint8_t* zeros, float* c, int64_t ldc) {
+    constexpr int64_t row_bytes = qrow_bytes(F);
+    for (int i = 0; i < MR; ++i) std::memset(c + i * ldc, 0, kQPanel * sizeof(float));
+    const int64_t ngroups = gs > 0 ? K / gs : 0;
+    for (int64_t kg = 0; kg < ngroups; ++kg) {
+      vf zero[V];
+      if constexpr (F == QFormat::kInt4) {
+        for (int v = 0; v < V; ++v) {
+          zero[v] = zeros ? __builtin_convertvector(bytes_u(zeros + kg * kQPanel + v * W), vf)
+                          : vf{} + 8.0f;
+        }
+      }
+      vf acc[MR][V];
+      for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < V; ++v) acc[i][v] = vf{};
+      const uint8_t* row = values + kg * gs * row_bytes;
+      for (int64_t k = kg * gs; k < (kg + 1) * gs; ++k, row += row_bytes) {
+        vf w[V];
+        decode_row<F>(row, zero, w);
+        for (int i = 0; i < MR; ++i) {
+          const vf x = vf{} + a[i * lda + k];
+          for (int v = 0; v < V; ++v) acc[i][v] += x * w[v];
+        }
+      }
+      vf s[V];
+      for (int v = 0; v < V; ++v) {
+        if constexpr (F == QFormat::kMxfp4) {
+          s[v] = e8m0(bytes_u(static_cast<const uint8_t*>(scales) + kg * kQPanel + v * W));
+        } else {
+          std::memcpy(&s[v], static_cast<const float*>(scales) + kg * kQPanel + v * W, sizeof(vf));
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        for (int v = 0; v < V; ++v) {
+          vf cv;
+          std::memcpy(&cv, c + i * ldc + v * W, sizeof cv);
+          cv += acc[i][v] * s[v];
+          std::memcpy(c + i * ldc + v * W, &cv, sizeof cv);
+        }
+      }
+    }
+  }
+
+  template <QFormat F>
+  static void run_rows(int mr, int64_t K, int64_t gs, const float* a, int64_t lda,
+                       const uint8_t* values, const void* scales, const uint8_t* zeros, float* c,
+                       int64_t ldc) {
+    with_tile_rows<kQMaxMr>(
+        mr, [&]<int MR>() { run<MR, F>(K, gs, a, lda, values, scales, zeros, c, ldc); });
+  }
+
+  static void kernel(QFormat f, int mr, int64_t K, int64_t gs, const float* a, int64_t lda,
+                     const uint8_t* values, const void* scales, const uint8_t* zeros, float* c,
+                     int64_t ldc) {
+    if (mr <= 0) return;
+    switch (f) {
+      case QFormat::kInt8:
+        return run_rows<QFormat::kInt8>(mr, K, gs, a, lda, values, scales, zeros, c, ldc);
+      case QFormat::kInt4:
+        return run_rows<QFormat::kInt4>(mr, K, gs, a, lda, values, scales, zeros, c, ldc);
+      case QFormat::kFp8E4M3:
+        return run_rows<QFormat::kFp8E4M3>(mr, K, gs, a, lda, values, scales, zeros, c, ldc);
+      case QFormat::kMxfp4:
+        return run_rows<QFormat::kMxfp4>(mr, K, gs, a, lda, values, scales, zeros, c, ldc);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace tokamax::kernels
