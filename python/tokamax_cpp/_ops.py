@@ -59,8 +59,18 @@ def _window(value: Any) -> Any:
     return [_UNBOUNDED if left is None else left, _UNBOUNDED if right is None else right]
 
 
+def _group_sizes(value: Any) -> Any:
+    """group_sizes of a grouped matmul family: a sequence or an int array, as a list of ints."""
+    if value is None or isinstance(value, dict):
+        return value
+    try:
+        return [int(x) for x in value]
+    except (TypeError, ValueError):
+        raise TypeError(f"group_sizes is {value!r}; expected a sequence of ints") from None
+
+
 # How a custom argument's Python value becomes its JSON, by name.
-_CUSTOM = {"local_window_size": _window}
+_CUSTOM = {"local_window_size": _window, "group_sizes": _group_sizes}
 
 
 class _Arg:

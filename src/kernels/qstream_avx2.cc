@@ -1,5 +1,10 @@
 // The quantized streaming kernel at AVX2's width (compiled with -mavx2 -mfma).
 #define TOKAMAX_QSTREAM_WIDTH 8
+#include <immintrin.h>
+#define TOKAMAX_QSTREAM_WIDEN_U8(p) \
+  _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))
+#define TOKAMAX_QSTREAM_WIDEN_I8(p) \
+  _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))
 #include "kernels/qstream_impl.h"
 
 namespace tokamax::kernels {

@@ -1,5 +1,10 @@
 // The quantized streaming kernel at AVX-512's width (compiled with -mavx512f and friends).
 #define TOKAMAX_QSTREAM_WIDTH 16
+#include <immintrin.h>
+#define TOKAMAX_QSTREAM_WIDEN_U8(p) \
+  _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+#define TOKAMAX_QSTREAM_WIDEN_I8(p) \
+  _mm512_maskz_cvtepi8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
 #include "kernels/qstream_impl.h"
 
 namespace tokamax::kernels {

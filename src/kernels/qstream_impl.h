@@ -25,18 +25,32 @@ struct QStream {
   static constexpr int V = kQPanel / W;
   typedef float vf __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH * 4)));
   typedef int32_t vi __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH * 4)));
-  typedef int8_t vb __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH)));
-  typedef uint8_t vub __attribute__((vector_size(TOKAMAX_QSTREAM_WIDTH)));
 
   static vf as_float(vi x) {
     vf f;
     std::memcpy(&f, &x, sizeof f);
     return f;
   }
+  // W bytes widened to W int32 lanes (zero- or sign-extended). GCC scalarizes a byte vector's
+  // __builtin_convertvector (a cvtsi2ss per lane), so an ISA file gives its widening
+  // instruction: TOKAMAX_QSTREAM_WIDEN_U8(p) and TOKAMAX_QSTREAM_WIDEN_I8(p), returning vi.
   static vi bytes_u(const uint8_t* p) {
-    vub b;
-    std::memcpy(&b, p, sizeof b);
-    return __builtin_convertvector(b, vi);
+#ifdef TOKAMAX_QSTREAM_WIDEN_U8
+    return (vi)TOKAMAX_QSTREAM_WIDEN_U8(p);
+#else
+    vi x;
+    for (int i = 0; i < W; ++i) x[i] = p[i];
+    return x;
+#endif
+  }
+  static vi bytes_s(const uint8_t* p) {
+#ifdef TOKAMAX_QSTREAM_WIDEN_I8
+    return (vi)TOKAMAX_QSTREAM_WIDEN_I8(p);
+#else
+    vi x;
+    for (int i = 0; i < W; ++i) x[i] = static_cast<int8_t>(p[i]);
+    return x;
+#endif
   }
 
   // e4m3fn bytes to f32: the magnitude's bits moved into an f32's exponent and mantissa and
@@ -72,11 +86,7 @@ struct QStream {
   template <QFormat F>
   static void decode_row(const uint8_t* row, const vf* zero, vf* w) {
     if constexpr (F == QFormat::kInt8) {
-      for (int v = 0; v < V; ++v) {
-        vb b;
-        std::memcpy(&b, row + v * W, sizeof b);
-        w[v] = __builtin_convertvector(b, vf);
-      }
+      for (int v = 0; v < V; ++v) w[v] = __builtin_convertvector(bytes_s(row + v * W), vf);
     } else if constexpr (F == QFormat::kFp8E4M3) {
       for (int v = 0; v < V; ++v) w[v] = fp8(bytes_u(row + v * W));
     } else {
