@@ -46,6 +46,9 @@ def linear_softmax_cross_entropy_loss(x: Array, labels: Array, weights: Array, *
 def linear_softmax_cross_entropy_loss_vjp(x: Array, labels: Array, weights: Array, lse: Array, dloss: Array, *, reduction: Optional[str] = 'sum', implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
     """The backward of linear_softmax_cross_entropy_loss: the gradients of its inputs from its arguments, its residuals and the cotangent 'dloss'."""
 
+def quantized_ragged_dot(lhs: Array, values: Array, scales: Array, zeros: Optional[Array] = None, *, group_sizes: Any = None, format: Optional[str] = 'int8', n: int = 0, group_size: int = 0, activation: Optional[str] = 'none', implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
+    """ragged_dot (forward: [M, K] x [G, K, N] -> [M, N]) with quantized weights (int8, int4, fp8_e4m3, mxfp4; quantize() makes them), widened inside the kernel: the weight-only path of mixture-of-experts decode."""
+
 def rms_norm(x: Array, scale: Optional[Array] = None, *, axis: int = -1, epsilon: float = 1e-06, implementation: Optional[str] = None, config: Any = None, return_residuals: bool = False, heuristics_only: bool = False) -> Any:
     """RMSNorm: layer_norm with subtract_mean=False and no offset."""
 

@@ -134,7 +134,7 @@ def _register(suffix: str, fixed_impl: Optional[str]) -> dict[str, Callable[...,
 # Schema types by argument kind; a custom argument's by name.
 _SCHEMA_TYPES = {"array": "Tensor", "optional_array": "Tensor?", "int": "int", "bool": "bool",
                  "real": "float", "optional_real": "float?", "enum": "str?"}
-_CUSTOM_SCHEMA_TYPES = {"local_window_size": "int[]?"}
+_CUSTOM_SCHEMA_TYPES = {"local_window_size": "int[]?", "group_sizes": "int[]?"}
 
 
 def _schema_default(a: _ops._Arg) -> str:
