@@ -385,6 +385,76 @@ void bind_packed_rhs(nb::module_& m) {
       "rhs"_a.none(), "dim_nums"_a = "forward", "precision"_a.none() = nb::none());
 }
 
+// QuantizedTensor (Python: QuantizedWeights), quantize, dequantize.
+nb::object copy_out(const Tensor& t) { return wrap(t.clone(), false); }
+
+// A contiguous array's copy (the weights keep theirs: the caller's buffer may change).
+Tensor copy_of(const TensorView& v) {
+  Tensor t(v.shape(), v.dtype());
+  if (v.size() > 0)
+    std::memcpy(t.data(), v.data(), static_cast<size_t>(v.size()) * dtype_size(v.dtype()));
+  return t;
+}
+
+void bind_quantized(nb::module_& m) {
+  nb::class_<QuantizedTensor>(
+      m, "QuantizedWeights",
+      "Expert weights [G, K, N] quantized along K in the kernels' panel layout "
+      "(docs/quantized.md); made by quantize() or QuantizedWeights.from_parts(); immutable. "
+      "ragged_dot(lhs, q, group_sizes) reads them.")
+      .def_prop_ro("shape", [](const QuantizedTensor& q) { return nb::make_tuple(q.groups, q.k, q.n); })
+      .def_prop_ro("format",
+                   [](const QuantizedTensor& q) { return std::string(quant_format_name(q.format)); })
+      .def_prop_ro("group_size", [](const QuantizedTensor& q) { return q.group_size; })
+      .def_prop_ro("asymmetric", [](const QuantizedTensor& q) { return q.asymmetric; })
+      .def_prop_ro("nbytes", &QuantizedTensor::bytes)
+      .def_prop_ro("values", [](const QuantizedTensor& q) { return copy_out(q.values); },
+                   "a copy of the packed values (numpy)")
+      .def_prop_ro("scales", [](const QuantizedTensor& q) { return copy_out(q.scales); },
+                   "a copy of the scales (numpy)")
+      .def_prop_ro("zeros",
+                   [](const QuantizedTensor& q) -> nb::object {
+                     return q.zeros ? copy_out(*q.zeros) : nb::none();
+                   })
+      .def_static(
+          "from_parts",
+          [](const std::string& format, std::tuple<int64_t, int64_t, int64_t> shape,
+             int64_t group_size, nb::handle values, nb::handle scales, nb::handle zeros) {
+            ArrayArgs args("QuantizedWeights.from_parts");
+            const TensorView v = args.add(values, "values");
+            const TensorView s = args.add(scales, "scales");
+            std::optional<Tensor> z;
+            if (!zeros.is_none()) z = copy_of(args.add(zeros, "zeros"));
+            const auto [g, k, n] = shape;
+            return QuantizedTensor::from_parts(parse_quant_format(format), g, k, n, group_size,
+                                               copy_of(v), copy_of(s), std::move(z));
+          },
+          "format"_a, "shape"_a, "group_size"_a, "values"_a, "scales"_a,
+          "zeros"_a.none() = nb::none(),
+          "Checks arrays in the panel layout (a copy is kept): ValueError naming what is wrong.")
+      .def("__repr__", [](const QuantizedTensor& q) {
+        return "QuantizedWeights(" + std::string(quant_format_name(q.format)) + ", [" +
+               std::to_string(q.groups) + ", " + std::to_string(q.k) + ", " +
+               std::to_string(q.n) + "], group_size=" + std::to_string(q.group_size) +
+               (q.asymmetric ? ", asymmetric)" : ")");
+      });
+  m.def(
+      "quantize",
+      [](nb::handle w, const std::string& format, int64_t group_size, bool asymmetric) {
+        ArrayArgs args("quantize");
+        const TensorView v = args.add(w, "w");
+        const QuantFormat f = parse_quant_format(format);
+        return run(false, [&] { return quantize(v, f, group_size, asymmetric); });
+      },
+      "w"_a, "format"_a, "group_size"_a = 0, "asymmetric"_a = false,
+      "Quantizes f32/bf16 weights [G, K, N] (or [K, N]) along K: format int8, int4, fp8_e4m3 or "
+      "mxfp4; group_size 0 is K (mxfp4: 32); asymmetric: int4 with zero points.");
+  m.def(
+      "dequantize",
+      [](const QuantizedTensor& q) { return wrap(run(false, [&] { return dequantize(q); }), false); },
+      "q"_a, "The f32 weights [G, K, N] q stands for.");
+}
+
 // ragged_dot (and the C++ loop the binding-overhead benchmark times against).
 void bind_ragged_dot(nb::module_& m) {
   m.def(
@@ -395,6 +465,21 @@ void bind_ragged_dot(nb::module_& m) {
          bool heuristics_only) -> nb::object {
         ArrayArgs args("ragged_dot");
         const TensorView l = args.add(lhs, "lhs");
+        if (nb::inst_check(rhs) && nb::isinstance<QuantizedTensor>(rhs)) {
+          const QuantizedTensor& q = *nb::inst_ptr<QuantizedTensor>(rhs);
+          const std::vector<int32_t> g = group_sizes_of(args, group_sizes);
+          if (!preferred_element_type.is_none() || !precision.is_none() || !out.is_none() ||
+              !representative_group_sizes.is_none()) {
+            throw InvalidArgument(
+                "ragged_dot with QuantizedWeights: preferred_element_type, precision, "
+                "representative_group_sizes and out are not taken (the output has lhs's dtype)");
+          }
+          QuantizedRaggedDotOptions qo;
+          qo.activation = activation_arg(activation, qo.activation);
+          set_choice(qo, "quantized_ragged_dot", implementation, config);
+          Tensor t = run(heuristics_only, [&] { return ragged_dot(l, q, g, qo); });
+          return wrap(std::move(t), args.torch());
+        }
         const PackedRhs* packed = nb::inst_check(rhs) && nb::isinstance<PackedRhs>(rhs)
                                       ? nb::inst_ptr<PackedRhs>(rhs)
                                       : nullptr;
@@ -795,6 +880,7 @@ NB_MODULE(_core, m) {
   m.def("set_num_threads", &set_num_threads, "n"_a);
   bind_described_ops(m);
   bind_packed_rhs(m);
+  bind_quantized(m);
   bind_ragged_dot(m);
   bind_ragged_dot_general(m);
   bind_glu_weights(m);

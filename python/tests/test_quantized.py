@@ -48,3 +48,41 @@ def test_function_and_operator_match_numpy():
         torch.from_numpy(lhs), torch.from_numpy(values), torch.from_numpy(scales),
         group_sizes=sizes, format="int8", n=n)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt,group_size,asymmetric", [
+    ("int8", 0, False), ("int8", 16, False), ("int4", 32, False), ("int4", 32, True),
+    ("fp8_e4m3", 0, False), ("mxfp4", 32, False)])
+def test_quantize_dequantize_and_ragged_dot(fmt, group_size, asymmetric):
+    rng = np.random.default_rng()
+    w = rng.standard_normal((2, 64, 70)).astype(np.float32)
+    q = tc.quantize(w, fmt, group_size=group_size, asymmetric=asymmetric)
+    assert q.shape == (2, 64, 70) and q.format == fmt and q.asymmetric == asymmetric
+    d = tc.dequantize(q)
+    assert d.shape == w.shape and d.dtype == np.float32
+    # Within the format's step of the weights (int4's 1/7 of the group's largest magnitude is
+    # the coarsest).
+    assert np.abs(d - w).max() <= np.abs(w).max() / 2
+    x = rng.standard_normal((6, 64)).astype(np.float32)
+    got = tc.ragged_dot(x, q, [2, 3])
+    want = np.concatenate([x[:2] @ d[0].astype(np.float64), x[2:5] @ d[1], np.zeros((1, 70))])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # The same arrays through from_parts make the same weights.
+    again = tc.QuantizedWeights.from_parts(fmt, q.shape, q.group_size, q.values, q.scales,
+                                           q.zeros)
+    np.testing.assert_array_equal(tc.dequantize(again), d)
+
+
+def test_bad_quantized_input():
+    w = np.zeros((2, 64, 8), np.float32)
+    with pytest.raises(ValueError, match="expected int8, int4, fp8_e4m3 or mxfp4"):
+        tc.quantize(w, "int3")
+    with pytest.raises(ValueError, match="group_size = 48"):
+        tc.quantize(w, "int4", group_size=48)
+    q = tc.quantize(w, "int8")
+    scales = q.scales
+    scales[0, 0, 0, 3] = 0
+    with pytest.raises(ValueError, match=r"scales\[3\] = 0"):
+        tc.QuantizedWeights.from_parts("int8", (2, 64, 8), 0, q.values, scales)
+    with pytest.raises(ValueError, match="not taken"):
+        tc.ragged_dot(np.zeros((2, 64), np.float32), q, [1, 1], precision="highest")

@@ -221,6 +221,7 @@ void Family::bind(QCall& c) const {
   c.k = K;
   c.g = G;
   c.gs = effective_group_size(c.format, K, c.group_size);
+  c.group_size = c.gs;  // one key for 0 and K
   c.panels = (c.n + kQuantPanel - 1) / kQuantPanel;
   check_array(c.values, "values", values_spec(c.format, G, K, c.n));
   check_array(c.scales, "scales", scales_spec(c.format, G, K, c.n, c.group_size));
