@@ -402,16 +402,20 @@ void bind_quantized(nb::module_& m) {
       "Expert weights [G, K, N] quantized along K in the kernels' panel layout "
       "(docs/quantized.md); made by quantize() or QuantizedWeights.from_parts(); immutable. "
       "ragged_dot(lhs, q, group_sizes) reads them.")
-      .def_prop_ro("shape", [](const QuantizedTensor& q) { return nb::make_tuple(q.groups, q.k, q.n); })
-      .def_prop_ro("format",
-                   [](const QuantizedTensor& q) { return std::string(quant_format_name(q.format)); })
+      .def_prop_ro("shape",
+                   [](const QuantizedTensor& q) { return nb::make_tuple(q.groups, q.k, q.n); })
+      .def_prop_ro(
+          "format",
+          [](const QuantizedTensor& q) { return std::string(quant_format_name(q.format)); })
       .def_prop_ro("group_size", [](const QuantizedTensor& q) { return q.group_size; })
       .def_prop_ro("asymmetric", [](const QuantizedTensor& q) { return q.asymmetric; })
       .def_prop_ro("nbytes", &QuantizedTensor::bytes)
-      .def_prop_ro("values", [](const QuantizedTensor& q) { return copy_out(q.values); },
-                   "a copy of the packed values (numpy)")
-      .def_prop_ro("scales", [](const QuantizedTensor& q) { return copy_out(q.scales); },
-                   "a copy of the scales (numpy)")
+      .def_prop_ro(
+          "values", [](const QuantizedTensor& q) { return copy_out(q.values); },
+          "a copy of the packed values (numpy)")
+      .def_prop_ro(
+          "scales", [](const QuantizedTensor& q) { return copy_out(q.scales); },
+          "a copy of the scales (numpy)")
       .def_prop_ro("zeros",
                    [](const QuantizedTensor& q) -> nb::object {
                      return q.zeros ? copy_out(*q.zeros) : nb::none();
@@ -432,10 +436,23 @@ void bind_quantized(nb::module_& m) {
           "format"_a, "shape"_a, "group_size"_a, "values"_a, "scales"_a,
           "zeros"_a.none() = nb::none(),
           "Checks arrays in the panel layout (a copy is kept): ValueError naming what is wrong.")
+      .def_static(
+          "from_gguf",
+          [](nb::handle blocks, const std::string& type,
+             std::tuple<int64_t, int64_t, int64_t> shape) {
+            ArrayArgs args("QuantizedWeights.from_gguf");
+            const TensorView b = args.add(blocks, "blocks");
+            const auto [g, k, n] = shape;
+            return from_gguf(b, type, g, k, n);
+          },
+          "blocks"_a, "type"_a, "shape"_a,
+          "GGUF Q8_0 or Q4_0 blocks (u8 [G, N, K / 32 * block bytes], GGUF's expert tensor) of "
+          "weights of shape (G, K, N): int8 or int4 with group size 32, dequantizing to GGUF's "
+          "values bit for bit.")
       .def("__repr__", [](const QuantizedTensor& q) {
         return "QuantizedWeights(" + std::string(quant_format_name(q.format)) + ", [" +
-               std::to_string(q.groups) + ", " + std::to_string(q.k) + ", " +
-               std::to_string(q.n) + "], group_size=" + std::to_string(q.group_size) +
+               std::to_string(q.groups) + ", " + std::to_string(q.k) + ", " + std::to_string(q.n) +
+               "], group_size=" + std::to_string(q.group_size) +
                (q.asymmetric ? ", asymmetric)" : ")");
       });
   m.def(
@@ -451,7 +468,9 @@ void bind_quantized(nb::module_& m) {
       "mxfp4; group_size 0 is K (mxfp4: 32); asymmetric: int4 with zero points.");
   m.def(
       "dequantize",
-      [](const QuantizedTensor& q) { return wrap(run(false, [&] { return dequantize(q); }), false); },
+      [](const QuantizedTensor& q) {
+        return wrap(run(false, [&] { return dequantize(q); }), false);
+      },
       "q"_a, "The f32 weights [G, K, N] q stands for.");
 }
 

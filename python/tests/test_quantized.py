@@ -86,3 +86,31 @@ def test_bad_quantized_input():
         tc.QuantizedWeights.from_parts("int8", (2, 64, 8), 0, q.values, scales)
     with pytest.raises(ValueError, match="not taken"):
         tc.ragged_dot(np.zeros((2, 64), np.float32), q, [1, 1], precision="highest")
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0"])
+def test_gguf_blocks_dequantize_as_gguf_does(type_name):
+    """GGUF's own quantizer writes the blocks; our dequantized weights equal its dequantize bit
+    for bit (zero and negative block scales included, as Q4_0 writes them)."""
+    gguf = pytest.importorskip("gguf")
+    from gguf import quants
+
+    rng = np.random.default_rng()
+    g, k, n = 3, 96, 70
+    kind = getattr(gguf.GGMLQuantizationType, type_name)
+    rows = rng.standard_normal((g * n, k)).astype(np.float32)  # GGUF's rows: [G*N, K]
+    rows[5] = 0  # an all-zero row: scale 0
+    blocks = quants.quantize(rows, kind)
+    want = quants.dequantize(blocks, kind).reshape(g, n, k).transpose(0, 2, 1)
+    q = tc.QuantizedWeights.from_gguf(blocks.reshape(g, n, -1), type_name, (g, k, n))
+    assert q.format == ("int8" if type_name == "Q8_0" else "int4") and q.group_size == 32
+    np.testing.assert_array_equal(tc.dequantize(q), want)
+    x = rng.standard_normal((4, k)).astype(np.float32)
+    got = tc.ragged_dot(x, q, [1, 0, 3])
+    ref = np.concatenate([x[:1] @ want[0].astype(np.float64), x[1:] @ want[2]])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="expected contiguous u8"):
+        tc.QuantizedWeights.from_gguf(blocks.reshape(g, n, -1)[:, :, 1:].copy(), type_name,
+                                      (g, k, n))
+    with pytest.raises(ValueError, match="expected Q8_0 or Q4_0"):
+        tc.QuantizedWeights.from_gguf(blocks, "Q4_K", (g, k, n))

@@ -69,6 +69,14 @@ struct QuantizedTensor {
                                     std::optional<Tensor> zeros = std::nullopt);
 };
 
+// Imports GGUF blocks (llama.cpp's formats; `type` "Q8_0" or "Q4_0", blocks of 32 along K, an
+// f16 scale each) of the weights [G, K, N]: `blocks` u8 [G, N, K / 32 * block bytes] (GGUF's
+// expert tensor, rows of K; [N, ...] for G = 1), block bytes 34 (Q8_0) or 18 (Q4_0). The result is
+// int8 or symmetric int4 with group size 32 whose dequantized values equal GGUF's, bit for bit
+// (its scales may be zero or negative, as GGUF writes them; NaN or infinite ones are refused).
+QuantizedTensor from_gguf(const TensorView& blocks, std::string_view type, int64_t groups,
+                          int64_t k, int64_t n);
+
 // Quantizes w (f32 or bf16 [G, K, N], or [K, N] as G = 1) along K. group_size 0: K (per
 // channel; fp8_e4m3 takes only that); mxfp4 takes 32 (its standard; 0 means 32). asymmetric:
 // int4 only.

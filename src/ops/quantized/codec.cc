@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "core/thread_pool.h"
 #include "ops/elements.h"
@@ -258,6 +259,75 @@ QuantizedTensor QuantizedTensor::from_parts(QuantFormat f, int64_t groups, int64
   q.values = std::move(values);
   q.scales = std::move(scales);
   q.zeros = std::move(zeros);
+  return q;
+}
+
+QuantizedTensor from_gguf(const TensorView& blocks, std::string_view type, int64_t groups,
+                          int64_t k, int64_t n) {
+  const char* op = "from_gguf";
+  const bool q8 = type == "Q8_0";
+  if (!q8 && type != "Q4_0") {
+    throw InvalidArgument(fmt::format("{}: type '{}'; expected Q8_0 or Q4_0", op, type));
+  }
+  if (groups < 0 || k < 0 || n < 0 || k % 32 != 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: [G, K, N] = [{}, {}, {}]; expected sizes >= 0 and K a multiple of 32 (the block)", op,
+        groups, k, n));
+  }
+  const int64_t block_bytes = q8 ? 34 : 18, row_bytes = k / 32 * block_bytes;
+  const ShapeDtype want = blocks.rank() == 2 && groups == 1
+                              ? ShapeDtype{{n, row_bytes}, DType::kU8}
+                              : ShapeDtype{{groups, n, row_bytes}, DType::kU8};
+  if (blocks.spec() != want || !blocks.is_contiguous()) {
+    throw InvalidArgument(
+        fmt::format("{}: blocks {} for {} [G, K, N] = [{}, {}, {}]; expected "
+                    "contiguous {} ({} blocks of {} bytes per row of K)",
+                    op, blocks.spec().str(), type, groups, k, n, want.str(), k / 32, block_bytes));
+  }
+  const QuantFormat f = q8 ? QuantFormat::kInt8 : QuantFormat::kInt4;
+  QuantizedTensor q;
+  q.format = f;
+  q.groups = groups;
+  q.k = k;
+  q.n = n;
+  q.group_size = 32;
+  const ShapeDtype vs = quant::values_spec(f, groups, k, n),
+                   ss = quant::scales_spec(f, groups, k, n, 32);
+  q.values = Tensor(vs.shape, vs.dtype);
+  q.scales = Tensor(ss.shape, ss.dtype);
+  auto* values = static_cast<uint8_t*>(q.values.data());
+  auto* scales = q.scales.data_as<float>();
+  std::fill_n(values, q.values.size(), q8 ? 0 : 0x88);  // padding columns: value 0
+  std::fill_n(scales, q.scales.size(), 1.0f);
+  const auto* in = static_cast<const uint8_t*>(blocks.data());
+  const int64_t P = vs.shape[1], rb = vs.shape[3], nk = k / 32;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t p = j / kQuantPanel, col = j % kQuantPanel, gp = g * P + p;
+      for (int64_t b = 0; b < nk; ++b) {
+        const uint8_t* block = in + (g * n + j) * row_bytes + b * block_bytes;
+        uint16_t d16;
+        std::memcpy(&d16, block, 2);
+        const float d = f16_to_f32(d16);
+        if (!std::isfinite(d)) {
+          throw InvalidArgument(
+              fmt::format("{}: the scale of block {} of row {} of expert {} is {}; "
+                          "expected a finite f16",
+                          op, b, j, g, d));
+        }
+        scales[(gp * nk + b) * kQuantPanel + col] = d;
+        for (int64_t e = 0; e < 32; ++e) {
+          uint8_t code;
+          if (q8) {
+            code = block[2 + e];
+          } else {  // element e < 16: low nibble of byte e; e >= 16: high nibble of byte e - 16
+            code = e < 16 ? block[2 + e] & 15 : block[2 + e - 16] >> 4;
+          }
+          put(f, values + (gp * k + b * 32 + e) * rb, col, code);
+        }
+      }
+    }
+  }
   return q;
 }
 

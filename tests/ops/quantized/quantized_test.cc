@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -415,6 +416,58 @@ TEST(QuantizedRaggedDot, BadInput) {
                       "native");
       },
       "only asymmetric int4 has zero points");
+}
+
+// GGUF blocks made here by hand from the format (f16 scale, then 32 int8 or 16 bytes of
+// nibbles): each weight is d * q (Q4_0: q = nibble - 8), as GGUF dequantizes. (The Python tests
+// check against the gguf package's own quantizer.)
+TEST(QuantizedRaggedDot, GgufBlocksDequantizeAsWritten) {
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t G = 2, K = 64, N = 3;
+  for (const bool q8 : {true, false}) {
+    const int64_t bs = q8 ? 34 : 18, nk = K / 32;
+    Tensor blocks({G, N, nk * bs}, DType::kU8);
+    auto* b = static_cast<uint8_t*>(blocks.data());
+    std::vector<float> want(static_cast<size_t>(G * K * N));
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t j = 0; j < N; ++j) {
+        for (int64_t blk = 0; blk < nk; ++blk) {
+          uint8_t* block = b + (g * N + j) * nk * bs + blk * bs;
+          const float d = std::ldexp(static_cast<float>(static_cast<int>(rng() % 64) - 32), -9);
+          const uint16_t d16 = f32_to_f16(d);
+          std::memcpy(block, &d16, 2);
+          for (int64_t e = 0; e < 32; ++e) {
+            int q;
+            if (q8) {
+              block[2 + e] = static_cast<uint8_t>(rng());
+              q = static_cast<int8_t>(block[2 + e]);
+            } else {
+              const int nib = static_cast<int>(rng() % 16);
+              uint8_t& byte = block[2 + e % 16];
+              byte = e < 16 ? static_cast<uint8_t>((byte & 0xf0) | nib)
+                            : static_cast<uint8_t>((byte & 0x0f) | (nib << 4));
+              q = nib - 8;
+            }
+            want[static_cast<size_t>((g * K + blk * 32 + e) * N + j)] = d * static_cast<float>(q);
+          }
+        }
+      }
+    }
+    const QuantizedTensor q = from_gguf(blocks, q8 ? "Q8_0" : "Q4_0", G, K, N);
+    const Tensor d = dequantize(q);
+    for (int64_t i = 0; i < d.size(); ++i)
+      ASSERT_EQ(d.get(i), want[i]) << (q8 ? "Q8_0 " : "Q4_0 ") << i;
+  }
+  const Tensor blocks = Tensor::zeros({2, 3, 68}, DType::kU8);
+  expect_invalid_argument([&] { from_gguf(blocks, "Q4_K", 2, 64, 3); }, "expected Q8_0 or Q4_0");
+  expect_invalid_argument([&] { from_gguf(blocks, "Q8_0", 2, 48, 3); }, "K a multiple of 32");
+  expect_invalid_argument([&] { from_gguf(blocks, "Q4_0", 2, 64, 3); },
+                          "expected contiguous u8[2,3,36]");
+  Tensor bad = Tensor::zeros({2, 3, 68}, DType::kU8);
+  const uint16_t inf16 = 0x7c00;
+  std::memcpy(static_cast<uint8_t*>(bad.data()) + 34, &inf16, 2);
+  expect_invalid_argument([&] { from_gguf(bad, "Q8_0", 2, 64, 3); },
+                          "the scale of block 1 of row 0 of expert 0 is inf");
 }
 
 // The generic path (what Python and torch call) gives what the typed function gives.
