@@ -5,6 +5,9 @@
   _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
 #define TOKAMAX_QSTREAM_WIDEN_I8(p) \
   _mm512_maskz_cvtepi8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+#define TOKAMAX_QSTREAM_WIDEN_U8_U16(p) \
+  _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+#define TOKAMAX_QSTREAM_F16_TO_F32(h) _mm512_maskz_cvtph_ps(0xffff, (__m256i)(h))
 #include "kernels/qstream_impl.h"
 
 namespace tokamax::kernels {
