@@ -31,19 +31,12 @@ uint8_t nearest_code(const std::array<float, N>& values, float a) {
   return static_cast<uint8_t>(down % 2 == 0 ? down : up);
 }
 
-const std::array<float, 127>& e4m3_values() {
-  static const std::array<float, 127> v = [] {
-    std::array<float, 127> t{};
-    for (int c = 0; c < 127; ++c) t[c] = kernels::decode_fp8_e4m3(static_cast<uint8_t>(c));
-    return t;
-  }();
-  return v;
-}
-
-const std::array<float, 8>& e2m1_values() {
-  static const std::array<float, 8> v = [] {
-    std::array<float, 8> t{};
-    for (int c = 0; c < 8; ++c) t[c] = kernels::decode_e2m1(static_cast<uint8_t>(c));
+// The non-negative values of codes 0..N-1 of a float format, as its decoder reads them.
+template <size_t N, float (*Decode)(uint8_t)>
+const std::array<float, N>& code_values() {
+  static const std::array<float, N> v = [] {
+    std::array<float, N> t{};
+    for (size_t c = 0; c < N; ++c) t[c] = Decode(static_cast<uint8_t>(c));
     return t;
   }();
   return v;
@@ -51,10 +44,13 @@ const std::array<float, 8>& e2m1_values() {
 
 uint8_t encode_e4m3(float x) {
   if (std::isnan(x)) return 0x7f;
-  return static_cast<uint8_t>(nearest_code(e4m3_values(), std::fabs(x)) | (x < 0 ? 0x80 : 0));
+  return static_cast<uint8_t>(
+      nearest_code(code_values<127, kernels::decode_fp8_e4m3>(), std::fabs(x)) |
+      (x < 0 ? 0x80 : 0));
 }
 uint8_t encode_e2m1(float x) {
-  return static_cast<uint8_t>(nearest_code(e2m1_values(), std::fabs(x)) | (x < 0 ? 8 : 0));
+  return static_cast<uint8_t>(nearest_code(code_values<8, kernels::decode_e2m1>(), std::fabs(x)) |
+                              (x < 0 ? 8 : 0));
 }
 
 // Stores one value's code at (row byte offset, panel column) of a panel row.
