@@ -140,6 +140,14 @@ int64_t effective_group_size(QuantFormat f, int64_t k, int64_t group_size) {
   return f == QuantFormat::kMxfp4 ? 32 : k;
 }
 
+void check_sizes(int64_t g, int64_t k, int64_t n, const char* op) {
+  constexpr int64_t kMax = int64_t{1} << 40;
+  if (g < 0 || k < 0 || n < 0 || g > kMax || k > kMax || n > kMax) {
+    throw InvalidArgument(
+        fmt::format("{}: [G, K, N] = [{}, {}, {}]; expected sizes in [0, 2^40]", op, g, k, n));
+  }
+}
+
 void check_group_size(QuantFormat f, int64_t k, int64_t group_size, const char* op) {
   const int64_t gs = effective_group_size(f, k, group_size);
   const auto refuse = [&](const std::string& expected) {
@@ -215,7 +223,7 @@ void Family::bind(QCall& c) const {
   const int64_t M = c.lhs.dim(0), K = c.lhs.dim(1);
   rdot::expand_pending_groups(c, M, kFamily);
   const int64_t G = static_cast<int64_t>(c.group_sizes.size());
-  if (c.n < 0) throw bad(fmt::format("n = {}; expected >= 0", c.n));
+  check_sizes(G, K, c.n, kFamily);
   check_group_size(c.format, K, c.group_size, kFamily);
   c.m = M;
   c.k = K;

@@ -45,6 +45,9 @@ ShapeDtype values_spec(QuantFormat f, int64_t g, int64_t k, int64_t n);
 ShapeDtype scales_spec(QuantFormat f, int64_t g, int64_t k, int64_t n, int64_t group_size);
 // The group size in effect: `group_size`, or its default for the format (K; 32 for mxfp4).
 int64_t effective_group_size(QuantFormat f, int64_t k, int64_t group_size);
+// Throws InvalidArgument unless 0 <= G, K, N <= 2^40 (so that the layout's sizes cannot
+// overflow).
+void check_sizes(int64_t g, int64_t k, int64_t n, const char* op);
 // Throws InvalidArgument unless group_size suits the format and K.
 void check_group_size(QuantFormat f, int64_t k, int64_t group_size, const char* op);
 

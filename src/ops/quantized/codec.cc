@@ -204,10 +204,7 @@ QuantizedTensor QuantizedTensor::from_parts(QuantFormat f, int64_t groups, int64
                                             int64_t group_size, Tensor values, Tensor scales,
                                             std::optional<Tensor> zeros) {
   const char* op = "QuantizedTensor::from_parts";
-  if (groups < 0 || k < 0 || n < 0) {
-    throw InvalidArgument(
-        fmt::format("{}: [G, K, N] = [{}, {}, {}]; expected sizes >= 0", op, groups, k, n));
-  }
+  quant::check_sizes(groups, k, n, op);
   quant::check_group_size(f, k, group_size, op);
   auto check = [&](const Tensor& t, const char* name, const ShapeDtype& want) {
     if (t.spec() != want) {
@@ -265,7 +262,8 @@ QuantizedTensor from_gguf(const TensorView& blocks, std::string_view type, int64
   if (!q8 && type != "Q4_0") {
     throw InvalidArgument(fmt::format("{}: type '{}'; expected Q8_0 or Q4_0", op, type));
   }
-  if (groups < 0 || k < 0 || n < 0 || k % 32 != 0) {
+  quant::check_sizes(groups, k, n, op);
+  if (k % 32 != 0) {
     throw InvalidArgument(fmt::format(
         "{}: [G, K, N] = [{}, {}, {}]; expected sizes >= 0 and K a multiple of 32 (the block)", op,
         groups, k, n));

@@ -370,6 +370,12 @@ TEST(QuantizedRaggedDot, BadInput) {
         },
         "scales[7] =");
   }
+  expect_invalid_argument(
+      [&] {
+        QuantizedTensor::from_parts(QuantFormat::kInt8, 2, 64, INT64_MAX, 0, q.values.clone(),
+                                    q.scales.clone());
+      },
+      "expected sizes in [0, 2^40]");
   // The op: lhs, group sizes, arrays through the generic path.
   expect_invalid_argument(
       [&] {
@@ -416,6 +422,17 @@ TEST(QuantizedRaggedDot, BadInput) {
                       "native");
       },
       "only asymmetric int4 has zero points");
+  expect_invalid_argument(
+      [&] {
+        fam.bind_json({{"lhs", "f32[4,64]"},
+                       {"values", "i8[2,1,64,64]"},
+                       {"scales", "f32[2,1,1,64]"},
+                       {"group_sizes", {2, 2}},
+                       {"format", "int8"},
+                       {"n", INT64_MAX}},
+                      "native");
+      },
+      "expected sizes in [0, 2^40]");
 }
 
 // GGUF blocks made here by hand from the format (f16 scale, then 32 int8 or 16 bytes of
