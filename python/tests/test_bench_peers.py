@@ -58,6 +58,14 @@ TINY = [
     {"name": "tiny_decode_bf16_weights", "op": "ragged_dot", "tags": ["smoke", "decode"],
      "arguments": {"lhs": "f32[8,64]", "rhs": "bf16[4,64,32]",
                    "group_sizes": {"num_groups": 4, "total_size": 8}}},
+    {"name": "tiny_int8", "op": "quantized_ragged_dot", "tags": ["smoke", "quantized", "decode"],
+     "arguments": {"lhs": "f32[6,64]", "values": "i8[3,1,64,64]", "scales": "f32[3,1,1,64]",
+                   "group_sizes": [2, 0, 3], "format": "int8", "n": 40, "group_size": 0}},
+    {"name": "tiny_int4_asym", "op": "quantized_ragged_dot", "tags": ["smoke", "quantized"],
+     # N a multiple of 16: torch's int4 packing requires it.
+     "arguments": {"lhs": "f32[6,64]", "values": "u8[2,1,64,32]", "scales": "f32[2,1,2,64]",
+                   "zeros": "u8[2,1,2,64]", "group_sizes": [4, 2], "format": "int4", "n": 48,
+                   "group_size": 32}},
     {"name": "tiny_gqa", "op": "dot_product_attention", "tags": ["smoke"],
      "arguments": {"q": "f32[1,9,4,16]", "k": "f32[1,12,2,16]", "v": "f32[1,12,2,16]",
                    "is_causal": False}},
@@ -123,6 +131,22 @@ def test_main_ragged_dot(tmp_path, capsys):
         assert res["fastest_peer"] != "wrong (rotated groups)"
         assert res["speedup_vs_fastest"] == rows[res["fastest_peer"]]["ratio_median"]
         assert isinstance(res["meets_target"], bool)
+
+
+def test_main_quantized(tmp_path, capsys):
+    """Ours on quantized weights against ours on the same weights in bf16 and torch's
+    weight-only kernels (each checked against ours first), with the quantized targets."""
+    table, doc = run_main(tmp_path, capsys, "quantized_ragged_dot")
+    int8, int4 = doc["specs"]
+    assert int8["target"] == bp.QUANTIZED_DECODE_TARGET
+    assert int4["target"] == bp.QUANTIZED_PREFILL_TARGET
+    for res, torch_peer in ((int8, "torch _weight_int8pack_mm loop"),
+                            (int4, "torch _weight_int4pack_mm_for_cpu loop")):
+        rows = {r["peer"]: r for r in res["peers"]}
+        for name in (res["reference"], "tokamax_cpp.ragged_dot (bf16 weights)", torch_peer):
+            assert rows[name]["status"] == "ok" and len(rows[name]["samples_ms"]) == 2, name
+            assert rows[name]["check_error"] <= res["tolerance"], name
+    assert "| tiny_int4_asym | f32 x bf16 | tokamax_cpp.ragged_dot (int4) |" in table
 
 
 def test_bad_options_are_usage_errors():

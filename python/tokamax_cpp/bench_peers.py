@@ -3,6 +3,7 @@
     python -m tokamax_cpp.bench_peers --op ragged_dot --tag primary
     python -m tokamax_cpp.bench_peers --op dot_product_attention --tag primary --rounds 7
     python -m tokamax_cpp.bench_peers --op ragged_dot --spec memory_bound --json out.json
+    python -m tokamax_cpp.bench_peers --op quantized_ragged_dot --tag quantized
 
 Workloads are the library's own named argument specs (``tokamax specs --op OP --json``; see
 ``load_specs`` for where they are looked up). Inputs are generated once per spec with numpy
@@ -19,6 +20,10 @@ Peers, dot_product_attention: ``torch.nn.functional.scaled_dot_product_attention
 transposed to [B,N,T,H] outside the timed region; GQA through enable_gqa; bias and mask, which
 SDPA takes as one attn_mask, combined inside the timed region), ``jax.nn.dot_product_attention``
 and Google's ``tokamax.dot_product_attention`` under ``jax.jit``, and ``tokamax_cpp``'s.
+Peers, quantized_ragged_dot (the specs tagged ``quantized``): ours on the quantized weights and
+on the same weights dequantized to bf16, and torch's weight-only CPU kernels, one call per
+non-empty expert with bf16 activations: ``_weight_int8pack_mm`` (int8 per channel) and
+``_weight_int4pack_mm_for_cpu`` (int4 per group).
 
 Threads: one count n for everyone (default os.cpu_count()): torch.set_num_threads(n),
 tokamax_cpp.set_num_threads(n), and XLA_FLAGS="--xla_cpu_multi_thread_eigen=true
@@ -78,6 +83,9 @@ import numpy as np
 
 DECODE_TARGET = 1.5
 PREFILL_TARGET = 1.0
+# Quantized weights against torch's weight-only kernels (docs/quantized.md).
+QUANTIZED_DECODE_TARGET = 2.0
+QUANTIZED_PREFILL_TARGET = 1.2
 TOL_F32 = 1e-3
 TOL_BF16 = 5e-2
 
@@ -292,7 +300,40 @@ def make_inputs(op: str, args: dict, seed: int = 0) -> dict:
         out["logits_soft_cap"] = args.get("logits_soft_cap")
         out["dtypes"] = (parse_shape_dtype(args["q"])[0],)
         return out
+    if op == "quantized_ragged_dot":
+        return _quantized_inputs(args, rng)
     raise NotImplementedError(f"op {op!r}")
+
+
+def _quantized_inputs(args: dict, rng: np.random.Generator) -> dict:
+    """A quantized spec's inputs: weights drawn in f32 (scaled as trained weights are) and
+    quantized by the library in the spec's format, the same weights dequantized to bf16 for the
+    bf16 call, and the int values and scales torch's weight-only kernels take."""
+    import tokamax_cpp as tc
+
+    known = {"lhs", "values", "scales", "zeros", "group_sizes", "format", "n", "group_size",
+             "activation"}
+    extra = sorted(set(args) - known)
+    if extra:
+        raise NotImplementedError(f"spec arguments {extra} not supported here")
+    if args.get("activation", "none") != "none":
+        raise NotImplementedError("only activation none")
+    ldt, lsh = parse_shape_dtype(args["lhs"])
+    _, vsh = parse_shape_dtype(args["values"])
+    g, k, n = vsh[0], vsh[2], int(args["n"])
+    fmt, group_size = args["format"], int(args.get("group_size", 0))
+    gs = spec_group_sizes(args["group_sizes"])
+    if len(gs) != g or gs.sum() > lsh[0]:
+        raise ValueError(f"group sizes {gs.tolist()} do not fit lhs {lsh} / {g} experts")
+    w = (rng.standard_normal((g, k, n), dtype=np.float32) * 0.02).astype(np.float32)
+    q = tc.quantize(w, fmt, group_size=group_size, asymmetric="zeros" in args)
+    del w
+    deq = tc.dequantize(q)
+    import ml_dtypes
+
+    return {"lhs": _randn(rng, lsh, dtype_of(ldt)), "q": q,
+            "rhs_bf16": deq.astype(ml_dtypes.bfloat16), "deq": deq, "group_sizes": gs,
+            "format": fmt, "group_size": q.group_size, "dtypes": (ldt, "bf16")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -583,6 +624,88 @@ def ragged_dot_peers(inp: dict, libs: Libs) -> list[Peer]:
     return peers
 
 
+def _group_bounds(gs: np.ndarray) -> list[tuple[int, int, int]]:
+    """(group, first row, end row) of each non-empty group."""
+    bounds, start = [], 0
+    for g, s in enumerate(gs.tolist()):
+        if s:
+            bounds.append((g, start, start + s))
+        start += s
+    return bounds
+
+
+def quantized_peers(inp: dict, libs: Libs) -> list[Peer]:
+    """Ours on the quantized weights, ours on the same weights in bf16, and torch's fastest CPU
+    weight-only kernels a torch user has (int8 per channel: _weight_int8pack_mm; int4 per group:
+    _weight_int4pack_mm_for_cpu), one call per non-empty expert."""
+    lhs, q, gs, deq = inp["lhs"], inp["q"], inp["group_sizes"], inp["deq"]
+    tc = libs.tokamax_cpp
+    peers = [_make("tokamax_cpp.ragged_dot (" + q.format + ")", "ours",
+                   lambda: ((lambda: tc.ragged_dot(lhs, q, gs)), "weights widened in-kernel")),
+             _make("tokamax_cpp.ragged_dot (bf16 weights)", "ours",
+                   lambda: ((lambda: tc.ragged_dot(lhs, inp["rhs_bf16"], gs)),
+                            "the same weights dequantized to bf16"))]
+    torch = libs.torch
+    if torch is None:
+        peers.append(Peer("torch", "torch", skip=libs.errors.get("torch", "no torch")))
+        return peers
+    bounds = _group_bounds(gs)
+    total = int(gs.sum())
+    n = deq.shape[2]
+    x = torch.from_numpy(lhs).to(torch.bfloat16)
+
+    def int8_pack():
+        if q.format != "int8" or q.group_size != deq.shape[1]:
+            raise NotImplementedError("int8 per channel only")
+        scale = np.abs(deq).max(axis=1)  # [G, N]: the per-channel scale * 127
+        scale[scale == 0] = 1
+        ws = [torch.from_numpy(np.ascontiguousarray(
+            np.rint(deq[g] / scale[g] * 127).T.astype(np.int8))) for g in range(deq.shape[0])]
+        ss = [torch.from_numpy((scale[g] / 127).astype(np.float32)).to(torch.bfloat16)
+              for g in range(deq.shape[0])]
+
+        def call():
+            out = torch.empty(total, n, dtype=torch.bfloat16)
+            for g, s, e in bounds:
+                out[s:e] = torch.ops.aten._weight_int8pack_mm(x[s:e], ws[g], ss[g])
+            return out
+
+        call()
+        return call, "bf16 activations, int8 [N, K] and bf16 scales per expert"
+
+    def int4_pack():
+        if q.format != "int4":
+            raise NotImplementedError("int4 only")
+        gsz = q.group_size
+        g_count, k = deq.shape[0], deq.shape[1]
+        scales = q.scales  # [G, P, K / gsz, 64] f32 (ours)
+        zeros = q.zeros
+        packs, szs = [], []
+        for g in range(g_count):
+            s = scales[g].transpose(1, 0, 2).reshape(k // gsz, -1)[:, :n]  # [K/gsz, N]
+            z = (zeros[g].transpose(1, 0, 2).reshape(k // gsz, -1)[:, :n].astype(np.float32)
+                 if zeros is not None else np.full_like(s, 8))
+            codes = np.rint(deq[g] / np.repeat(s, gsz, axis=0) + np.repeat(z, gsz, axis=0))
+            w_int = torch.from_numpy(np.ascontiguousarray(codes.T.astype(np.int32)))
+            packs.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(w_int, 1))
+            sz = np.stack([s, (8 - z) * s], axis=-1)  # torch: (q - 8) * s + zero
+            szs.append(torch.from_numpy(sz.astype(np.float32)).to(torch.bfloat16))
+
+        def call():
+            out = torch.empty(total, n, dtype=torch.bfloat16)
+            for g, s, e in bounds:
+                out[s:e] = torch.ops.aten._weight_int4pack_mm_for_cpu(x[s:e], packs[g], gsz,
+                                                                       szs[g])
+            return out
+
+        call()
+        return call, "bf16 activations, int4 packed per expert, bf16 scales and zeros"
+
+    peers.append(_make("torch _weight_int8pack_mm loop", "torch", int8_pack))
+    peers.append(_make("torch _weight_int4pack_mm_for_cpu loop", "torch", int4_pack))
+    return peers
+
+
 def attention_peers(inp: dict, libs: Libs) -> list[Peer]:
     q, k, v = inp["q"], inp["k"], inp["v"]
     bias, mask = inp.get("bias"), inp.get("mask")
@@ -694,7 +817,8 @@ def attention_peers(inp: dict, libs: Libs) -> list[Peer]:
     return peers
 
 
-PEER_BUILDERS = {"ragged_dot": ragged_dot_peers, "dot_product_attention": attention_peers}
+PEER_BUILDERS = {"ragged_dot": ragged_dot_peers, "dot_product_attention": attention_peers,
+                 "quantized_ragged_dot": quantized_peers}
 
 
 # --------------------------------------------------------------------------------------------
@@ -825,7 +949,10 @@ def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sa
         row["ratio_median"] = statistics.median(row["ratios"])
         row["ratio_min"], row["ratio_max"] = min(row["ratios"]), max(row["ratios"])
     tags = spec.get("tags", [])
-    target = DECODE_TARGET if "decode" in tags else PREFILL_TARGET
+    if "quantized" in tags:
+        target = QUANTIZED_DECODE_TARGET if "decode" in tags else QUANTIZED_PREFILL_TARGET
+    else:
+        target = DECODE_TARGET if "decode" in tags else PREFILL_TARGET
     others = [rows[i] for i in timed if peers[i].kind != "ours" and rows[i]["status"] == "ok"]
     fastest = min(others, key=lambda row: row["median_ms"]) if others else None
     return {"name": spec["name"], "op": spec.get("op"), "tags": tags,
@@ -868,7 +995,8 @@ def format_tables(results: list[dict]) -> str:
             lines.append(f"| {res['name']} | {res['dtype']} | {row['peer']} | "
                          f"{_ms(row['median_ms'])} | {ratio} | {note.replace('|', '/')} |")
     lines += ["", "Ours vs the fastest torch/XLA peer (speedup = median of per-round ratios "
-              "peer / ours; target >= 1.5x on decode specs, >= 1.0x on prefill):", "",
+              "peer / ours; target >= 1.5x on decode specs, >= 1.0x on prefill; quantized: "
+              ">= 2x and >= 1.2x):", "",
               "| spec | fastest peer | peer ms | ours ms | speedup [range] | target | met |",
               "|---|---|---:|---:|---|---:|---|"]
     for res in results:
@@ -928,7 +1056,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def result_view(op: str, inp: dict) -> Callable[[np.ndarray], np.ndarray] | None:
     """ragged_dot: the rows the groups cover (rows past their total are no part of the result;
     the torch loop's output holds only the total)."""
-    if op == "ragged_dot":
+    if op in ("ragged_dot", "quantized_ragged_dot"):
         total = int(inp["group_sizes"].sum())
         return lambda a: a[:total]
     return None
