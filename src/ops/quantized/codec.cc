@@ -64,6 +64,19 @@ void put(QuantFormat f, uint8_t* row, int64_t col, uint8_t code) {
                : static_cast<uint8_t>((b & 0x0f) | (code << 4));
 }
 
+// A QuantizedTensor's description, without its arrays.
+QuantizedTensor header(QuantFormat f, int64_t g, int64_t k, int64_t n, int64_t group_size,
+                       bool asymmetric) {
+  QuantizedTensor q;
+  q.format = f;
+  q.groups = g;
+  q.k = k;
+  q.n = n;
+  q.group_size = quant::effective_group_size(f, k, group_size);
+  q.asymmetric = asymmetric;
+  return q;
+}
+
 }  // namespace
 
 int64_t QuantizedTensor::bytes() const {
@@ -95,13 +108,7 @@ QuantizedTensor quantize(const TensorView& w, QuantFormat f, int64_t group_size,
                       w.spec().str(), v, i));
     }
   }
-  QuantizedTensor q;
-  q.format = f;
-  q.groups = G;
-  q.k = K;
-  q.n = N;
-  q.group_size = quant::effective_group_size(f, K, group_size);
-  q.asymmetric = asymmetric;
+  QuantizedTensor q = header(f, G, K, N, group_size, asymmetric);
   const ShapeDtype vs = quant::values_spec(f, G, K, N),
                    ss = quant::scales_spec(f, G, K, N, group_size);
   q.values = Tensor(vs.shape, vs.dtype);
@@ -242,13 +249,7 @@ QuantizedTensor QuantizedTensor::from_parts(QuantFormat f, int64_t groups, int64
           fmt::format("{}: scales[{}] = {}; expected a positive finite scale", op, i, s));
     }
   }
-  QuantizedTensor q;
-  q.format = f;
-  q.groups = groups;
-  q.k = k;
-  q.n = n;
-  q.group_size = quant::effective_group_size(f, k, group_size);
-  q.asymmetric = zeros.has_value();
+  QuantizedTensor q = header(f, groups, k, n, group_size, zeros.has_value());
   q.values = std::move(values);
   q.scales = std::move(scales);
   q.zeros = std::move(zeros);
@@ -279,12 +280,7 @@ QuantizedTensor from_gguf(const TensorView& blocks, std::string_view type, int64
                     op, blocks.spec().str(), type, groups, k, n, want.str(), k / 32, block_bytes));
   }
   const QuantFormat f = q8 ? QuantFormat::kInt8 : QuantFormat::kInt4;
-  QuantizedTensor q;
-  q.format = f;
-  q.groups = groups;
-  q.k = k;
-  q.n = n;
-  q.group_size = 32;
+  QuantizedTensor q = header(f, groups, k, n, 32, false);
   const ShapeDtype vs = quant::values_spec(f, groups, k, n),
                    ss = quant::scales_spec(f, groups, k, n, 32);
   q.values = Tensor(vs.shape, vs.dtype);
