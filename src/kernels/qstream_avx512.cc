@@ -8,6 +8,8 @@
 #define TOKAMAX_QSTREAM_WIDEN_U8_U16(p) \
   _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
 #define TOKAMAX_QSTREAM_F16_TO_F32(h) _mm512_maskz_cvtph_ps(0xffff, (__m256i)(h))
+#define TOKAMAX_QSTREAM_LOOKUP(table, idx) \
+  _mm512_maskz_permutexvar_ps(0xffff, (__m512i)(idx), (__m512)(table))
 #include "kernels/qstream_impl.h"
 
 namespace tokamax::kernels {

@@ -31,6 +31,9 @@ struct QStream {
     std::memcpy(&f, &x, sizeof f);
     return f;
   }
+  // Optional per ISA: TOKAMAX_QSTREAM_LOOKUP(table, idx), lane i = table[idx[i] mod W] (a
+  // variable permute: vpermps), for the 4-bit formats' tables at widths 16 and 8. (A macro with
+  // the ISA's intrinsic: GCC's __builtin_shuffle is not in clang, which builds the sanitizers.)
   // W bytes widened to W int32 lanes (zero- or sign-extended). GCC scalarizes a byte vector's
   // __builtin_convertvector (a cvtsi2ss per lane), so an ISA file gives its widening
   // instruction: TOKAMAX_QSTREAM_WIDEN_U8(p) and TOKAMAX_QSTREAM_WIDEN_I8(p), returning vi.
@@ -84,13 +87,13 @@ struct QStream {
   // e2m1 nibbles to f32: exponent e (bias 1) and mantissa m; e == 0 is m * 0.5.
   static vf e2m1(vi n) {
     // A table lookup where a vector holds it (vpermps: one instruction for 16 or 8 lanes).
-#if TOKAMAX_QSTREAM_WIDTH == 16
+#if defined(TOKAMAX_QSTREAM_LOOKUP) && TOKAMAX_QSTREAM_WIDTH == 16
     const vf table = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-    return __builtin_shuffle(table, n);
-#elif TOKAMAX_QSTREAM_WIDTH == 8
+    return (vf)TOKAMAX_QSTREAM_LOOKUP(table, n);
+#elif defined(TOKAMAX_QSTREAM_LOOKUP) && TOKAMAX_QSTREAM_WIDTH == 8
     const vf table = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    return as_float(reinterpret(__builtin_shuffle(table, n & 7)) | ((n & 8) << 28));
+    return as_float(reinterpret((vf)TOKAMAX_QSTREAM_LOOKUP(table, n & 7)) | ((n & 8) << 28));
 #endif
     const vi mag = n & 7, e = mag >> 1, m = mag & 1;
     const vi normal = ((e + 126) << 23) | (m << 22);
@@ -122,12 +125,12 @@ struct QStream {
       for (int v = 0; v < V / 2; ++v) {
         const vi x = bytes_u(row + v * W);
         if constexpr (F == QFormat::kInt4) {
-#if TOKAMAX_QSTREAM_WIDTH == 16
+#if defined(TOKAMAX_QSTREAM_LOOKUP) && TOKAMAX_QSTREAM_WIDTH == 16
           // A nibble's float by table (vpermps reads the index's low 4 bits: no mask), then the
           // zero point off in f32 (exact: small integers).
           const vf table = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-          w[v] = __builtin_shuffle(table, x) - zerof[v];
-          w[v + V / 2] = __builtin_shuffle(table, x >> 4) - zerof[v + V / 2];
+          w[v] = (vf)TOKAMAX_QSTREAM_LOOKUP(table, x) - zerof[v];
+          w[v + V / 2] = (vf)TOKAMAX_QSTREAM_LOOKUP(table, x >> 4) - zerof[v + V / 2];
 #else
           // The zero point taken off each value, in the integers (exact). Taking z * sum(a) off
           // once per group instead cancels: 1.3e-5 normwise error at K = 32 against 1e-5.
