@@ -270,6 +270,62 @@ TEST(QuantizedRaggedDot, KernelOfEveryIsaMatchesTheReference) {
   }
 }
 
+// Every code of every format through the kernel of every ISA (quantize never writes the NaN
+// codes or every nibble): one row of values a call with a = 1 and scale 1, so the tile is the
+// decoded values themselves; NaN codes must come out NaN.
+TEST(QuantizedRaggedDot, KernelDecodesEveryCode) {
+  for (const kernels::KernelSet* set : testing::runnable_sets()) {
+    const kernels::QStreamKernel kernel = kernels::qstream_kernel(set->isa);
+    for (const QuantFormat f :
+         {QuantFormat::kInt8, QuantFormat::kFp8E4M3, QuantFormat::kInt4, QuantFormat::kMxfp4}) {
+      const bool nibbles = f == QuantFormat::kInt4 || f == QuantFormat::kMxfp4;
+      const int rb = nibbles ? 32 : 64, K = 4;
+      std::vector<uint8_t> values(static_cast<size_t>(K * rb));
+      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 37 + 11);
+      // Byte i * 37 + 11 over 256 bytes covers every byte value (37 is odd); the nibbles too.
+      std::vector<float> scales(64, 1.0f);
+      std::vector<uint8_t> e8m0(64, 127), zeros(64, 8);
+      // One row of values a call (K = 1, a = 1): a NaN code times another row's 0 would be NaN.
+      const float one = 1.0f;
+      std::vector<float> c(static_cast<size_t>(K * 64));
+      for (int k = 0; k < K; ++k) {
+        kernel(quant::kernel_format(f), 1, 1, 1, &one, 1, values.data() + k * rb,
+               f == QuantFormat::kMxfp4 ? static_cast<const void*>(e8m0.data()) : scales.data(),
+               f == QuantFormat::kInt4 ? zeros.data() : nullptr, c.data() + k * 64, 64);
+      }
+      for (int k = 0; k < K; ++k) {
+        for (int j = 0; j < 64; ++j) {
+          const uint8_t b = values[static_cast<size_t>(k * rb + (nibbles ? j % 32 : j))];
+          const int nib = j < 32 ? b & 15 : b >> 4;
+          double want;
+          switch (f) {
+            case QuantFormat::kInt8:
+              want = static_cast<int8_t>(b);
+              break;
+            case QuantFormat::kFp8E4M3:
+              want = e4m3(b);
+              break;
+            case QuantFormat::kInt4:
+              want = nib - 8;
+              break;
+            default:
+              want = e2m1(nib);
+          }
+          const float got = c[static_cast<size_t>(k * 64 + j)];
+          const std::string what = std::string(set->name) + " " +
+                                   std::string(quant_format_name(f)) + " code " +
+                                   std::to_string(nibbles ? nib : b);
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(got)) << what;
+          } else {
+            EXPECT_EQ(got, want) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantizedRaggedDot, NativeEveryConfigMatchesTheReference) {
   std::mt19937_64 rng(fresh_seed());
   const std::vector<std::vector<int32_t>> groupings = {{0, 0, 0}, {1, 0, 0}, {3, 0, 9}, {0, 5, 1}};
