@@ -63,6 +63,31 @@ TEST(Hardening, ResultFileIntegerFieldsTakeIntegersInRangeOnly) {
                           "field 'scratch_bytes' is -1e+30");
 }
 
+// Found by fuzz_cache_file: a list of integers (sample_rounds) holding 2e124 was cast to int
+// element by element (UBSan's float-cast-overflow inside nlohmann's array conversion).
+TEST(Hardening, IntegerListFieldsTakeIntegersInRangeOnly) {
+  auto result = [](const std::string& rounds) {
+    return "{\"device_kind\": \"x\", \"tokamax_version\": \"0.1.0\", \"data\": [[{\"op\": "
+           "{\"family\": \"ragged_dot\", \"implementation\": \"native\"}, \"arguments\": "
+           "{\"lhs\": \"f32[8,64]\", \"rhs\": \"f32[2,64,64]\", \"group_sizes\": [5, 3], "
+           "\"num_threads\": 2}}, {\"{\\\"kc\\\":64,\\\"mc\\\":6,\\\"mr\\\":6,\\\"nc\\\":64}\": "
+           "{\"median_ms\": 0.01, \"evaluation_times_ms\": [0.01], \"sample_rounds\": " +
+           rounds +
+           ", \"ratios\": [1.0], \"ratio\": 1.0, \"ratio_ci\": [1.0, 1.0], "
+           "\"rounds\": 1, \"stage\": 1}}]]}";
+  };
+  expect_invalid_argument([&] { AutotuningResult::loads(result("[2e124]")); },
+                          "field 'sample_rounds' element 0 is 2e+124, expected an integer in [");
+  expect_invalid_argument([&] { AutotuningResult::loads(result("[1.5]")); },
+                          "field 'sample_rounds' element 0 is 1.5");
+  try {
+    AutotuningResult::loads(result("[0]"));
+  } catch (const InvalidArgument& e) {
+    // Whatever else the minimal entry lacks, its sample_rounds are read.
+    EXPECT_EQ(std::string(e.what()).find("sample_rounds"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Hardening, DeepJsonIsRefusedBeforeParsing) {
   // 100,000 levels crashed `cache verify`, `trace extract`, --bound-args (SIGSEGV).
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
