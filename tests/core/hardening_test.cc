@@ -45,16 +45,22 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 // ---------------------------------------------------------------------------------------------
 // JSON and files.
 
+// A result file of one ragged_dot key with one config, whose benchmark entry holds `fields`.
+std::string result_file_with(const std::string& fields) {
+  return "{\"device_kind\": \"x\", \"tokamax_version\": \"0.1.0\", \"data\": [[{\"op\": "
+         "{\"family\": \"ragged_dot\", \"implementation\": \"native\"}, \"arguments\": "
+         "{\"lhs\": \"f32[8,64]\", \"rhs\": \"f32[2,64,64]\", \"group_sizes\": [5, 3], "
+         "\"num_threads\": 2}}, {\"{\\\"kc\\\":64,\\\"mc\\\":6,\\\"mr\\\":6,\\\"nc\\\":64}\": "
+         "{" +
+         fields + "}}]]}";
+}
+
 TEST(Hardening, ResultFileIntegerFieldsTakeIntegersInRangeOnly) {
   // Found by fuzz_result_file: scratch_bytes 1e42 was cast to int64_t (undefined; UBSan's
   // float-cast-overflow).
   auto result = [](const std::string& scratch) {
-    return "{\"device_kind\": \"x\", \"tokamax_version\": \"0.1.0\", \"data\": [[{\"op\": "
-           "{\"family\": \"ragged_dot\", \"implementation\": \"native\"}, \"arguments\": "
-           "{\"lhs\": \"f32[8,64]\", \"rhs\": \"f32[2,64,64]\", \"group_sizes\": [5, 3], "
-           "\"num_threads\": 2}}, {\"{\\\"kc\\\":64,\\\"mc\\\":6,\\\"mr\\\":6,\\\"nc\\\":64}\": "
-           "{\"median_ms\": 0.01, \"scratch_bytes\": " +
-           scratch + ", \"cold_cache\": false, \"finalist\": true, \"heuristics\": true}}]]}";
+    return result_file_with("\"median_ms\": 0.01, \"scratch_bytes\": " + scratch +
+                            ", \"cold_cache\": false, \"finalist\": true, \"heuristics\": true");
   };
   EXPECT_NO_THROW(AutotuningResult::loads(result("1024")));
   expect_invalid_argument([&] { AutotuningResult::loads(result("1.025e42")); },
@@ -67,14 +73,10 @@ TEST(Hardening, ResultFileIntegerFieldsTakeIntegersInRangeOnly) {
 // element by element (UBSan's float-cast-overflow inside nlohmann's array conversion).
 TEST(Hardening, IntegerListFieldsTakeIntegersInRangeOnly) {
   auto result = [](const std::string& rounds) {
-    return "{\"device_kind\": \"x\", \"tokamax_version\": \"0.1.0\", \"data\": [[{\"op\": "
-           "{\"family\": \"ragged_dot\", \"implementation\": \"native\"}, \"arguments\": "
-           "{\"lhs\": \"f32[8,64]\", \"rhs\": \"f32[2,64,64]\", \"group_sizes\": [5, 3], "
-           "\"num_threads\": 2}}, {\"{\\\"kc\\\":64,\\\"mc\\\":6,\\\"mr\\\":6,\\\"nc\\\":64}\": "
-           "{\"median_ms\": 0.01, \"evaluation_times_ms\": [0.01], \"sample_rounds\": " +
-           rounds +
-           ", \"ratios\": [1.0], \"ratio\": 1.0, \"ratio_ci\": [1.0, 1.0], "
-           "\"rounds\": 1, \"stage\": 1}}]]}";
+    return result_file_with(
+        "\"median_ms\": 0.01, \"evaluation_times_ms\": [0.01], \"sample_rounds\": " + rounds +
+        ", \"ratios\": [1.0], \"ratio\": 1.0, \"ratio_ci\": [1.0, 1.0], \"rounds\": 1, "
+        "\"stage\": 1");
   };
   expect_invalid_argument([&] { AutotuningResult::loads(result("[2e124]")); },
                           "field 'sample_rounds' element 0 is 2e+124, expected an integer in [");
