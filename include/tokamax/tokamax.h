@@ -32,6 +32,7 @@
 #include "tokamax/ops/attention.h"
 #include "tokamax/ops/glu.h"
 #include "tokamax/ops/loss.h"
+#include "tokamax/ops/moe.h"
 #include "tokamax/ops/norm.h"
 #include "tokamax/ops/ragged_dot.h"
 #include "tokamax/trace/extract.h"

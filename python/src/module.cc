@@ -385,6 +385,59 @@ void bind_packed_rhs(nb::module_& m) {
       "rhs"_a.none(), "dim_nums"_a = "forward", "precision"_a.none() = nb::none());
 }
 
+// PackedMoeWeights, pack_moe_weights and moe_experts_packed: the experts' weights packed once
+// (a model's load time), then every call reads the packed panels.
+void bind_moe_weights(nb::module_& m) {
+  nb::class_<PackedMoeWeights>(
+      m, "PackedMoeWeights",
+      "An MoE layer's expert weights (gate-up and down) packed once for the native kernels "
+      "(pack_moe_weights); immutable, shared between calls and threads.")
+      .def_prop_ro("experts",
+                   [](const PackedMoeWeights& w) { return w.gate_up.logical().shape[0]; })
+      .def_prop_ro("dtype",
+                   [](const PackedMoeWeights& w) { return dtype_name(w.gate_up.logical().dtype); })
+      .def_prop_ro("transposed_weights",
+                   [](const PackedMoeWeights& w) {
+                     return w.gate_up.dim_nums() == RaggedDimNums::kTransposedRhs;
+                   })
+      .def("__repr__", [](const PackedMoeWeights& w) {
+        return "PackedMoeWeights(gate_up " + w.gate_up.logical().str() + ", down " +
+               w.down.logical().str() + ", " + std::string(dim_nums_name(w.gate_up.dim_nums())) +
+               ")";
+      });
+  m.def(
+      "pack_moe_weights",
+      [](nb::handle w_gate_up, nb::handle w_down, bool transposed_weights) {
+        ArrayArgs args("pack_moe_weights");
+        const TensorView gu = args.add(w_gate_up, "w_gate_up");
+        const TensorView dn = args.add(w_down, "w_down");
+        return run(false, [&] { return pack_moe_weights(gu, dn, transposed_weights); });
+      },
+      "w_gate_up"_a.none(), "w_down"_a.none(), "transposed_weights"_a = false,
+      "Packs an MoE layer's expert weights once for moe_experts_packed: w_gate_up [E, K, 2N] "
+      "and w_down [E, N, K] (with transposed_weights, transformers' [E, 2N, K] and [E, K, N]).");
+  m.def(
+      "moe_experts_packed",
+      [](nb::handle hidden, nb::handle top_k_index, nb::handle top_k_weights,
+         const PackedMoeWeights& weights, nb::handle activation, nb::handle implementation,
+         nb::handle config, bool heuristics_only) -> nb::object {
+        ArrayArgs args("moe_experts");
+        const TensorView h = args.add(hidden, "hidden");
+        const TensorView idx = args.add(top_k_index, "top_k_index");
+        const TensorView w = args.add(top_k_weights, "top_k_weights");
+        MoeExpertsOptions o;
+        o.activation = activation_arg(activation, o.activation);
+        set_choice(o, "moe_experts", implementation, config);
+        Tensor t = run(heuristics_only, [&] { return moe_experts(h, idx, w, weights, o); });
+        return wrap(std::move(t), args.torch());
+      },
+      "hidden"_a.none(), "top_k_index"_a.none(), "top_k_weights"_a.none(), "weights"_a,
+      nb::kw_only(), "activation"_a.none() = nb::none(), "implementation"_a.none() = nb::none(),
+      "config"_a.none() = nb::none(), "heuristics_only"_a = false,
+      "moe_experts with the weights packed by pack_moe_weights (the native implementation): "
+      "hidden [T, K], top_k_index [T, k], top_k_weights [T, k] -> [T, K] in hidden's dtype.");
+}
+
 // QuantizedTensor (Python: QuantizedWeights), quantize, dequantize.
 nb::object copy_out(const Tensor& t) { return wrap(t.clone(), false); }
 
@@ -900,6 +953,7 @@ NB_MODULE(_core, m) {
   bind_described_ops(m);
   bind_packed_rhs(m);
   bind_quantized(m);
+  bind_moe_weights(m);
   bind_ragged_dot(m);
   bind_ragged_dot_general(m);
   bind_glu_weights(m);

@@ -10,6 +10,7 @@ from ._core import (
     BoundArguments as BoundArguments,
     CacheMissError as CacheMissError,
     PackedGluWeights as PackedGluWeights,
+    PackedMoeWeights as PackedMoeWeights,
     PackedRhs as PackedRhs,
     QuantizedWeights as QuantizedWeights,
     dequantize as dequantize,
@@ -17,8 +18,10 @@ from ._core import (
     gated_linear_unit as gated_linear_unit,
     gated_linear_unit_vjp as gated_linear_unit_vjp,
     get_bound_args as get_bound_args,
+    moe_experts_packed as moe_experts_packed,
     num_threads as num_threads,
     pack_glu_weights as pack_glu_weights,
+    pack_moe_weights as pack_moe_weights,
     pack_rhs as pack_rhs,
     quantize as quantize,
     query_configs as query_configs,
@@ -48,6 +51,9 @@ def linear_softmax_cross_entropy_loss(x: Array, labels: Array, weights: Array, *
 
 def linear_softmax_cross_entropy_loss_vjp(x: Array, labels: Array, weights: Array, lse: Array, dloss: Array, *, reduction: Optional[str] = 'sum', implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
     """The backward of linear_softmax_cross_entropy_loss: the gradients of its inputs from its arguments, its residuals and the cotangent 'dloss'."""
+
+def moe_experts(hidden: Array, top_k_index: Array, top_k_weights: Array, w_gate_up: Array, w_down: Array, *, activation: Optional[str] = 'silu', transposed_weights: bool = False, implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
+    """A mixture-of-experts layer's experts in one call: each token's hidden state through its top-k experts' gated linear units (activation(x W_gate) * (x W_up)) W_down, summed with the router's weights. The sort by expert, both grouped products, the activation and the combine run on the library's pool."""
 
 def quantized_ragged_dot(lhs: Array, values: Array, scales: Array, zeros: Optional[Array] = None, *, group_sizes: Any = None, format: Optional[str] = 'int8', n: int = 0, group_size: int = 0, activation: Optional[str] = 'none', implementation: Optional[str] = None, config: Any = None, heuristics_only: bool = False) -> Any:
     """ragged_dot (forward: [M, K] x [G, K, N] -> [M, N]) with quantized weights (int8, int4, fp8_e4m3, mxfp4; quantize() makes them), widened inside the kernel: the weight-only path of mixture-of-experts decode."""

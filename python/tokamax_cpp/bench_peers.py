@@ -4,6 +4,7 @@
     python -m tokamax_cpp.bench_peers --op dot_product_attention --tag primary --rounds 7
     python -m tokamax_cpp.bench_peers --op ragged_dot --spec memory_bound --json out.json
     python -m tokamax_cpp.bench_peers --op quantized_ragged_dot --tag quantized
+    python -m tokamax_cpp.bench_peers --op moe_experts --tag moe
 
 Workloads are the library's own named argument specs (``tokamax specs --op OP --json``; see
 ``load_specs`` for where they are looked up). Inputs are generated once per spec with numpy
@@ -24,6 +25,14 @@ Peers, quantized_ragged_dot (the specs tagged ``quantized``): ours on the quanti
 on the same weights dequantized to bf16, and torch's weight-only CPU kernels, one call per
 non-empty expert with bf16 activations: ``_weight_int8pack_mm`` (int8 per channel) and
 ``_weight_int4pack_mm_for_cpu`` (int4 per group).
+Peers, moe_experts (the specs tagged ``moe``: real models' expert blocks in transformers'
+layout, bf16, routed by top-k over random router logits): ours from torch
+(``torch.ops.tokamax.moe_experts`` on the module's own weights) and with the weights packed once
+(``tokamax_cpp.moe_experts_packed``), the same layer written in Python around two
+``torch.ops.tokamax.ragged_dot`` calls (weights transposed once to [E, K, 2N] and [E, N, K];
+sort, gather, activation and combine as torch ops: what a user wires by hand), and Hugging Face
+transformers' experts backends (``eager``, ``grouped_mm``, ``batched_mm``) on a Qwen3-MoE
+experts module holding the same weights.
 
 Threads: one count n for everyone (default os.cpu_count()): torch.set_num_threads(n),
 tokamax_cpp.set_num_threads(n), and XLA_FLAGS="--xla_cpu_multi_thread_eigen=true
@@ -86,6 +95,8 @@ PREFILL_TARGET = 1.0
 # Quantized weights against torch's weight-only kernels (docs/quantized.md).
 QUANTIZED_DECODE_TARGET = 2.0
 QUANTIZED_PREFILL_TARGET = 1.2
+# The fused experts op against transformers' fastest experts backend, by tokens per call.
+MOE_TARGETS = {1: 2.0, 8: 1.0, 64: 1.0, 512: 1.2}
 TOL_F32 = 1e-3
 TOL_BF16 = 5e-2
 
@@ -302,7 +313,38 @@ def make_inputs(op: str, args: dict, seed: int = 0) -> dict:
         return out
     if op == "quantized_ragged_dot":
         return _quantized_inputs(args, rng)
+    if op == "moe_experts":
+        return _moe_inputs(args, rng)
     raise NotImplementedError(f"op {op!r}")
+
+
+def _moe_inputs(args: dict, rng: np.random.Generator) -> dict:
+    """An experts spec's inputs: hidden states, the top-k of softmaxed random router logits
+    (weights renormalized over the k, as Qwen3-MoE and Mixtral do), and weights at a trained
+    model's scale (1 / sqrt(fan-in)) in transformers' layout."""
+    import ml_dtypes
+
+    known = {"hidden", "top_k_index", "top_k_weights", "w_gate_up", "w_down", "activation",
+             "transposed_weights"}
+    extra = sorted(set(args) - known)
+    if extra:
+        raise NotImplementedError(f"spec arguments {extra} not supported here")
+    if not args.get("transposed_weights", False) or args.get("activation", "silu") != "silu":
+        raise NotImplementedError("only transformers' layout and silu")
+    xdt, (t, k) = parse_shape_dtype(args["hidden"])
+    _, (_, top) = parse_shape_dtype(args["top_k_index"])
+    wdt, (e, two_n, _) = parse_shape_dtype(args["w_gate_up"])
+    logits = rng.standard_normal((t, e))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    idx = np.argsort(-probs, axis=-1, kind="stable")[:, :top].astype(np.int64)
+    w = np.take_along_axis(probs, idx, -1)
+    w = (w / w.sum(-1, keepdims=True)).astype(np.float32)
+    gu = (rng.standard_normal((e, two_n, k), dtype=np.float32) * k ** -0.5).astype(dtype_of(wdt))
+    dn = (rng.standard_normal((e, k, two_n // 2), dtype=np.float32)
+          * (two_n // 2) ** -0.5).astype(dtype_of(wdt))
+    return {"hidden": _randn(rng, (t, k), dtype_of(xdt)), "top_k_index": idx,
+            "top_k_weights": w, "w_gate_up": gu, "w_down": dn, "dtypes": (xdt, wdt),
+            "bf16": ml_dtypes.bfloat16}
 
 
 def _quantized_inputs(args: dict, rng: np.random.Generator) -> dict:
@@ -817,8 +859,80 @@ def attention_peers(inp: dict, libs: Libs) -> list[Peer]:
     return peers
 
 
+def moe_peers(inp: dict, libs: Libs) -> list[Peer]:
+    """Ours (the torch operator and the packed weights), the Python-glue layer around two
+    ragged_dot operators, and transformers' experts backends on one Qwen3-MoE experts module
+    holding the same weights."""
+    tc, torch = libs.tokamax_cpp, libs.torch
+    if torch is None:
+        raise NotImplementedError("moe_experts peers need torch")
+    from tokamax_cpp import torch_ops  # noqa: F401  (registers the operators)
+
+    x = _torch_of(torch, inp["hidden"])
+    idx = torch.from_numpy(inp["top_k_index"])
+    w = torch.from_numpy(inp["top_k_weights"])
+    gu, dn = _torch_of(torch, inp["w_gate_up"]), _torch_of(torch, inp["w_down"])
+    e, k, n = gu.shape[0], gu.shape[2], gu.shape[1] // 2
+    peers = [_make("tokamax_cpp moe_experts (torch op)", "ours", lambda: (
+        (lambda: torch.ops.tokamax.moe_experts(x, idx, w, gu, dn, transposed_weights=True)),
+        "one call: sort, gate-up, silu, down, combine"))]
+
+    def packed():
+        weights = tc.pack_moe_weights(gu, dn, transposed_weights=True)
+        return (lambda: tc.moe_experts_packed(x, idx, w, weights)), "weights packed once"
+
+    peers.append(_make("tokamax_cpp moe_experts_packed", "ours", packed))
+
+    def glue():
+        gu_kn = gu.transpose(1, 2).contiguous()  # [E, K, 2N], once
+        dn_nk = dn.transpose(1, 2).contiguous()  # [E, N, K]
+
+        def call():
+            flat = idx.reshape(-1)
+            order = torch.argsort(flat, stable=True)
+            sizes = torch.bincount(flat, minlength=e).to(torch.int32)
+            xs = x[order // idx.shape[1]]
+            h = torch.ops.tokamax.ragged_dot(xs, gu_kn, sizes)
+            a = (torch.nn.functional.silu(h[:, :n]) * h[:, n:]).to(x.dtype)
+            y = torch.ops.tokamax.ragged_dot(a, dn_nk, sizes)
+            y = y * w.reshape(-1)[order, None].to(y.dtype)
+            out = torch.zeros(x.shape, dtype=torch.float32)
+            out.index_add_(0, order // idx.shape[1], y.float())
+            return out.to(x.dtype)
+
+        return call, "two torch.ops.tokamax.ragged_dot, sort/gather/silu/combine in torch"
+
+    peers.append(_make("python glue around tokamax ragged_dot", "ours", glue))
+
+    def hf(impl: str):
+        def build():
+            from transformers import Qwen3MoeConfig
+            from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+            cfg = Qwen3MoeConfig(hidden_size=k, moe_intermediate_size=n, num_experts=e,
+                                 num_experts_per_tok=idx.shape[1], num_hidden_layers=1)
+            with torch.device("meta"):
+                module = Qwen3MoeExperts(cfg)
+            module.gate_up_proj = torch.nn.Parameter(gu, requires_grad=False)
+            module.down_proj = torch.nn.Parameter(dn, requires_grad=False)
+            cfg._experts_implementation = impl
+
+            def call():
+                with torch.no_grad():
+                    return module(x, idx, w.to(x.dtype))
+
+            import transformers
+
+            return call, f"transformers {transformers.__version__}, experts_implementation={impl}"
+        return build
+
+    for impl in ("eager", "grouped_mm", "batched_mm"):
+        peers.append(_make(f"transformers experts ({impl})", "torch", hf(impl)))
+    return peers
+
+
 PEER_BUILDERS = {"ragged_dot": ragged_dot_peers, "dot_product_attention": attention_peers,
-                 "quantized_ragged_dot": quantized_peers}
+                 "quantized_ragged_dot": quantized_peers, "moe_experts": moe_peers}
 
 
 # --------------------------------------------------------------------------------------------
@@ -951,6 +1065,9 @@ def bench_spec(spec: dict, peers: list[Peer], *, tol: float, rounds: int, min_sa
     tags = spec.get("tags", [])
     if "quantized" in tags:
         target = QUANTIZED_DECODE_TARGET if "decode" in tags else QUANTIZED_PREFILL_TARGET
+    elif spec.get("op") == "moe_experts":
+        tokens = int(parse_shape_dtype(spec["arguments"]["hidden"])[1][0])
+        target = MOE_TARGETS.get(tokens, PREFILL_TARGET)
     else:
         target = DECODE_TARGET if "decode" in tags else PREFILL_TARGET
     others = [rows[i] for i in timed if peers[i].kind != "ours" and rows[i]["status"] == "ok"]

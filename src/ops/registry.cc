@@ -5,6 +5,7 @@
 #include "ops/attention/base.h"
 #include "ops/glu/base.h"
 #include "ops/loss/base.h"
+#include "ops/moe/base.h"
 #include "ops/norm/base.h"
 #include "ops/quantized/base.h"
 #include "ops/ragged_dot/base.h"
@@ -34,6 +35,7 @@ void register_builtin_families() {
   register_family(unowned(loss::vjp_family()));
   register_family(unowned(add_norm::family()));
   register_family(unowned(quant::family()));
+  register_family(unowned(moe::family()));
 }
 
 }  // namespace tokamax

@@ -61,7 +61,7 @@ TEST_F(Cli, OpsSpecsExplain) {
   ASSERT_EQ(ops[0]["op"], "ragged_dot");
   EXPECT_EQ(ops[0]["implementations"][0]["name"], "native");
   EXPECT_EQ(ops[0]["implementations"][0]["config_fields"].size(), 4u);
-  ASSERT_EQ(ops.size(), 11u);
+  ASSERT_EQ(ops.size(), 12u);
   EXPECT_EQ(ops[1]["op"], "dot_product_attention");
   EXPECT_EQ(ops[2]["op"], "dot_product_attention_vjp");
   EXPECT_EQ(ops[3]["op"], "layer_norm");
@@ -72,6 +72,7 @@ TEST_F(Cli, OpsSpecsExplain) {
   EXPECT_EQ(ops[8]["op"], "linear_softmax_cross_entropy_loss_vjp");
   EXPECT_EQ(ops[9]["op"], "add_rms_norm");
   EXPECT_EQ(ops[10]["op"], "quantized_ragged_dot");
+  EXPECT_EQ(ops[11]["op"], "moe_experts");
   // Each op's description: the layer norm's epsilon default is the public options'.
   EXPECT_EQ(ops[3]["description"]["arguments"][4]["name"], "epsilon");
   EXPECT_EQ(ops[3]["description"]["arguments"][4]["default"].get<double>(),
@@ -87,8 +88,8 @@ TEST_F(Cli, OpsSpecsExplain) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   // ragged_dot 3, attention 3, its backward 2, layer_norm 2, its backward 2, GLU 3, its
   // backward 2 (the stacked-weight specs), the loss 2, its backward 2, add_rms_norm 2,
-  // quantized_ragged_dot 6 (a format each, two for int8 and int4)
-  EXPECT_EQ(Json::parse(r.out).size(), 29u);
+  // quantized_ragged_dot 6 (a format each, two for int8 and int4), moe_experts 3
+  EXPECT_EQ(Json::parse(r.out).size(), 32u);
   r = run("explain --spec smoke_masked --json");  // the family is the spec's
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(Json::parse(r.out)["op"], "dot_product_attention");
