@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dotrows.h"
 #include "tests/expect_error.h"
+#include "tests/kernels/kernel_sets.h"
 #include "tests/ops/common.h"
 #include "tokamax/tokamax.h"
 
@@ -155,6 +157,9 @@ const std::vector<Case>& cases() {
       {9, 40, 8, 24, 2, DType::kBF16, DType::kF32, DType::kI32, false, Activation::kGelu},
       {6, 17, 5, 31, 2, DType::kBF16, DType::kBF16, DType::kI32, false, Activation::kRelu},
       {33, 64, 16, 48, 4, DType::kBF16, DType::kBF16, DType::kI64, true},
+      // Over 16 rows an expert: the transposed layout's grouped path, not the decode kernel.
+      {40, 24, 2, 12, 1, DType::kF32, DType::kBF16, DType::kI64, true},
+      {37, 20, 3, 9, 2, DType::kF32, DType::kF32, DType::kI32, true},
   };
   return v;
 }
@@ -200,6 +205,54 @@ TEST(MoeExpertsImpl, DuplicateExpertsOfATokenEachCount) {
   Inputs in = make_inputs(c, fresh_seed());
   for (int64_t s = 0; s < 4; ++s) in.index.data_as<int64_t>()[s] = 1;
   expect_close(run(c, in, "native"), expected(c, in), tolerance(c), "duplicates");
+}
+
+TEST(MoeExperts, DotRowsKernelOfEveryIsaAgainstDoubles) {
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<float> normal;
+  constexpr float kGuard = 12345.0f;
+  for (const kernels::KernelSet* set : testing::runnable_sets()) {
+    const kernels::DotRowsKernel kernel = kernels::dotrows_kernel(set->isa);
+    for (int rows : {1, 2, 3, 4, 5, 9}) {
+      for (int64_t cols : {1, 3, 4, 5, 17}) {
+        for (int64_t k : {0, 1, 7, 16, 33, 70}) {
+          for (bool bf16 : {false, true}) {
+            const int64_t lda = k + 3, ldw = k + 5, ldo = cols + 2;
+            std::vector<float> a(static_cast<size_t>(rows * lda)),
+                wf(static_cast<size_t>(cols * ldw));
+            std::vector<uint16_t> wb(wf.size());
+            for (float& v : a) v = normal(rng);
+            for (size_t i = 0; i < wf.size(); ++i) {
+              wb[i] = f32_to_bf16(normal(rng));
+              wf[i] = bf16 ? bf16_to_f32(wb[i]) : normal(rng);
+            }
+            std::vector<float> out(static_cast<size_t>(rows * ldo), kGuard);
+            kernel(rows, cols, k, a.data(), lda,
+                   bf16 ? static_cast<const void*>(wb.data()) : wf.data(), bf16, ldw, out.data(),
+                   ldo);
+            const std::string what = fmt::format("{} rows {} cols {} k {} {}", set->name, rows,
+                                                 cols, k, bf16 ? "bf16" : "f32");
+            for (int r = 0; r < rows; ++r) {
+              for (int64_t c = 0; c < ldo; ++c) {
+                const float got = out[r * ldo + c];
+                if (c >= cols) {
+                  ASSERT_EQ(got, kGuard)
+                      << what << ": wrote past the columns at " << r << ", " << c;
+                  continue;
+                }
+                double want = 0, mag = 0;
+                for (int64_t i = 0; i < k; ++i) {
+                  want += static_cast<double>(a[r * lda + i]) * wf[c * ldw + i];
+                  mag += std::abs(static_cast<double>(a[r * lda + i]) * wf[c * ldw + i]);
+                }
+                ASSERT_NEAR(got, want, 1e-6 * mag + 1e-7) << what << " at " << r << ", " << c;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(MoeExperts, BadInputIsRefusedNamingTheArgument) {
