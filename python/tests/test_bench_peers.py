@@ -66,6 +66,11 @@ TINY = [
      "arguments": {"lhs": "f32[6,64]", "values": "u8[2,1,64,32]", "scales": "f32[2,1,2,64]",
                    "zeros": "u8[2,1,2,64]", "group_sizes": [4, 2], "format": "int4", "n": 48,
                    "group_size": 32}},
+    {"name": "tiny_moe", "op": "moe_experts", "tags": ["smoke", "moe"],
+     # Rows of 16-byte multiples: torch._grouped_mm (transformers' grouped_mm) requires them.
+     "arguments": {"hidden": "bf16[8,32]", "top_k_index": "i64[8,2]",
+                   "top_k_weights": "f32[8,2]", "w_gate_up": "bf16[4,32,32]",
+                   "w_down": "bf16[4,32,16]", "transposed_weights": True}},
     {"name": "tiny_gqa", "op": "dot_product_attention", "tags": ["smoke"],
      "arguments": {"q": "f32[1,9,4,16]", "k": "f32[1,12,2,16]", "v": "f32[1,12,2,16]",
                    "is_causal": False}},
@@ -147,6 +152,22 @@ def test_main_quantized(tmp_path, capsys):
             assert rows[name]["status"] == "ok" and len(rows[name]["samples_ms"]) == 2, name
             assert rows[name]["check_error"] <= res["tolerance"], name
     assert "| tiny_int4_asym | f32 x bf16 | tokamax_cpp.ragged_dot (int4) |" in table
+
+
+def test_main_moe(tmp_path, capsys):
+    """The fused experts op against transformers' experts backends on the same module weights
+    and routing, and the Python-glue layer; each checked against ours before it is timed."""
+    table, doc = run_main(tmp_path, capsys, "moe_experts")
+    (res,) = doc["specs"]
+    assert res["target"] == bp.MOE_TARGETS[8]
+    rows = {r["peer"]: r for r in res["peers"]}
+    for name in (res["reference"], "tokamax_cpp moe_experts_packed",
+                 "python glue around tokamax ragged_dot", "transformers experts (eager)",
+                 "transformers experts (grouped_mm)"):
+        assert rows[name]["status"] == "ok" and len(rows[name]["samples_ms"]) == 2, name
+        assert rows[name]["check_error"] <= res["tolerance"], name
+    assert res["fastest_peer"].startswith("transformers experts")
+    assert "| tiny_moe | bf16 | transformers experts (eager) |" in table
 
 
 def test_bad_options_are_usage_errors():

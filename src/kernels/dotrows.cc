@@ -9,15 +9,7 @@ namespace tokamax::kernels {
 DotRowsKernel dotrows_kernel_portable() { return &DotRows::kernel; }
 
 DotRowsKernel dotrows_kernel(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return dotrows_kernel_avx512();
-    case Isa::kAvx2:
-      return dotrows_kernel_avx2();
-    case Isa::kPortable:
-      break;
-  }
-  return dotrows_kernel_portable();
+  return for_isa(isa, &dotrows_kernel_portable, &dotrows_kernel_avx2, &dotrows_kernel_avx512);
 }
 
 }  // namespace tokamax::kernels

@@ -15,6 +15,21 @@ namespace tokamax::kernels {
 
 enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
+// The per-ISA choice of a kernel written once over vector types and compiled per ISA (the
+// norm rows, the quantized and dotrows streams): each ISA's getter, called only for its ISA.
+template <class K>
+K for_isa(Isa isa, K (*portable)(), K (*avx2)(), K (*avx512)()) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return avx512();
+    case Isa::kAvx2:
+      return avx2();
+    case Isa::kPortable:
+      break;
+  }
+  return portable();
+}
+
 // Bytes an f32 tile prefetches into L2 while it computes (the grouped GEMM's next weight panel,
 // a slice per tile); none when bytes is 0. p should be 64-byte aligned and bytes whole lines
 // (each 64 bytes from p is one prefetch). The AVX-512 tile with a fixed row stride spreads them

@@ -7,15 +7,7 @@ namespace tokamax::kernels {
 NormKernels norm_kernels_portable() { return NormRows::kernels(); }
 
 NormKernels norm_kernels(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return norm_kernels_avx512();
-    case Isa::kAvx2:
-      return norm_kernels_avx2();
-    case Isa::kPortable:
-      break;
-  }
-  return norm_kernels_portable();
+  return for_isa(isa, &norm_kernels_portable, &norm_kernels_avx2, &norm_kernels_avx512);
 }
 
 }  // namespace tokamax::kernels

@@ -11,15 +11,7 @@ namespace tokamax::kernels {
 QStreamKernel qstream_kernel_portable() { return &QStream::kernel; }
 
 QStreamKernel qstream_kernel(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return qstream_kernel_avx512();
-    case Isa::kAvx2:
-      return qstream_kernel_avx2();
-    case Isa::kPortable:
-      break;
-  }
-  return qstream_kernel_portable();
+  return for_isa(isa, &qstream_kernel_portable, &qstream_kernel_avx2, &qstream_kernel_avx512);
 }
 
 float decode_fp8_e4m3(uint8_t q) {
