@@ -1,0 +1,152 @@
+"""tokamax_cpp.transformers: tiny random-weight models of real MoE architectures (Qwen3-MoE,
+OLMoE, Mixtral) and a dense one (Llama), patched and stock side by side: logits, greedy
+generation, the library actually called, revert back to stock bit for bit, training falling
+back to the stock backend."""
+
+import warnings
+
+import pytest
+import torch
+
+import tokamax_cpp as tc
+from tokamax_cpp.transformers import apply_tokamax, patched_modules, revert_tokamax
+
+transformers = pytest.importorskip("transformers")
+
+_COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _model(kind: str, dtype=torch.float32):
+    torch.manual_seed(0)
+    if kind == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(**_COMMON, moe_intermediate_size=32, num_experts=8,
+                                          num_experts_per_tok=2, intermediate_size=96,
+                                          head_dim=16)
+    elif kind == "olmoe":
+        cfg = transformers.OlmoeConfig(**_COMMON, intermediate_size=32, num_experts=8,
+                                       num_experts_per_tok=2)
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**_COMMON, intermediate_size=48, num_local_experts=4,
+                                         num_experts_per_tok=2)
+    else:
+        cfg = transformers.LlamaConfig(**_COMMON, intermediate_size=96)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    # Trained-scale expert weights (the default init leaves some at zero).
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "gate_up_proj") and hasattr(m, "down_proj"):
+                m.gate_up_proj.normal_(std=0.1)
+                m.down_proj.normal_(std=0.1)
+    return model
+
+
+def _ids(batch=2, length=11):
+    return torch.randint(0, 128, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "olmoe", "mixtral", "llama"])
+@pytest.mark.parametrize("pack", [True, False])
+def test_patched_logits_and_generation_match_stock(kind, pack):
+    model = _model(kind)
+    ids = _ids()
+    with torch.no_grad():
+        stock = model(ids).logits
+        stock_tokens = model.generate(ids[:1], max_new_tokens=32, do_sample=False)
+    apply_tokamax(model, pack_experts=pack)
+    counts = patched_modules(model)
+    # Two a layer (four with Qwen3's and OLMoE's query and key norms) and the final one.
+    assert counts["norms"] == 2 * (4 if kind in ("qwen3_moe", "olmoe") else 2) + 1
+    assert counts["experts"] == (0 if kind == "llama" else 2)
+    with torch.no_grad():
+        ours = model(ids).logits
+        ours_tokens = model.generate(ids[:1], max_new_tokens=32, do_sample=False)
+    # f32 throughout; the sums run in other orders.
+    torch.testing.assert_close(ours, stock, rtol=1e-4, atol=1e-4)
+    assert torch.equal(ours_tokens, stock_tokens)
+
+
+def test_bf16_model_logits_match_stock():
+    model = _model("qwen3_moe", torch.bfloat16)
+    ids = _ids()
+    with torch.no_grad():
+        stock = model(ids).logits.float()
+        apply_tokamax(model)
+        ours = model(ids).logits.float()
+    # bf16 rounds each layer's results; normwise relative difference.
+    assert ((ours - stock).norm() / stock.norm()).item() < 2e-2
+
+
+def test_the_library_serves_the_patched_modules():
+    model = _model("qwen3_moe")
+    apply_tokamax(model, pack_experts=False)
+    ids = _ids()
+
+    def forward():
+        with torch.no_grad():
+            model(ids)
+
+    ops = [b.op for b in tc.get_bound_args(forward)]
+    assert ops.count("moe_experts") == 2, ops
+    assert ops.count("layer_norm") >= 5, ops
+
+
+def test_revert_restores_the_stock_model_bit_for_bit():
+    model, never = _model("qwen3_moe"), _model("qwen3_moe")
+    ids = _ids()
+    apply_tokamax(model)
+    with pytest.raises(ValueError, match="already patched"):
+        apply_tokamax(model)
+    revert_tokamax(model)
+    assert patched_modules(model) == {"experts": 0, "norms": 0}
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, never(ids).logits)
+    with pytest.raises(ValueError, match="not patched"):
+        revert_tokamax(model)
+
+
+def test_training_falls_back_to_the_stock_experts_and_matches_its_gradients():
+    ids = _ids()
+    grads = []
+    for patch in (False, True):
+        model = _model("qwen3_moe").train()
+        if patch:
+            apply_tokamax(model)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        grads.append(model.model.layers[0].mlp.experts.gate_up_proj.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
+def test_unsupported_modules_are_left_with_a_warning():
+    model = _model("qwen3_moe")
+    experts = model.model.layers[0].mlp.experts
+    experts.act_fn = torch.nn.Tanh()  # an activation the library lacks
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_tokamax(model)
+    assert any("model.layers.0.mlp.experts" in str(w.message) and "Tanh" in str(w.message)
+               for w in caught)
+    assert patched_modules(model)["experts"] == 1
+    ids = _ids()
+    with torch.no_grad():
+        ours = model(ids).logits
+        revert_tokamax(model)
+        stock = model(ids).logits
+    torch.testing.assert_close(ours, stock, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_models_times_stock_and_patched(tmp_path, capsys):
+    from tokamax_cpp import bench_models
+
+    out = tmp_path / "models.json"
+    assert bench_models.main(["--model", "tiny_qwen3_moe", "--layers", "1", "--rounds", "2",
+                              "--gap-ms", "0", "--prefill", "16", "--json", str(out)]) == 0
+    import json
+
+    doc = json.loads(out.read_text())
+    assert [r["step"] for r in doc["rows"]] == ["decode batch 1", "decode batch 8", "prefill 16"]
+    for r in doc["rows"]:
+        assert len(r["stock_samples"]) == len(r["tokamax_samples"]) == 2
+        assert r["speedup"] > 0
+    assert "| decode batch 1 |" in capsys.readouterr().out

@@ -1,0 +1,215 @@
+"""Hugging Face transformers on tokamax_cpp in one call.
+
+    from tokamax_cpp.transformers import apply_tokamax, revert_tokamax
+    model = AutoModelForCausalLM.from_config(config)   # or from_pretrained(...)
+    apply_tokamax(model)              # patched in place; returns the model
+    revert_tokamax(model)             # back to stock, bit for bit
+
+What is patched (each part can be turned off):
+
+* ``experts``: every mixture-of-experts experts module that transformers dispatches through its
+  ``ExpertsInterface`` (Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V2, ...) runs on ``moe_experts``,
+  registered as ``experts_implementation="tokamax"``. With ``pack_experts`` (the default) each
+  module's weights are packed once, now, into the native kernels' layout. This costs a second
+  copy of the expert weights and makes prefill fast (docs/moe.md). Without it the op reads the
+  module's own weights in place.
+* ``norm``: RMSNorm modules (``weight * x / rms(x)``, the Llama form) run on ``rms_norm``.
+
+A module the library cannot serve is left as it is, with one warning naming it: a device other
+than the CPU, a dtype other than f32/bf16, biases, an activation it lacks, Gemma's
+``1 + weight`` norm. Whenever gradients are needed (training), an experts module runs transformers'
+stock backend, because ``moe_experts`` has no backward yet. Nothing is downloaded: transformers is
+an optional dependency (``pip install transformers``).
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any
+
+import torch
+
+import tokamax_cpp as tc
+from tokamax_cpp import torch_ops
+
+_EXPERTS = "tokamax"
+# transformers' activation modules by class name -> the library's activation.
+_ACTIVATIONS = {"SiLUActivation": "silu", "SiLU": "silu", "GELUActivation": "gelu",
+                "GELUTanh": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh",
+                "NewGELUActivation": "gelu_tanh", "ReLU": "relu", "Sigmoid": "sigmoid"}
+_STATE = "_tokamax_state"  # on a patched model: what revert_tokamax restores
+
+
+def _warn(module_name: str, why: str) -> None:
+    warnings.warn(f"tokamax: {module_name} left as transformers' own: {why}", stacklevel=3)
+
+
+def _activation(module: torch.nn.Module) -> str | None:
+    act = getattr(module, "act_fn", None)
+    return _ACTIVATIONS.get(type(act).__name__) if act is not None else None
+
+
+def _experts_unsupported(module: torch.nn.Module) -> str | None:
+    """Why moe_experts cannot serve an experts module (None: it can)."""
+    gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(gu, torch.Tensor) or not isinstance(dn, torch.Tensor):
+        return "no gate_up_proj / down_proj weights (a separate gate and up projection)"
+    if gu.device.type != "cpu" or dn.device.type != "cpu":
+        return f"weights on {gu.device}; the library runs on the CPU"
+    if gu.dtype not in (torch.float32, torch.bfloat16) or dn.dtype != gu.dtype:
+        return f"weights of dtype {gu.dtype} / {dn.dtype}; expected float32 or bfloat16"
+    if getattr(module, "has_bias", False) or not getattr(module, "has_gate", True):
+        return "biases or an ungated MLP"
+    if getattr(module, "has_post_expert_norm", False):
+        return "a norm after each expert"
+    if not getattr(module, "is_concatenated", True):
+        return "interleaved gate and up columns"
+    if getattr(module, "_is_expert_parallel", False):
+        return "expert parallelism"
+    if _activation(module) is None:
+        return f"activation {type(getattr(module, 'act_fn', None)).__name__}"
+    return None
+
+
+def _experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor,
+                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts backend registered as experts_implementation="tokamax"."""
+    state = getattr(self, "_tokamax_experts", None)
+    needs_grad = torch.is_grad_enabled() and (
+        hidden_states.requires_grad or self.gate_up_proj.requires_grad
+        or self.down_proj.requires_grad or top_k_weights.requires_grad)
+    if state is None or needs_grad or hidden_states.device.type != "cpu":
+        from transformers.integrations.moe import grouped_mm_experts_forward
+
+        return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    activation, packed = state
+    x = hidden_states.contiguous()
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.to(self.gate_up_proj.dtype)
+    weights = top_k_weights.contiguous()
+    if packed is not None:
+        out = tc.moe_experts_packed(x, top_k_index.contiguous(), weights, packed,
+                                    activation=activation, heuristics_only=True)
+    else:
+        # transformers' is_transposed=False is [E, 2N, K]: our transposed_weights layout.
+        out = torch.ops.tokamax.moe_experts(
+            x, top_k_index.contiguous(), weights, self.gate_up_proj.detach(),
+            self.down_proj.detach(), activation=activation,
+            transposed_weights=not getattr(self, "is_transposed", False))
+    return out.to(hidden_states.dtype)
+
+
+def _register_experts() -> None:
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(_EXPERTS, _experts_forward)
+
+
+def _norm_unsupported(module: torch.nn.Module) -> str | None:
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1:
+        return "no 1-D weight"
+    if "Gemma" in type(module).__name__:
+        return "Gemma's (1 + weight) scale"
+    if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
+        return f"weight {w.dtype} on {w.device}"
+    if _norm_epsilon(module) is None:
+        return "no variance_epsilon / eps attribute"
+    return None
+
+
+def _norm_epsilon(module: torch.nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps", "epsilon"):
+        v = getattr(module, name, None)
+        if isinstance(v, (int, float)):
+            return float(v)
+    return None
+
+
+def _norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Llama's RMSNorm (the statistics in f32, y in the input's dtype) on rms_norm."""
+    x = hidden_states
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return self._tokamax_stock_forward(hidden_states)
+    w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+    return torch_ops.rms_norm(x.contiguous(), w, epsilon=self._tokamax_epsilon)
+
+
+def _is_rms_norm(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("RMSNorm")
+
+
+def _is_experts(module: torch.nn.Module) -> bool:
+    return hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and hasattr(
+        module, "num_experts")
+
+
+def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = True,
+                  pack_experts: bool = True) -> torch.nn.Module:
+    """Patches a loaded transformers model in place to run on tokamax_cpp; returns it.
+
+    A second call on the same model is refused with a ValueError: revert first."""
+    if getattr(model, _STATE, None) is not None:
+        raise ValueError("apply_tokamax: the model is already patched; revert_tokamax(model) "
+                         "first")
+    state: dict[str, Any] = {"experts": [], "norms": [], "config": None}
+    if experts and any(_is_experts(m) for m in model.modules()):
+        _register_experts()
+        for name, m in model.named_modules():
+            if not _is_experts(m):
+                continue
+            why = _experts_unsupported(m)
+            if why:
+                _warn(name or type(m).__name__, why)
+                continue
+            packed = None
+            if pack_experts:
+                packed = tc.pack_moe_weights(
+                    m.gate_up_proj.detach(), m.down_proj.detach(),
+                    transposed_weights=not getattr(m, "is_transposed", False))
+            m._tokamax_experts = (_activation(m), packed)
+            state["experts"].append(m)
+        if state["experts"]:
+            state["config"] = model.get_experts_implementation() if hasattr(
+                model, "get_experts_implementation") else None
+            model.set_experts_implementation(_EXPERTS)
+    if norm:
+        for name, m in model.named_modules():
+            if not _is_rms_norm(m):
+                continue
+            why = _norm_unsupported(m)
+            if why:
+                _warn(name or type(m).__name__, why)
+                continue
+            m._tokamax_stock_forward = m.forward
+            m._tokamax_epsilon = _norm_epsilon(m)
+            m.forward = types.MethodType(_norm_forward, m)
+            state["norms"].append(m)
+    setattr(model, _STATE, state)
+    return model
+
+
+def revert_tokamax(model: torch.nn.Module) -> torch.nn.Module:
+    """Undoes apply_tokamax: the model computes exactly what it did before it was patched."""
+    state = getattr(model, _STATE, None)
+    if state is None:
+        raise ValueError("revert_tokamax: the model is not patched by apply_tokamax")
+    for m in state["norms"]:
+        del m.forward  # the instance attribute; the class's forward again
+        del m._tokamax_stock_forward, m._tokamax_epsilon
+    for m in state["experts"]:
+        del m._tokamax_experts
+    if state["experts"]:
+        previous = state["config"]
+        if isinstance(previous, dict):
+            previous = {k: v for k, v in previous.items() if v is not None}
+        model.set_experts_implementation(previous or "grouped_mm")
+    delattr(model, _STATE)
+    return model
+
+
+def patched_modules(model: torch.nn.Module) -> dict[str, int]:
+    """How many modules apply_tokamax patched, by kind (0 each on an unpatched model)."""
+    state = getattr(model, _STATE, None) or {"experts": [], "norms": []}
+    return {"experts": len(state["experts"]), "norms": len(state["norms"])}
