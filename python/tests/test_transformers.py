@@ -58,6 +58,9 @@ def test_patched_logits_and_generation_match_stock(kind, pack):
     # Two a layer (four with Qwen3's and OLMoE's query and key norms) and the final one.
     assert counts["norms"] == 2 * (4 if kind in ("qwen3_moe", "olmoe") else 2) + 1
     assert counts["experts"] == (0 if kind == "llama" else 2)
+    # q, k, v, o a layer, the dense MLP's three (Llama), the router (Qwen3-MoE, OLMoE and
+    # Mixtral's gate is a Linear too, except where it is its own router class) and lm_head.
+    assert counts["linears"] >= 2 * 4 + 1
     with torch.no_grad():
         ours = model(ids).logits
         ours_tokens = model.generate(ids[:1], max_new_tokens=32, do_sample=False)
@@ -89,6 +92,9 @@ def test_the_library_serves_the_patched_modules():
     ops = [b.op for b in tc.get_bound_args(forward)]
     assert ops.count("moe_experts") == 2, ops
     assert ops.count("layer_norm") >= 5, ops
+    ops = [b.op for b in tc.get_bound_args(lambda: model.generate(ids[:1], max_new_tokens=2,
+                                                                  do_sample=False))]
+    assert "ragged_dot" in ops, ops  # the decode step's Linears
 
 
 def test_revert_restores_the_stock_model_bit_for_bit():
@@ -98,7 +104,7 @@ def test_revert_restores_the_stock_model_bit_for_bit():
     with pytest.raises(ValueError, match="already patched"):
         apply_tokamax(model)
     revert_tokamax(model)
-    assert patched_modules(model) == {"experts": 0, "norms": 0}
+    assert patched_modules(model) == {"experts": 0, "norms": 0, "linears": 0}
     with torch.no_grad():
         assert torch.equal(model(ids).logits, never(ids).logits)
     with pytest.raises(ValueError, match="not patched"):

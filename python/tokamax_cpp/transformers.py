@@ -14,6 +14,10 @@ What is patched (each part can be turned off):
   copy of the expert weights and makes prefill fast (docs/moe.md). Without it the op reads the
   module's own weights in place.
 * ``norm``: RMSNorm modules (``weight * x / rms(x)``, the Llama form) run on ``rms_norm``.
+* ``linear``: ``nn.Linear`` layers (attention projections, dense MLPs, the vocabulary
+  projection) run on ``ragged_dot``'s transposed form when they see at most 4 rows (decode): the
+  weights are read in place, once, as one sequential stream. Longer inputs (prefill) stay on
+  torch's GEMM.
 
 A module the library cannot serve is left as it is, with one warning naming it: a device other
 than the CPU, a dtype other than f32/bf16, biases, an activation it lacks, Gemma's
@@ -136,6 +140,34 @@ def _norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.T
     return torch_ops.rms_norm(x.contiguous(), w, epsilon=self._tokamax_epsilon)
 
 
+# Rows up to which a Linear runs on the library (ragged_dot's dotrows stream: the weights read
+# once at the memory's rate); longer inputs are compute-bound GEMMs, torch's.
+_LINEAR_ROWS = 4
+
+
+def _linear_unsupported(module: torch.nn.Module) -> str | None:
+    w = module.weight
+    if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
+        return f"weight {w.dtype} on {w.device}"
+    if not w.is_contiguous():
+        return "a strided weight"
+    return None
+
+
+def _linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear at decode: y = x W^T (+ b) with W [N, K] read in place by ragged_dot."""
+    rows = x.numel() // x.shape[-1] if x.dim() > 0 and x.shape[-1] > 0 else 0
+    w = self.weight
+    if (rows == 0 or rows > _LINEAR_ROWS or x.dtype != w.dtype or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+        return self._tokamax_stock_forward(x)
+    y = tc.ragged_dot_general(x.reshape(rows, x.shape[-1]).contiguous(), w.detach().unsqueeze(0),
+                              [rows], "transposed_rhs", heuristics_only=True)
+    if self.bias is not None:
+        y = y + self.bias
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
 def _is_rms_norm(module: torch.nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm")
 
@@ -146,14 +178,14 @@ def _is_experts(module: torch.nn.Module) -> bool:
 
 
 def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = True,
-                  pack_experts: bool = True) -> torch.nn.Module:
+                  linear: bool = True, pack_experts: bool = True) -> torch.nn.Module:
     """Patches a loaded transformers model in place to run on tokamax_cpp; returns it.
 
     A second call on the same model is refused with a ValueError: revert first."""
     if getattr(model, _STATE, None) is not None:
         raise ValueError("apply_tokamax: the model is already patched; revert_tokamax(model) "
                          "first")
-    state: dict[str, Any] = {"experts": [], "norms": [], "config": None}
+    state: dict[str, Any] = {"experts": [], "norms": [], "linears": [], "config": None}
     if experts and any(_is_experts(m) for m in model.modules()):
         _register_experts()
         for name, m in model.named_modules():
@@ -186,6 +218,17 @@ def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = 
             m._tokamax_epsilon = _norm_epsilon(m)
             m.forward = types.MethodType(_norm_forward, m)
             state["norms"].append(m)
+    if linear:
+        for name, m in model.named_modules():
+            if type(m) is not torch.nn.Linear:
+                continue
+            why = _linear_unsupported(m)
+            if why:
+                _warn(name or "Linear", why)
+                continue
+            m._tokamax_stock_forward = m.forward
+            m.forward = types.MethodType(_linear_forward, m)
+            state["linears"].append(m)
     setattr(model, _STATE, state)
     return model
 
@@ -198,6 +241,8 @@ def revert_tokamax(model: torch.nn.Module) -> torch.nn.Module:
     for m in state["norms"]:
         del m.forward  # the instance attribute; the class's forward again
         del m._tokamax_stock_forward, m._tokamax_epsilon
+    for m in state["linears"]:
+        del m.forward, m._tokamax_stock_forward
     for m in state["experts"]:
         del m._tokamax_experts
     if state["experts"]:
@@ -211,5 +256,5 @@ def revert_tokamax(model: torch.nn.Module) -> torch.nn.Module:
 
 def patched_modules(model: torch.nn.Module) -> dict[str, int]:
     """How many modules apply_tokamax patched, by kind (0 each on an unpatched model)."""
-    state = getattr(model, _STATE, None) or {"experts": [], "norms": []}
-    return {"experts": len(state["experts"]), "norms": len(state["norms"])}
+    state = getattr(model, _STATE, None) or {"experts": [], "norms": [], "linears": []}
+    return {k: len(state[k]) for k in ("experts", "norms", "linears")}

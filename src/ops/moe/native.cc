@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "kernels/dotrows.h"
 #include "kernels/microkernels.h"
 #include "ops/elements.h"
 #include "ops/moe/base.h"
@@ -51,38 +50,6 @@ void experts_product(const MoeCall& c, const TensorView& lhs, const TensorView& 
   rdot::family().run_into(r, CallOptions{"native", std::nullopt}, {{"out", out}});
 }
 
-// Decode with weights out-features first and unpacked (transformers' layout, as a model holds
-// them): each expert's few rows against its weight rows on the dotrows kernel, which streams
-// every weight row once, in place (ragged_dot's transposed form would pack or stride). Up to
-// one pass of the kernel's rows an expert: past that its f32 FMAs, not memory, bound it (Qwen3-
-// 30B-A3B at 64 tokens, 4 rows an expert on average and up to about 10: 91 ms on this kernel,
-// 74 ms on the grouped path, 30-39 ms with the weights packed once; Zen 4, 2 threads).
-constexpr int64_t kDecodeRows = kernels::kDotMaxRows;
-// Output columns per work item: enough items to balance the threads over the experts hit.
-constexpr int64_t kDecodeCols = 64;
-
-// out [S, cols] f32 = a [S, depth] (f32) x W[e]^T per expert, W [E, cols, depth] (ldw depth).
-void decode_product(const MoeCall& c, const std::vector<int64_t>& offsets, const float* a,
-                    int64_t depth, const TensorView& w, int64_t cols, float* out) {
-  static const kernels::DotRowsKernel kernel = kernels::dotrows_kernel(kernels::best_kernels().isa);
-  struct Item {
-    int64_t e, c0;
-  };
-  std::vector<Item> items;
-  for (int64_t e = 0; e < c.e; ++e)
-    if (c.counts[e] > 0)
-      for (int64_t c0 = 0; c0 < cols; c0 += kDecodeCols) items.push_back({e, c0});
-  const bool bf16 = w.dtype() == DType::kBF16;
-  const int64_t es = static_cast<int64_t>(dtype_size(w.dtype()));
-  parallel_for(static_cast<int64_t>(items.size()), c.num_threads, [&](int64_t i, int) {
-    const Item& it = items[static_cast<size_t>(i)];
-    const int64_t r0 = offsets[it.e];
-    kernel(c.counts[it.e], std::min(kDecodeCols, cols - it.c0), depth, a + r0 * depth, depth,
-           static_cast<const char*>(w.data()) + (it.e * cols + it.c0) * depth * es, bf16, depth,
-           out + r0 * cols + it.c0, cols);
-  });
-}
-
 class Native : public TypedImplementation<MoeCall, void> {
  public:
   std::string name() const override { return "native"; }
@@ -99,12 +66,7 @@ class Native : public TypedImplementation<MoeCall, void> {
     std::vector<int64_t> slot_of(static_cast<size_t>(slots));
     for (int64_t s = 0; s < slots; ++s) slot_of[c.sorted_row[s]] = s;
     Tensor y({slots, K}, DType::kF32);
-    const int32_t most = *std::max_element(c.counts.begin(), c.counts.end());
-    if (c.transposed_weights && c.packed.empty() && most <= kDecodeRows) {
-      decode(c, slot_of, y.data_as<float>());
-    } else {
-      grouped(c, slot_of, y.view());
-    }
+    products(c, slot_of, y.view());
     // Each token's k results, weighted, summed in j order.
     parallel_for(c.t, threads, [&](int64_t t, int) {
       std::vector<float> acc(static_cast<size_t>(K), 0.0f);
@@ -122,31 +84,10 @@ class Native : public TypedImplementation<MoeCall, void> {
   }
 
  private:
-  // The decode path (decode_product): rows gathered in f32, rounded as the products multiply
-  // them (bf16 against bf16 weights: ragged_dot's kDefault), both products on dotrows.
-  static void decode(const MoeCall& c, const std::vector<int64_t>& slot_of, float* y) {
-    const int64_t slots = c.t * c.top_k, K = c.k, N = c.n;
-    std::vector<int64_t> offsets(static_cast<size_t>(c.e) + 1, 0);
-    for (int64_t e = 0; e < c.e; ++e) offsets[e + 1] = offsets[e] + c.counts[e];
-    const bool round_x = c.w_gate_up.dtype() == DType::kBF16;
-    std::vector<float> xs(static_cast<size_t>(slots * K));
-    parallel_for(slots, c.num_threads, [&](int64_t row, int) {
-      const int64_t src = (slot_of[row] / c.top_k) * K;
-      for (int64_t i = 0; i < K; ++i) {
-        const float v = load_f32(c.hidden, src + i);
-        xs[row * K + i] = round_x ? bf16_to_f32(f32_to_bf16(v)) : v;
-      }
-    });
-    std::vector<float> gu(static_cast<size_t>(slots * 2 * N));
-    decode_product(c, offsets, xs.data(), K, c.w_gate_up, 2 * N, gu.data());
-    std::vector<float> act(static_cast<size_t>(slots * N));
-    gated(c, gu.data(), act.data(), c.act_dtype() == DType::kBF16);
-    decode_product(c, offsets, act.data(), N, c.w_down, K, y);
-  }
-
-  // The grouped path: rows gathered in the dtype ragged_dot multiplies, both products as its
-  // native calls.
-  static void grouped(const MoeCall& c, const std::vector<int64_t>& slot_of, const TensorView& y) {
+  // Rows gathered in the dtype ragged_dot multiplies, both products as its native calls (with
+  // transformers' layout unpacked and a few rows an expert, its dotrows stream: the experts hit
+  // are read in place, once).
+  static void products(const MoeCall& c, const std::vector<int64_t>& slot_of, const TensorView& y) {
     const int64_t slots = c.t * c.top_k, K = c.k, N = c.n;
     // bf16 hidden states against f32 weights are widened (exactly): ragged_dot multiplies
     // f32 x f32, bf16 x bf16 and f32 x bf16.
@@ -168,28 +109,27 @@ class Native : public TypedImplementation<MoeCall, void> {
     Tensor gu({slots, 2 * N}, DType::kF32);
     experts_product(c, xs.view(), c.w_gate_up, c.packed.gate_up, gu.view());
     Tensor act({slots, N}, c.act_dtype());
-    if (act.dtype() == DType::kF32) {
-      gated(c, gu.data_as<float>(), act.data_as<float>(), false);
-    } else {
-      std::vector<float> tmp(static_cast<size_t>(slots * N));
-      gated(c, gu.data_as<float>(), tmp.data(), false);
-      for (int64_t i = 0; i < slots * N; ++i) act.data_as<uint16_t>()[i] = f32_to_bf16(tmp[i]);
-    }
+    gated(c, gu.data_as<float>(), act);
     experts_product(c, act.view(), c.w_down, c.packed.down, y);
   }
 
-  // act [S, N] = activation(gate) * up from gu [S, 2N] on the vector row kernel; round: to the
-  // nearest bf16 (kept in f32).
-  static void gated(const MoeCall& c, const float* gu, float* act, bool round) {
+  // act [S, N] = activation(gate) * up from gu [S, 2N] on the vector row kernel, in act's
+  // dtype (f32, or rounded to bf16).
+  static void gated(const MoeCall& c, const float* gu, const Tensor& act) {
     const auto act_mul = kernels::row_kernels(kernels::best_kernels().isa).act_mul;
     const int code = static_cast<int>(c.activation);
     const int64_t N = c.n;
+    const bool f32 = act.dtype() == DType::kF32;
     parallel_for(c.t * c.top_k, c.num_threads, [&](int64_t row, int) {
       const float* g = gu + row * 2 * N;
-      float* o = act + row * N;
-      act_mul(code, g, g + N, o, N);
-      if (round)
-        for (int64_t i = 0; i < N; ++i) o[i] = bf16_to_f32(f32_to_bf16(o[i]));
+      if (f32) {
+        act_mul(code, g, g + N, act.data_as<float>() + row * N, N);
+        return;
+      }
+      std::vector<float> tmp(static_cast<size_t>(N));
+      act_mul(code, g, g + N, tmp.data(), N);
+      uint16_t* dst = act.data_as<uint16_t>() + row * N;
+      for (int64_t i = 0; i < N; ++i) dst[i] = f32_to_bf16(tmp[i]);
     });
   }
 };

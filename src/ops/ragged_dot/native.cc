@@ -7,6 +7,7 @@
 
 #include "autotuning/bf16_dot.h"
 #include "core/thread_pool.h"
+#include "kernels/dotrows.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/microkernels.h"
 #include "kernels/scratch.h"
@@ -312,9 +313,54 @@ class Native : public TypedImplementation<RaggedDotCall, RaggedDotNativeConfig> 
     const size_t es = dtype_size(c.out_dtype);
     if (used < c.m)
       std::memset(out + used * c.n * es, 0, static_cast<size_t>((c.m - used) * c.n) * es);
+    if (rows_stream(c)) {
+      run_rows_stream(c, out);
+      return;
+    }
     k::PackedPanels panels;
     k::GroupedGemm p = gemm(c, out, &panels);
     k::grouped_gemm(p, blocking(cfg), ks);
+  }
+
+  // Decode on weights stored out-features first (the transposed form, unpacked: torch's
+  // nn.Linear and transformers' experts as a model holds them): each group's few rows against
+  // its weight rows on the dotrows kernel, which reads each group's weights in place as one
+  // sequential stream. Up to one pass of the kernel's rows a group: past that its f32 FMAs, not
+  // memory, bound it, and the grouped GEMM re-uses each weight more (Qwen3-30B-A3B's experts
+  // at 64 tokens, 4 rows an expert on average: 91 ms here against 74; Zen 4, 2 threads).
+  static bool rows_stream(const RaggedDotCall& c) {
+    if (c.dims != RaggedDimNums::kTransposedRhs || !c.packed.empty() || c.k == 0 || c.n == 0)
+      return false;
+    for (int32_t s : c.group_sizes)
+      if (s > k::kDotMaxRows) return false;
+    return true;
+  }
+
+  static void run_rows_stream(const RaggedDotCall& c, char* out) {
+    static const k::DotRowsKernel kernel = k::dotrows_kernel(k::best_kernels().isa);
+    constexpr int64_t kCols = 64;  // output columns a work item: the threads balance over them
+    struct Item {
+      int64_t g, c0;
+    };
+    std::vector<Item> items;
+    for (int64_t g = 0; g < c.g; ++g)
+      if (c.offsets[g + 1] > c.offsets[g])
+        for (int64_t c0 = 0; c0 < c.n; c0 += kCols) items.push_back({g, c0});
+    Tensor storage;
+    const float* a = c.lhs_f32(&storage);
+    const bool bf16 = c.rhs.dtype() == DType::kBF16;
+    const auto* w = static_cast<const char*>(c.rhs.data());
+    const int64_t es = static_cast<int64_t>(dtype_size(c.rhs.dtype()));
+    const k::StoreTile store = epilogue(c, out);
+    parallel_for(static_cast<int64_t>(items.size()), c.num_threads, [&](int64_t i, int) {
+      const Item& it = items[static_cast<size_t>(i)];
+      const int64_t r0 = c.offsets[it.g], rows = c.offsets[it.g + 1] - r0;
+      const int64_t cols = std::min(kCols, c.n - it.c0);
+      float tile[k::kDotMaxRows * kCols];
+      kernel(static_cast<int>(rows), cols, c.k, a + r0 * c.k, c.k,
+             w + (it.g * c.n + it.c0) * c.k * es, bf16, c.k, tile, kCols);
+      store(tile, kCols, r0, rows, it.c0, cols);
+    });
   }
 
  private:

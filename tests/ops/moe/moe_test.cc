@@ -157,7 +157,7 @@ const std::vector<Case>& cases() {
       {9, 40, 8, 24, 2, DType::kBF16, DType::kF32, DType::kI32, false, Activation::kGelu},
       {6, 17, 5, 31, 2, DType::kBF16, DType::kBF16, DType::kI32, false, Activation::kRelu},
       {33, 64, 16, 48, 4, DType::kBF16, DType::kBF16, DType::kI64, true},
-      // Over 16 rows an expert: the transposed layout's grouped path, not the decode kernel.
+      // Over 4 rows an expert: the transposed layout's grouped GEMM, not the dotrows stream.
       {40, 24, 2, 12, 1, DType::kF32, DType::kBF16, DType::kI64, true},
       {37, 20, 3, 9, 2, DType::kF32, DType::kF32, DType::kI32, true},
   };
