@@ -143,6 +143,7 @@ def _norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.T
 # Rows up to which a Linear runs on the library (ragged_dot's dotrows stream: the weights read
 # once at the memory's rate); longer inputs are compute-bound GEMMs, torch's.
 _LINEAR_ROWS = 4
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 def _linear_unsupported(module: torch.nn.Module) -> str | None:
@@ -162,7 +163,8 @@ def _linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
         return self._tokamax_stock_forward(x)
     y = tc.ragged_dot_general(x.reshape(rows, x.shape[-1]).contiguous(), w.detach().unsqueeze(0),
-                              [rows], "transposed_rhs", heuristics_only=True)
+                              [rows], "transposed_rhs", heuristics_only=True,
+                              preferred_element_type=_DTYPE_NAMES[x.dtype])
     if self.bias is not None:
         y = y + self.bias
     return y.reshape(*x.shape[:-1], w.shape[0])
