@@ -137,7 +137,7 @@ def _norm_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.T
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
         return self._tokamax_stock_forward(hidden_states)
     w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
-    return torch_ops.rms_norm(x.contiguous(), w, epsilon=self._tokamax_epsilon)
+    return torch_ops.rms_norm(x.contiguous(), w, epsilon=_norm_epsilon(self))
 
 
 # Rows up to which a Linear runs on the library (ragged_dot's dotrows stream: the weights read
@@ -188,15 +188,21 @@ def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = 
         raise ValueError("apply_tokamax: the model is already patched; revert_tokamax(model) "
                          "first")
     state: dict[str, Any] = {"experts": [], "norms": [], "linears": [], "config": None}
-    if experts and any(_is_experts(m) for m in model.modules()):
-        _register_experts()
+
+    def servable(is_kind, unsupported):
+        """The modules of a kind the library serves; a warning for each one it cannot."""
         for name, m in model.named_modules():
-            if not _is_experts(m):
+            if not is_kind(m):
                 continue
-            why = _experts_unsupported(m)
+            why = unsupported(m)
             if why:
                 _warn(name or type(m).__name__, why)
-                continue
+            else:
+                yield m
+
+    if experts and any(_is_experts(m) for m in model.modules()):
+        _register_experts()
+        for m in servable(_is_experts, _experts_unsupported):
             packed = None
             if pack_experts:
                 packed = tc.pack_moe_weights(
@@ -208,29 +214,16 @@ def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = 
             state["config"] = model.get_experts_implementation() if hasattr(
                 model, "get_experts_implementation") else None
             model.set_experts_implementation(_EXPERTS)
-    if norm:
-        for name, m in model.named_modules():
-            if not _is_rms_norm(m):
-                continue
-            why = _norm_unsupported(m)
-            if why:
-                _warn(name or type(m).__name__, why)
-                continue
+    swaps = [(norm, "norms", _is_rms_norm, _norm_unsupported, _norm_forward),
+             (linear, "linears", lambda m: type(m) is torch.nn.Linear, _linear_unsupported,
+              _linear_forward)]
+    for wanted, kind, is_kind, unsupported, forward in swaps:
+        if not wanted:
+            continue
+        for m in servable(is_kind, unsupported):
             m._tokamax_stock_forward = m.forward
-            m._tokamax_epsilon = _norm_epsilon(m)
-            m.forward = types.MethodType(_norm_forward, m)
-            state["norms"].append(m)
-    if linear:
-        for name, m in model.named_modules():
-            if type(m) is not torch.nn.Linear:
-                continue
-            why = _linear_unsupported(m)
-            if why:
-                _warn(name or "Linear", why)
-                continue
-            m._tokamax_stock_forward = m.forward
-            m.forward = types.MethodType(_linear_forward, m)
-            state["linears"].append(m)
+            m.forward = types.MethodType(forward, m)
+            state[kind].append(m)
     setattr(model, _STATE, state)
     return model
 
@@ -240,11 +233,9 @@ def revert_tokamax(model: torch.nn.Module) -> torch.nn.Module:
     state = getattr(model, _STATE, None)
     if state is None:
         raise ValueError("revert_tokamax: the model is not patched by apply_tokamax")
-    for m in state["norms"]:
+    for m in state["norms"] + state["linears"]:
         del m.forward  # the instance attribute; the class's forward again
-        del m._tokamax_stock_forward, m._tokamax_epsilon
-    for m in state["linears"]:
-        del m.forward, m._tokamax_stock_forward
+        del m._tokamax_stock_forward
     for m in state["experts"]:
         del m._tokamax_experts
     if state["experts"]:
