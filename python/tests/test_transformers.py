@@ -53,7 +53,7 @@ def test_patched_logits_and_generation_match_stock(kind, pack):
     with torch.no_grad():
         stock = model(ids).logits
         stock_tokens = model.generate(ids[:1], max_new_tokens=32, do_sample=False)
-    apply_tokamax(model, pack_experts=pack)
+    apply_tokamax(model, pack_experts=pack, linear=True)
     counts = patched_modules(model)
     # Two a layer (four with Qwen3's and OLMoE's query and key norms) and the final one.
     assert counts["norms"] == 2 * (4 if kind in ("qwen3_moe", "olmoe") else 2) + 1
@@ -75,7 +75,7 @@ def test_bf16_model_logits_match_stock():
     with torch.no_grad():
         stock = model(ids).logits.float()
         stock_step = model(ids[:1, :1]).logits
-        apply_tokamax(model)
+        apply_tokamax(model, linear=True)
         ours = model(ids).logits.float()
         ours_step = model(ids[:1, :1]).logits  # one row: every Linear on the library
     # bf16 rounds each layer's results; normwise relative difference.
@@ -87,7 +87,7 @@ def test_bf16_model_logits_match_stock():
 
 def test_the_library_serves_the_patched_modules():
     model = _model("qwen3_moe")
-    apply_tokamax(model, pack_experts=False)
+    apply_tokamax(model, pack_experts=False, linear=True)
     ids = _ids()
 
     def forward():
@@ -105,7 +105,7 @@ def test_the_library_serves_the_patched_modules():
 def test_revert_restores_the_stock_model_bit_for_bit():
     model, never = _model("qwen3_moe"), _model("qwen3_moe")
     ids = _ids()
-    apply_tokamax(model)
+    apply_tokamax(model, linear=True)
     with pytest.raises(ValueError, match="already patched"):
         apply_tokamax(model)
     revert_tokamax(model)
@@ -122,7 +122,7 @@ def test_training_falls_back_to_the_stock_experts_and_matches_its_gradients():
     for patch in (False, True):
         model = _model("qwen3_moe").train()
         if patch:
-            apply_tokamax(model)
+            apply_tokamax(model, linear=True)
         loss = model(ids, labels=ids).loss
         loss.backward()
         grads.append(model.model.layers[0].mlp.experts.gate_up_proj.grad.clone())

@@ -14,10 +14,11 @@ What is patched (each part can be turned off):
   copy of the expert weights and makes prefill fast (docs/moe.md). Without it the op reads the
   module's own weights in place.
 * ``norm``: RMSNorm modules (``weight * x / rms(x)``, the Llama form) run on ``rms_norm``.
-* ``linear``: ``nn.Linear`` layers (attention projections, dense MLPs, the vocabulary
-  projection) run on ``ragged_dot``'s transposed form when they see at most 4 rows (decode): the
-  weights are read in place, once, as one sequential stream. Longer inputs (prefill) stay on
-  torch's GEMM.
+* ``linear`` (off by default): ``nn.Linear`` layers (attention projections, dense MLPs, the
+  vocabulary projection) run on ``ragged_dot``'s transposed form when they see at most 4 rows
+  (decode): the weights are read in place, once, as one sequential stream. Longer inputs stay on
+  torch's GEMM. Off by default because torch's bf16 GEMV already reads at the memory's rate on
+  the machines measured (docs/transformers.md), and each call adds the library's call overhead.
 
 A module the library cannot serve is left as it is, with one warning naming it: a device other
 than the CPU, a dtype other than f32/bf16, biases, an activation it lacks, Gemma's
@@ -180,7 +181,7 @@ def _is_experts(module: torch.nn.Module) -> bool:
 
 
 def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = True,
-                  linear: bool = True, pack_experts: bool = True) -> torch.nn.Module:
+                  linear: bool = False, pack_experts: bool = True) -> torch.nn.Module:
     """Patches a loaded transformers model in place to run on tokamax_cpp; returns it.
 
     A second call on the same model is refused with a ValueError: revert first."""
