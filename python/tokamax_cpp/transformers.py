@@ -11,8 +11,9 @@ What is patched (each part can be turned off):
   ``ExpertsInterface`` (Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V2, ...) runs on ``moe_experts``,
   registered as ``experts_implementation="tokamax"``. With ``pack_experts`` (the default) each
   module's weights are packed once, now, into the native kernels' layout. This costs a second
-  copy of the expert weights and makes prefill fast (docs/moe.md). Without it the op reads the
-  module's own weights in place.
+  copy of the expert weights and makes prefill fast (docs/moe.md). The pack is a snapshot: after
+  changing the expert weights (loading other weights, a training step), revert and apply again.
+  Without it the op reads the module's own weights in place.
 * ``norm``: RMSNorm modules (``weight * x / rms(x)``, the Llama form) run on ``rms_norm``.
 * ``linear`` (off by default): ``nn.Linear`` layers (attention projections, dense MLPs, the
   vocabulary projection) run on ``ragged_dot``'s transposed form when they see at most 4 rows
