@@ -144,6 +144,10 @@ struct CallCost {
   bool read_write = false;
 };
 
+// Whether a call's time is the time to move its bytes: below about 8 flops a byte, these CPUs'
+// arithmetic outruns their memory (the weight-streaming decode calls).
+inline bool bandwidth_bound(const CallCost& c) { return c.bytes > 0 && c.flops / c.bytes < 8.0; }
+
 struct ArgSpec {
   std::string family;
   std::string name;

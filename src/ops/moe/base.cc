@@ -269,10 +269,7 @@ double weight_bytes(const MoeCall& c) {
   return static_cast<double>(hit) * per_expert;
 }
 
-bool Family::memory_bound_of(const MoeCall& c) const {
-  const double bytes = weight_bytes(c);
-  return bytes > 0 && cost_of(c).flops / bytes < 8.0;
-}
+bool Family::memory_bound_of(const MoeCall& c) const { return bandwidth_bound(cost_of(c)); }
 
 CallCost Family::cost_of(const MoeCall& c) const {
   const double flops = 6.0 * static_cast<double>(c.t * c.top_k) * static_cast<double>(c.k) *

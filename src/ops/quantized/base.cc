@@ -275,10 +275,7 @@ double weight_bytes(const QCall& c) {
   return static_cast<double>(nonempty) * per_group;
 }
 
-bool Family::memory_bound_of(const QCall& c) const {
-  const double bytes = weight_bytes(c);
-  return bytes > 0 && cost_of(c).flops / bytes < 8.0;
-}
+bool Family::memory_bound_of(const QCall& c) const { return bandwidth_bound(cost_of(c)); }
 
 CallCost Family::cost_of(const QCall& c) const {
   const double rows = static_cast<double>(c.offsets.empty() ? 0 : c.offsets.back());

@@ -298,9 +298,7 @@ Tolerance Family::tolerance_of(const RaggedDotCall& c) const {
 }
 
 bool weight_streaming(const RaggedDotCall& c) {
-  // Arithmetic intensity over weight bytes: flops per byte below ~8 is bandwidth-limited here.
-  const double bytes = weight_bytes(c);
-  return bytes > 0 && call_flops(c) / bytes < 8.0;
+  return bandwidth_bound({call_flops(c), weight_bytes(c)});
 }
 
 bool Family::memory_bound_of(const RaggedDotCall& c) const { return weight_streaming(c); }
