@@ -192,51 +192,96 @@ void print_specs(const std::string& op, const std::string& tag, bool json) {
   }
 }
 
-void print_result_table(const tk::AutotuningResult& r) {
-  for (const auto& [b, d] : r.data()) {
-    fmt::print("\n{} / {}  key {}\n", b.family(), b.implementation(), b.key());
-    fmt::print("  {:<48} {:>11} {:>10}  {}\n", "config", "median ms", "IQR ms", "status");
+// A key's arrays ("f32[67,96] f32[4,96,80]"): enough to tell the keys of a run apart on one line.
+std::string short_key(const tk::BoundArguments& b) {
+  std::vector<std::string> arrays;
+  for (const auto& [name, v] : b.arguments().items()) {
+    if (v.is_string() && v.get<std::string>().find('[') != std::string::npos)
+      arrays.push_back(v.get<std::string>());
+  }
+  std::string s = tk::join(arrays, " ");
+  return s.size() > 56 ? s.substr(0, 53) + "..." : s;
+}
+
+// One line per key: what was stored, its ratio to the heuristics config with the interval,
+// whether that is confident, and the time the key took.
+void print_key_line(const tk::BoundArguments& b, const tk::AutotuningData& d) {
+  const std::string what = fmt::format("{}/{} {}", b.family(), b.implementation(), short_key(b));
+  int failed = 0, ok = 0;
+  for (const auto& [k, e] : d.entries()) (e.benchmark ? ok : failed) += 1;
+  const std::string fails = failed ? fmt::format(", {} failed their check", failed) : "";
+  if (!d.has_success()) {
+    fmt::print("{}: no config succeeded ({} failed)\n", what, failed);
+    return;
+  }
+  const auto& best = d.fastest();
+  const tk::BenchmarkData& bd = *best.benchmark;
+  if (ok == 1) {
+    fmt::print("{}: {} at {:.4g} ms, the only config{}\n", what, best.config.str(), bd.median_ms,
+               fails);
+    return;
+  }
+  std::string verdict = "winner by the raw medians (no rounds against a control)";
+  double spent_s = 0;
+  if (bd.evidence) {
+    const tk::TuningEvidence& ev = *bd.evidence;
+    spent_s = ev.details.value("tuning_s", 0.0);
+    const bool heuristics_kept = d.heuristics() && best.config.str() == d.heuristics()->str();
+    if (heuristics_kept && ev.best != best.config.str())
+      verdict = "kept the heuristics config; best other " + ev.summary();
+    else if (heuristics_kept)
+      verdict = "kept the heuristics config: " + ev.summary();
+    else
+      verdict = ev.summary();
+  }
+  fmt::print("{}: {} at {:.4g} ms; {}; {} configs{}{}\n", what, best.config.str(), bd.median_ms,
+             verdict, ok + failed, fails,
+             spent_s > 0 ? fmt::format(", {:.1f} s", spent_s) : std::string());
+}
+
+// -v: every candidate of every key, with the rounds' evidence.
+void print_key_table(const tk::BoundArguments& b, const tk::AutotuningData& d) {
+  fmt::print("\n{} / {}  key {}\n", b.family(), b.implementation(), b.key());
+  fmt::print("  {:<48} {:>11} {:>10}  {}\n", "config", "median ms", "IQR ms", "status");
+  const std::string control = [&] {
     for (const auto& [k, e] : d.entries()) {
-      if (e.benchmark) {
-        // "finalist": measured to the last stage of the rounds; the winner is one. Round-
-        // measured medians are at the quiet machine's speed (ratio to the control times its
-        // quiet level).
-        const auto& bd = *e.benchmark;
-        std::string note = bd.finalist ? ", finalist" : "";
-        if (bd.rounds > 0)
-          note += fmt::format(", {:.3f}x control over {} rounds", bd.ratio, bd.rounds);
-        if (bd.chosen) note += ", chosen";
-        fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok{}\n", k, bd.median_ms, bd.iqr_ms, note);
-      } else {
-        fmt::print("  {:<48} {:>11} {:>10}  {}: {}\n", k, "-", "-",
-                   tk::failure_kind_name(e.failure->kind), e.failure->message.substr(0, 160));
-      }
+      if (e.benchmark && e.benchmark->evidence)
+        return e.benchmark->evidence->details.value("control", std::string());
     }
-    if (!d.has_success()) {
-      fmt::print("  no config succeeded\n");
-      continue;
-    }
-    const auto& best = d.fastest();
-    const auto it = d.heuristics() ? d.entries().find(d.heuristics()->str()) : d.entries().end();
-    if (best.benchmark->evidence) {
-      const tk::TuningEvidence& ev = *best.benchmark->evidence;
-      fmt::print("  winner {} at {:.4f} ms; best finalist {}: {}\n", best.config.str(),
-                 best.benchmark->median_ms, ev.best, ev.summary());
-      const Json& disc = ev.details.value("discarded", Json::array());
-      if (!disc.empty()) {
-        fmt::print("  {} segment(s) discarded and measured again, first: round {}: {}\n",
-                   disc.size(), disc[0].value("round", 0), disc[0].value("reason", ""));
-      }
-    } else if (it != d.entries().end() && it->second.benchmark) {
-      const double speedup = it->second.benchmark->median_ms / best.benchmark->median_ms;
-      fmt::print(
-          "  winner {} at {:.4f} ms: {:.2f}x the heuristics config {}{}\n", best.config.str(),
-          best.benchmark->median_ms, speedup, it->first,
-          speedup < 1 ? " (within the tie window max(2 us, 1%) less scratch memory wins)" : "");
+    return std::string();
+  }();
+  for (const auto& [k, e] : d.entries()) {
+    if (e.benchmark) {
+      // "finalist": measured to the last stage of the rounds; the winner is one. Round-
+      // measured medians are at the quiet machine's speed (ratio to the control times its
+      // quiet level).
+      const auto& bd = *e.benchmark;
+      std::string note = bd.finalist ? ", finalist" : "";
+      if (bd.rounds > 0 && k == control)
+        note += fmt::format(", the control ({} rounds)", bd.rounds);
+      else if (bd.rounds > 0)
+        note += fmt::format(", {:.3f}x the control over {} rounds", bd.ratio, bd.rounds);
+      if (bd.chosen) note += ", chosen";
+      fmt::print("  {:<48} {:>11.4f} {:>10.4f}  ok{}\n", k, bd.median_ms, bd.iqr_ms, note);
     } else {
-      fmt::print("  winner {} at {:.4f} ms\n", best.config.str(), best.benchmark->median_ms);
+      fmt::print("  {:<48} {:>11} {:>10}  {}: {}\n", k, "-", "-",
+                 tk::failure_kind_name(e.failure->kind), e.failure->message.substr(0, 160));
     }
   }
+  if (!d.has_success()) return;
+  const auto& best = d.fastest();
+  if (!best.benchmark->evidence) return;
+  const tk::TuningEvidence& ev = *best.benchmark->evidence;
+  fmt::print("  stored {}; best finalist {}: {}\n", best.config.str(), ev.best, ev.summary());
+  const Json& disc = ev.details.value("discarded", Json::array());
+  if (!disc.empty()) {
+    fmt::print("  {} segment(s) discarded and measured again, first: round {}: {}\n", disc.size(),
+               disc[0].value("round", 0), disc[0].value("reason", ""));
+  }
+}
+
+void print_result(const tk::AutotuningResult& r, bool verbose) {
+  for (const auto& [b, d] : r.data()) (verbose ? print_key_table : print_key_line)(b, d);
 }
 
 // autotune --into-cache: the directory the winners go to (DIR/<device kind>/, made if missing)
@@ -264,7 +309,7 @@ void check_cache_dir_writable(const std::string& cache_dir) {
 
 // Every command-line value, bound by the add_*_command functions and read by the handlers.
 struct Args {
-  bool json = false, roofline = false;
+  bool json = false, roofline = false, verbose = false;
   std::string op, tag, spec, bound_args, impl_csv, out_path, into_cache_dir;
   double budget_s = 1e30;
   bool into_cache = false, have_budget = false, all_impls = false;
@@ -290,9 +335,10 @@ int cmd_autotune(Args& a) {
     auto printer = std::make_shared<tk::cli::ProgressPrinter>(isatty(STDERR_FILENO), 30);
     o.progress = [printer](const tk::AutotuneProgress& p) {
       const int width = 30, filled = p.total ? width * p.done / p.total : width;
+      const std::string eta = p.eta_s < 0 ? "?" : fmt::format("{:.0f}s", p.eta_s);
       printer->line(
-          fmt::format("{:<28.28} [{}{}] {}/{} {:.1f}s ETA {:.1f}s", p.key, std::string(filled, '#'),
-                      std::string(width - filled, '.'), p.done, p.total, p.elapsed_s, p.eta_s),
+          fmt::format("keys [{}{}] {}/{} {:.0f}s, ETA {}  {:.40}", std::string(filled, '#'),
+                      std::string(width - filled, '.'), p.done, p.total, p.elapsed_s, eta, p.key),
           p.done == p.total);
     };
   }
@@ -323,7 +369,7 @@ int cmd_autotune(Args& a) {
   if (a.json)
     std::cout << r.dumps() << "\n";
   else
-    print_result_table(r);
+    print_result(r, a.verbose);
   return tk::cli::report_failed_keys(r);
 }
 
@@ -626,6 +672,9 @@ void add_autotune_command(CLI::App& app, Args& a, ThreadsOption& threads, Comman
   auto* budget_opt =
       autotune->add_option("--budget-s", a.budget_s, "whole-run time budget in seconds (> 0)");
   autotune->add_flag("--json", a.json, "print the result as JSON");
+  autotune->add_flag("-v,--verbose", a.verbose,
+                     "every candidate of every key with the rounds' evidence (default: one line "
+                     "per key)");
   autotune->add_option("--measure-budget-s", a.measure_budget_s,
                        "seconds of interleaved measuring rounds per key (default: 20, or "
                        "for a slow key the time of 4 rounds of its candidates, at most 120)");

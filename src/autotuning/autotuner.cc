@@ -608,6 +608,7 @@ struct TuningRun {
 
 AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const {
   const double start = now_seconds();
+  QuietMissesScope quiet;  // a composed candidate's inner calls are not the program's
   TuningRun run(options_, bound);
   // Preparation (reference, packing) of any key may run alongside preparation of others, never
   // alongside a measurement: shared here, exclusive while measuring.
@@ -623,13 +624,7 @@ AutotuningData Autotuner::tune_uncoordinated(const BoundArguments& bound) const 
   std::unique_lock<std::shared_mutex> measuring(phase_mu());
   const std::shared_ptr<void> exclusive = options_.exclusive ? options_.exclusive() : nullptr;
   const int n = static_cast<int>(run.cands.size());
-  for (int i = 0; i < n; ++i) {
-    run.check(i, now_seconds() - start > options_.budget_s);
-    if (options_.progress) {
-      const double el = now_seconds() - start;
-      options_.progress({i + 1, n, el, el / (i + 1) * (n - i - 1), run.what(), run.cands[i].str()});
-    }
-  }
+  for (int i = 0; i < n; ++i) run.check(i, now_seconds() - start > options_.budget_s);
   run.measure_rounds(options_.budget_s - (now_seconds() - start), start);
   if (!run.data.has_success()) {
     TOKAMAX_LOG("autotune", kWarning, "all configs failed for " + run.what() + " " + bound.key());
@@ -670,8 +665,24 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
   AutotuningResult result;
   const std::vector<BoundArguments> expanded = work_list(list);
   const double start = now_seconds();
+  const int total = static_cast<int>(expanded.size());
+  int done = 0;
+  // Before each key and after the last: the pace of the keys done so far gives the ETA.
+  const auto progress = [&](const BoundArguments* b) {
+    if (!options_.progress) return;
+    AutotuneProgress p;
+    p.done = done;
+    p.total = total;
+    p.elapsed_s = now_seconds() - start;
+    p.eta_s = done > 0 ? p.elapsed_s / done * (total - done) : -1;
+    if (b) p.key = b->family() + "/" + b->implementation();
+    options_.progress(p);
+  };
   for (const BoundArguments& b : expanded) {
+    progress(&b);
+    ++done;
     AutotuneOptions o = options_;
+    o.progress = nullptr;
     o.budget_s -= now_seconds() - start;
     if (o.budget_s <= 0) {
       TOKAMAX_LOG(
@@ -694,6 +705,7 @@ AutotuningResult Autotuner::tune_all(const std::vector<BoundArguments>& list) co
                       ": " + e.what());
     }
   }
+  progress(nullptr);
   return result;
 }
 

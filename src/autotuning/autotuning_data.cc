@@ -86,12 +86,23 @@ std::string TuningEvidence::summary() const {
   if (details.contains("kept_because") && details["kept_because"].is_string())
     return "the heuristics config, kept unmeasured against the others: " +
            details["kept_because"].get<std::string>();
+  if (details.contains("control") && details["control"] == best)
+    return fmt::format("the control (the heuristics config) was the fastest finalist ({} rounds)",
+                       rounds);
   std::string s =
       fmt::format("{:.3f}x the heuristics config [{:.3f}, {:.3f}] ({:.0f}% CI, {} rounds)", ratio,
                   lo, hi, confidence * 100, rounds);
   if (confident) return s + ", confident";
   if (hi < 1 - tie) return s + ", not confident: too few accepted rounds (the budget ran out)";
-  return s + fmt::format(", not confidently faster beyond the {:.0f}% tie window", tie * 100);
+  return s + ", not faster beyond the " + tie_window_text() + " tie window";
+}
+
+std::string TuningEvidence::tie_window_text() const {
+  // The window is max(1%, 2 us) of the control's time: printed with what made it wider.
+  const double quiet_ms = details.value("control_quiet_ms", 0.0);
+  if (quiet_ms > 0 && tie > 0.0101)
+    return fmt::format("{:.0f}% (2 us of a {:.4g} ms call)", tie * 100, quiet_ms);
+  return fmt::format("{:.0f}%", tie * 100);
 }
 
 Json BenchmarkData::to_json() const {

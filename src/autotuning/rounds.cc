@@ -192,6 +192,12 @@ class Rounds {
       k.ratio = iv.ratio;
       k.ratio_lo = iv.lo;
       k.ratio_hi = iv.hi;
+      // Every ratio is against the control, so its own is 1 by definition, as the decision
+      // compares the best's ratios with 1. Its samples as a candidate can sit apart from the
+      // brackets around them (a neighbour's burst, its data left in the caches by the bracket
+      // just before); ranked on those, a stored "0.2x control" sat beside "the control was
+      // the fastest finalist".
+      if (c == control_) k.ratio = k.ratio_lo = k.ratio_hi = 1;
     }
   }
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <unordered_set>
 
 #include "core/thread_pool.h"
 #include "op/builtins.h"
@@ -17,6 +18,7 @@ namespace tokamax {
 namespace {
 
 thread_local std::optional<CacheMissPolicy> t_policy;
+thread_local bool t_quiet_misses = false;
 thread_local CallRecorder* t_recorder = nullptr;
 thread_local ConfigSource t_config_source = ConfigSource::kLadder;
 thread_local ConfigQuery* t_query = nullptr;
@@ -33,12 +35,59 @@ double steady_us() {
       .count();
 }
 
-void warn_miss_once(const OpFamily& family, const Implementation& impl,
-                    const BoundArguments& bound) {
-  log_once("autotune", LogLevel::kWarning,
-           "autotuning cache miss for op " + family.name() + " (implementation " + impl.name() +
-               ") on device kind " + device_kind() + " with key " + bound.key() +
-               "; using the heuristics config");
+// The calls that missed the tuning data and took the heuristics config: one warning line for
+// the process (a miss per key was a 400-character line each, dozens in a model's first step),
+// every key at debug level, and a count when the process exits.
+class MissLog {
+ public:
+  void record(const OpFamily& family, const Implementation& impl, const BoundArguments& bound) {
+    std::string id = family.name() + "\n" + impl.name() + "\n" + bound.key();
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!seen_.insert(std::move(id)).second) return;
+      first = keys_.empty();
+      keys_.push_back({family.name(), impl.name(), bound.key()});
+    }
+    if (first) {
+      log_message("autotune", LogLevel::kWarning, miss_warning(family, impl));
+    }
+    TOKAMAX_LOG("autotune", kDebug,
+                "cache miss: " + family.name() + "/" + impl.name() + " " + bound.key());
+  }
+
+  std::vector<MissedKey> keys() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return keys_;
+  }
+
+  ~MissLog() {
+    // The first miss has its line already; more than one gets their count.
+    if (keys_.size() > 1 && log_enabled("autotune", LogLevel::kWarning)) {
+      log_message("autotune", LogLevel::kWarning,
+                  std::to_string(keys_.size()) + " op call keys were not in the tuning data for " +
+                      device_kind() +
+                      " and ran with heuristics configs (TOKAMAX_LOG=autotune:debug lists them)");
+    }
+  }
+
+ private:
+  static std::string miss_warning(const OpFamily& family, const Implementation& impl) {
+    return "op calls not in the tuning data for " + device_kind() +
+           " use heuristics configs (first: " + family.name() + "/" + impl.name() +
+           "). Tune them: tokamax autotune --bound-args (from a trace), or "
+           "TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK=autotune; docs/tuning.md";
+  }
+
+  mutable std::mutex mu_;
+  std::unordered_set<std::string> seen_;
+  std::vector<MissedKey> keys_;
+};
+
+// Destroyed at exit, after the calls (a function's static: constructed on the first miss).
+MissLog& miss_log() {
+  static MissLog log;
+  return log;
 }
 
 }  // namespace
@@ -143,6 +192,11 @@ CacheMissPolicyScope::~CacheMissPolicyScope() { t_policy = previous_; }
 
 std::string_view rung_name(Rung r) { return kRungs.name(r); }
 
+std::vector<MissedKey> missed_keys() { return miss_log().keys(); }
+
+QuietMissesScope::QuietMissesScope() : previous_(t_quiet_misses) { t_quiet_misses = true; }
+QuietMissesScope::~QuietMissesScope() { t_quiet_misses = previous_; }
+
 void set_builtin_tuning_backend(const TuningBackend* backend) { g_backend.store(backend); }
 
 void set_tuning_backend(const TuningBackend* backend) {
@@ -232,10 +286,11 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
     if (found(bound)) return r;
     // A forward asked for its residuals (a training step's) has the inference call's config
     // space and nearly its cost (the residual is a row statistic or a copy of what the kernel
-    // holds anyway): without an entry of its own it takes that call's, rather than the
-    // heuristics and a miss warning for a spec the shipped data tunes.
+    // holds anyway), and a call on pre-packed weights runs the same products: without an entry
+    // of its own each takes the plain call's, rather than the heuristics and a miss warning for
+    // a spec the shipped data tunes.
     if (const auto plain = family.config_fallback(bound); plain && found(*plain)) {
-      r.detail += " (the entry for the same call without its residuals)";
+      r.detail += " (the entry of the plain call: no residuals, weights unpacked)";
       return r;
     }
   }
@@ -256,7 +311,7 @@ Resolution resolve_config(const OpFamily& family, const Implementation& impl, co
       }
       [[fallthrough]];
     case CacheMissPolicy::kHeuristics:
-      warn_miss_once(family, impl, bound);
+      if (!t_quiet_misses) miss_log().record(family, impl, bound);
       r.config = impl.heuristics_config(call);
       r.rung = Rung::kHeuristics;
       if (r.detail.empty()) r.detail = "cache miss; heuristics";

@@ -219,13 +219,21 @@ TEST(Autotuner, BudgetsAndBadOptions) {
   o.max_candidates = 0;
   EXPECT_THROW(Autotuner{o}, InvalidArgument);
   o = quick();
-  int calls = 0;
-  o.progress = [&](const AutotuneProgress& p) {
-    ++calls;
-    EXPECT_LE(p.done, p.total);
-  };
-  Autotuner(o).tune(bound("one_field", 40));
-  EXPECT_EQ(calls, 4);
+  // Progress by key: before each and after the last, the ETA from the pace of the keys done.
+  std::vector<AutotuneProgress> seen;
+  o.progress = [&](const AutotuneProgress& p) { seen.push_back(p); };
+  Autotuner(o).tune_all({bound("one_field", 40), bound("one_field", 48)});
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].done, 0);
+  EXPECT_EQ(seen[0].eta_s, -1);  // no pace yet
+  EXPECT_EQ(seen[0].key, "fake/one_field");
+  EXPECT_EQ(seen[1].done, 1);
+  EXPECT_GE(seen[1].eta_s, 0);
+  EXPECT_NEAR(seen[1].eta_s, seen[1].elapsed_s, 1e-9);  // one key done, one left
+  EXPECT_EQ(seen[2].done, 2);
+  EXPECT_EQ(seen[2].total, 2);
+  EXPECT_EQ(seen[2].eta_s, 0);
+  EXPECT_TRUE(seen[2].key.empty());
 }
 
 TEST(Autotuner, IdenticalKeysTunedOnceAcrossThreads) {

@@ -93,6 +93,22 @@ TEST(Rounds, SlowPhaseAnywhereDoesNotChangeTheWinner) {
   }
 }
 
+// Every ratio is against the control, so the control's own is exactly 1 (its samples as a
+// candidate only add noise): ranked on them it could pass for faster than itself, and nothing
+// reads "0.97x the control" for the control.
+TEST(Rounds, TheControlsOwnRatioIsOne) {
+  FakeMachine m{twelve()};
+  m.noise = 0.08;
+  const RoundsResult r = m.run(0, RoundOptions{});
+  EXPECT_EQ(r.best, 7);
+  EXPECT_GT(r.candidates[0].accepted, 0);
+  EXPECT_EQ(r.candidates[0].ratio, 1);
+  EXPECT_EQ(r.candidates[0].ratio_lo, 1);
+  EXPECT_EQ(r.candidates[0].ratio_hi, 1);
+  // Its samples keep what was measured (the report plots them).
+  EXPECT_FALSE(r.candidates[0].samples_ms.empty());
+}
+
 TEST(Rounds, DiscardedSegmentsAreMeasuredAgain) {
   FakeMachine m{twelve()};
   // Busy for the first 1.5 s: the first round's segments are all discarded.

@@ -111,7 +111,7 @@ TEST_F(Framework, ResidualsCallBorrowsTheEntryWithoutThem) {
   Resolution r = resolve_config(norm, native, *train_call, std::nullopt);
   EXPECT_EQ(r.rung, Rung::kDiskCache);
   EXPECT_EQ(r.config.json(), other.json());
-  EXPECT_NE(r.detail.find("without its residuals"), std::string::npos) << r.detail;
+  EXPECT_NE(r.detail.find("the entry of the plain call"), std::string::npos) << r.detail;
   {
     AutotuningScope scope(res);
     r = resolve_config(norm, native, *train_call, std::nullopt);
@@ -127,12 +127,66 @@ TEST_F(Framework, ResidualsCallBorrowsTheEntryWithoutThem) {
   r = resolve_config(norm, native, *train_call, std::nullopt);
   EXPECT_EQ(r.rung, Rung::kDiskCache);
   EXPECT_EQ(r.config.json(), heuristics.json());
-  EXPECT_EQ(r.detail.find("without its residuals"), std::string::npos) << r.detail;
+  EXPECT_EQ(r.detail.find("the entry of the plain call"), std::string::npos) << r.detail;
   // Never the other way.
   DiskCache::global().clear();
   std::filesystem::remove_all(dir_);
   own.dump_cache();
   EXPECT_EQ(resolve_config(norm, native, *plain_call, std::nullopt).rung, Rung::kHeuristics);
+}
+
+// A call on pre-packed weights (ragged_dot's packed_rhs, an argument variant of the family) with
+// no entry of its own takes the plain call's: `bench` right after `autotune --into-cache` looks
+// up the packed rows' keys too.
+TEST_F(Framework, PackedVariantBorrowsThePlainCallsEntry) {
+  const OpFamily& rd = find_family("ragged_dot");
+  const Implementation& native = *rd.implementation("native");
+  const Json spec = {{"lhs", "f32[19,32]"}, {"rhs", "f32[3,32,24]"}, {"group_sizes", {7, 0, 12}}};
+  Json packed_spec = spec;
+  packed_spec["packed_rhs"] = true;
+  auto plain_call = rd.make_call(rd.bind_json(spec, ""), fresh_seed());
+  auto packed_call = rd.make_call(rd.bind_json(packed_spec, ""), fresh_seed());
+  ASSERT_NE(plain_call->bound.key(), packed_call->bound.key());
+  ASSERT_EQ(resolve_config(rd, native, *packed_call, std::nullopt).rung, Rung::kHeuristics);
+  Json other = native.heuristics_config(*plain_call).json();
+  other["mr"] = other.value("mr", 8) == 8 ? 14 : 8;
+  other["mc"] = other["mr"];
+  const Config tuned = native.config_from_json(other);
+  AutotuningResult res;
+  AutotuningData d;
+  d.set(tuned, BenchmarkData{.median_ms = 1.0});
+  res.add(plain_call->bound.with_implementation("native"), d);
+  res.dump_cache();
+  const Resolution r = resolve_config(rd, native, *packed_call, std::nullopt);
+  EXPECT_EQ(r.rung, Rung::kDiskCache);
+  EXPECT_EQ(r.config.json(), tuned.json());
+  EXPECT_NE(r.detail.find("the entry of the plain call"), std::string::npos) << r.detail;
+}
+
+// A miss is recorded once per key however often the call runs (one warning line for the
+// process, each key at debug level); a made call's preparation (a backward's forward) misses
+// nothing, since it takes the heuristics without a lookup.
+TEST_F(Framework, MissesAreCountedOncePerKeyAndNotForMadeCalls) {
+  const auto count = [](const std::string& family) {
+    size_t n = 0;
+    for (const MissedKey& k : missed_keys()) n += k.family == family;
+    return n;
+  };
+  const size_t fake_before = count(fake().name());
+  auto c = fake_call();
+  for (int i = 0; i < 3; ++i) dispatch(fake(), *c, {});
+  EXPECT_EQ(count(fake().name()), fake_before + 1);
+  const std::vector<MissedKey> keys = missed_keys();
+  bool found = false;
+  for (const MissedKey& k : keys) found |= k.key == c->bound.key();
+  EXPECT_TRUE(found);
+
+  const OpFamily& vjp = find_family("layer_norm_vjp");
+  const size_t norm_before = count("layer_norm");
+  const Json spec = {{"x", "f32[5,37]"}, {"scale", "f32[37]"}, {"dy", "f32[5,37]"},
+                     {"mean", "f32[5]"}, {"rstd", "f32[5]"},   {"subtract_mean", false}};
+  vjp.make_call(vjp.bind_json(spec, ""), fresh_seed());
+  EXPECT_EQ(count("layer_norm"), norm_before);
 }
 
 // ConfigSourceScope(kHeuristics) skips scopes and the disk cache (the PyTorch ops' default);

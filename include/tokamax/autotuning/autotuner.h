@@ -21,11 +21,12 @@
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
 
+// tune_all's progress, before each key and once after the last.
 struct AutotuneProgress {
-  int done = 0, total = 0;
-  double elapsed_s = 0, eta_s = 0;
-  std::string key;     // family/implementation being tuned
-  std::string config;  // the candidate just finished
+  int done = 0, total = 0;  // keys finished, keys in the run
+  double elapsed_s = 0;
+  double eta_s = -1;  // from the pace of the keys done so far; -1 before the first is done
+  std::string key;    // family/implementation of the key starting (empty after the last)
 };
 
 // How the candidates of one key are measured and decided (src/autotuning/rounds.h): every

@@ -38,6 +38,8 @@ struct TuningEvidence {
   Json to_json() const;
   static TuningEvidence from_json(const Json& j);
   std::string summary() const;  // one line, for explain and cache show
+  // "1%", or "23% (2 us of a 0.0089 ms call)" where 2 us widened the window.
+  std::string tie_window_text() const;
 };
 
 struct BenchmarkData {

@@ -3,7 +3,8 @@
 //   2. the implementation has nothing to tune: the null config, no lookup;
 //   3. active AutotuningScopes, innermost first;
 //   4. the disk cache (shipped data, then the user cache directory);
-//   5. a miss: by policy `heuristics` (default; one warning per key), `autotune` or `error`.
+//   5. a miss: by policy `heuristics` (default; one warning line per process, each key at the
+//      autotune category's debug level, a count at exit), `autotune` or `error`.
 // The policy comes from TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK or a CacheMissPolicyScope.
 #pragma once
 
@@ -91,6 +92,28 @@ class TuningBackend {
   }
 };
 void set_tuning_backend(const TuningBackend* backend);
+
+// The calls of this process that missed the tuning data and ran with the heuristics config,
+// one per (family, implementation, key), in the order of their first miss.
+struct MissedKey {
+  std::string family;
+  std::string implementation;
+  std::string key;
+};
+std::vector<MissedKey> missed_keys();
+
+// While alive, misses on this thread are neither recorded nor warned about: what the autotuner
+// runs (a composed candidate's inner op calls) is not the program's own calls.
+class QuietMissesScope {
+ public:
+  QuietMissesScope();
+  ~QuietMissesScope();
+  QuietMissesScope(const QuietMissesScope&) = delete;
+  QuietMissesScope& operator=(const QuietMissesScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 Resolution resolve_config(const OpFamily& family, const Implementation& impl, const CallBase& call,
                           const std::optional<Config>& explicit_config);

@@ -523,17 +523,26 @@ class TypedFamily : public OpFamily {
     return output_specs(call);
   }
 
+  // The same call with every residuals flag and argument variant (packed weights: the same
+  // products on the same config space) set back to its default, when any was set.
   std::optional<BoundArguments> config_fallback(const BoundArguments& bound) const final {
+    Json plain = bound.arguments();
+    bool changed = false;
+    const auto reset = [&](const ArgField<CallT>& f, const Json& set_value) {
+      const auto it = plain.find(f.name);
+      if (it == plain.end() || *it != set_value) return;
+      *it = f.default_value.is_null() ? Json(false) : f.default_value;
+      changed = true;
+    };
+    const auto variants = this->argument_variants();
     for (const ArgField<CallT>& f : fields_) {
-      if (!f.selects_residuals) continue;
-      const auto it = bound.arguments().find(f.name);
-      if (it == bound.arguments().end() || !it->is_boolean() || !it->template get<bool>())
-        return std::nullopt;
-      Json plain = bound.arguments();
-      plain[f.name] = false;
-      return BoundArguments(bound.family(), bound.implementation(), std::move(plain));
+      if (f.selects_residuals) reset(f, Json(true));
+      for (const auto& variant : variants) {
+        if (const auto v = variant.second.find(f.name); v != variant.second.end()) reset(f, *v);
+      }
     }
-    return std::nullopt;
+    if (!changed) return std::nullopt;
+    return BoundArguments(bound.family(), bound.implementation(), std::move(plain));
   }
 
   BoundArguments bind_json(const Json& arguments, const std::string& implementation) const final {
@@ -543,6 +552,10 @@ class TypedFamily : public OpFamily {
   }
 
   std::unique_ptr<CallBase> make_call(const BoundArguments& bound, uint64_t seed) const final {
+    // A made call's preparation (a backward's residuals come from running its forward) is not
+    // the call being tuned or measured: it takes heuristics configs, with no lookup and no
+    // cache-miss warning for keys nobody asked about.
+    ConfigSourceScope heuristics_only(ConfigSource::kHeuristics);
     auto call = std::make_unique<CallT>(call_from_json(bound.arguments()));
     uint64_t input_seed = seed;
     for (const ArgField<CallT>& f : fields_) {

@@ -218,7 +218,7 @@ class OpFamily {
   // The outputs' specs of an argument spec (as bind_json takes it).
   virtual std::vector<ShapeDtype> output_specs_json(const Json& arguments) const;
   // A key whose tuned config also serves `bound` where it has no entry of its own (a forward
-  // asked for its residuals takes the plain call's), or nothing.
+  // asked for its residuals, or one on pre-packed weights, takes the plain call's), or nothing.
   virtual std::optional<BoundArguments> config_fallback(const BoundArguments&) const {
     return std::nullopt;
   }
