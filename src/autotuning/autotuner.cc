@@ -45,6 +45,7 @@ bool run_with_timeout(std::function<void()> fn, double timeout_s, double* elapse
   auto st = std::make_shared<State>();
   const double t0 = now_seconds();
   std::thread([st, fn = std::move(fn)] {
+    QuietMissesScope quiet;  // the tuner's run, not the program's (tune_uncoordinated)
     std::exception_ptr error;
     try {
       fn();
