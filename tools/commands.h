@@ -42,7 +42,6 @@ std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& 
 // report can say where its inputs came from.
 void set_command_line(int argc, char** argv);
 std::string command_line();
-std::string utc_now();
 
 struct BenchRow {
   std::string spec, implementation, config, rung;
@@ -60,6 +59,10 @@ struct BenchRow {
   // Bytes the call allocated beyond its inputs and outputs (tensor_allocations() around its
   // first run here: its per-call buffers, and per-thread scratch it had to grow).
   int64_t allocated_bytes = 0;
+  // "cold": every call after the caches were flushed (a memory-bound call whose data a model
+  // would stream from memory); "warm": back to back, as a model calls a small op whose inputs
+  // the previous op just wrote.
+  std::string cache_state;
 };
 // How long and how often `tokamax bench` measures each row. The defaults give every row at
 // least 5 rounds of 3 samples after 2 warm-up calls; a shape whose call takes seconds (the loss
@@ -69,12 +72,19 @@ struct BenchOptions {
   int rounds = 5;           // interleaved rounds (every row once per round)
   int samples = 3;          // at least this many samples per row and round
   int warmup = 2;           // untimed calls before a row's first round (1 before later rounds)
+  // "auto": memory-bound calls that move at least one core's L2 measured cold, the rest warm;
+  // "cold" or "warm": every row so.
+  std::string cache_state = "auto";
 };
 std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec>& specs,
                                 const std::vector<std::string>& impls, const BenchOptions& opts);
 // `tokamax bench --json`'s document: the rows, with what a reader needs to judge them alone
 // (library version, device, the roofline the rows' percentages are against, command, time).
 Json bench_document(const std::vector<BenchRow>& rows);
+// What the rows' percentages rest on, for a reader: the ceilings (one line) and every sign
+// that the machine was busy or its ceilings differ from the known ones (shipped, last quiet).
+std::string ceilings_line(const Roofline& r);
+std::vector<std::string> bench_warnings(const Roofline& r);
 // After benchmarking: kExitWorkFailed (the failures are named in the rows) if a row errored.
 int report_failed_rows(const std::vector<BenchRow>& rows);
 

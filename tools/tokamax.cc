@@ -41,15 +41,6 @@ void set_command_line(int argc, char** argv) {
 
 std::string command_line() { return g_command_line; }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 }  // namespace tokamax::cli
 
 namespace tk = tokamax;
@@ -91,7 +82,16 @@ void print_device(bool json, bool roofline) {
   const tk::BlasInfo blas = tk::blas_info();
   j["blas"] = blas.to_json();
   j["kernels"] = tk::kernel_set();
-  if (roofline) j["roofline"] = tk::measure_roofline().to_json();
+  std::vector<std::string> warnings;
+  if (roofline) {
+    // Two measurements (the larger of each ceiling), checked for the signs of a busy machine
+    // and against the known ceilings, then remembered when quiet.
+    const tk::Roofline& r = tk::cached_roofline();
+    j["roofline"] = r.to_json();
+    warnings = tk::cli::bench_warnings(r);
+    j["warnings"] = warnings;
+    tk::remember_ceilings(r);
+  }
   if (json) {
     std::cout << j.dump(2) << "\n";
     return;
@@ -125,6 +125,7 @@ void print_device(bool json, bool roofline) {
     fmt::print("  mem copy:    {:8.1f} GB/s all\n", r["mem_copy_gbps_all"].get<double>());
     if (const double ns = r.value("core_to_core_ns", 0.0); ns > 0)
       fmt::print("  core to core: {:7.0f} ns one way (pool threads 0 and 1)\n", ns);
+    for (const std::string& w : warnings) fmt::print("warning: {}\n", w);
   }
 }
 
@@ -354,7 +355,7 @@ int cmd_autotune(Args& a) {
     // files ignore fields they do not know).
     Json j = tk::parse_json(r.dumps(), "result");
     j["command"] = tk::cli::command_line();
-    j["created"] = tk::cli::utc_now();
+    j["created"] = tk::utc_now();
     tk::write_file_atomic(a.out_path, j.dump(1));
   }
   if (a.into_cache) {
@@ -529,21 +530,33 @@ int cmd_bench(Args& a) {
                          split_csv(a.impl_csv), a.bench);
   const Json doc = (a.json || !a.out_path.empty()) ? tk::cli::bench_document(rows) : Json();
   if (!a.out_path.empty()) tk::write_file_atomic(a.out_path, doc.dump(2) + "\n");
+  const tk::Roofline& roof = tk::cached_roofline();
+  const std::vector<std::string> warnings = doc.is_object()
+                                                ? doc["warnings"].get<std::vector<std::string>>()
+                                                : tk::cli::bench_warnings(roof);
+  for (const std::string& w : warnings) fmt::print(stderr, "warning: {}\n", w);
+  tk::remember_ceilings(roof);
   if (a.json) {
     std::cout << doc.dump(2) << "\n";
   } else {
+    fmt::print("{}\n", tk::cli::ceilings_line(roof));
     // "peak" names the ceiling and its value: GFLOP/s, or for memory-bound specs the GB/s
     // of a streaming read timed in the same rounds as the row.
     // "vs other": the ratio to the fastest row of another implementation, which it names.
     // "alloc MB": what the call allocated beyond its inputs and outputs, measured.
-    fmt::print("{:<37} {:<18} {:>10} {:>9} {:>8} {:>7} {:>14} {:>19} {:>9}  {}\n", "spec", "impl",
-               "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "vs other", "alloc MB",
-               "config (source)");
+    // "cache": warm (back to back) or cold (the caches flushed before each call).
+    fmt::print("{:<37} {:<18} {:>10} {:>9} {:>8} {:>7} {:>14} {:>5} {:>19} {:>9}  {}\n", "spec",
+               "impl", "median ms", "GFLOP/s", "GB/s", "%peak", "peak", "cache", "vs other",
+               "alloc MB", "config (source)");
     for (const auto& r : rows) {
+      const bool has_peak = r.peak_value > 0;
       fmt::print(
-          "{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>6.1f}% {:>14} {:>19} {:>9.1f}  {} ({})\n",
-          r.spec, r.implementation, r.median_ms, r.gflops, r.gbps, r.pct_of_peak,
-          fmt::format("{} {:.1f}", r.peak_kind, r.peak_value),
+          "{:<37} {:<18} {:>10.4f} {:>9.1f} {:>8.1f} {:>7} {:>14} {:>5} {:>19} {:>9.1f}  {} "
+          "({})\n",
+          r.spec, r.implementation, r.median_ms, r.gflops, r.gbps,
+          has_peak ? fmt::format("{:.1f}%", r.pct_of_peak) : std::string("-"),
+          has_peak ? fmt::format("{} {:.1f}", r.peak_kind, r.peak_value) : std::string("-"),
+          r.cache_state.empty() ? std::string("-") : r.cache_state,
           r.baseline.empty() ? std::string("-")
                              : fmt::format("{:.2f}x {}", r.speedup_vs_baseline, r.baseline),
           r.allocated_bytes / 1e6, r.config, r.rung);
@@ -558,7 +571,7 @@ int cmd_report(Args& a) {
   const bool any_input = !in.results.empty() || !in.benches.empty() || !in.traces.empty();
   if (any_input && a.out_path.empty()) throw tk::InvalidArgument("report: give -o FILE.html");
   const tk::report::Report r =
-      tk::report::build_report(in, {tk::cli::command_line(), tk::cli::utc_now()});
+      tk::report::build_report(in, {tk::cli::command_line(), tk::utc_now()});
   for (const std::string& why : r.skipped) fmt::print(stderr, "warning: skipped {}\n", why);
   tk::write_file_atomic(a.out_path, r.html);
   fmt::print("report: {} ({} inputs used, {} skipped)\n", a.out_path, r.used, r.skipped.size());
@@ -795,6 +808,9 @@ void add_bench_command(CLI::App& app, Args& a, ThreadsOption& threads, Commands&
                     "interleaved rounds, every row once a round (default 5)");
   bench->add_option("--samples", a.bench.samples,
                     "at least this many samples per row and round (default 3)");
+  bench->add_option("--cache-state", a.bench.cache_state,
+                    "auto (default: memory-bound calls moving at least one core's L2 measured "
+                    "after a cache flush, the rest back to back), cold or warm");
   bench->add_option("--warmup", a.bench.warmup,
                     "untimed calls before a row's first round, at most 1 before later rounds "
                     "(default 2; every row also runs once untimed, counting its allocations)");

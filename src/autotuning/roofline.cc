@@ -2,19 +2,29 @@
 // far larger than the last-level cache.
 #include "tokamax/autotuning/roofline.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <filesystem>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "autotuning/roofline_kernels.h"
 #include "core/cache_topology.h"
 #include "core/handoff.h"
+#include "core/json_field.h"
 #include "core/thread_pool.h"
 #include "kernels/microkernels.h"
+#include "tokamax/autotuning/cache.h"
 #include "tokamax/autotuning/measurement.h"
 #include "tokamax/core/device.h"
+#include "tokamax/core/log.h"
+#include "tokamax/core/strings.h"
 #include "tokamax/core/tensor.h"
+#include "tokamax/core/version.h"
 
 namespace tokamax {
 namespace {
@@ -174,7 +184,113 @@ Json Roofline::to_json() const {
           {"mem_read_gbps_1core", read_gbps_1core},
           {"mem_read_gbps_all", read_gbps_all},
           {"mem_copy_gbps_all", copy_gbps_all},
-          {"core_to_core_ns", core_to_core_ns}};
+          {"core_to_core_ns", core_to_core_ns},
+          {"busy", busy()},
+          {"warnings", warnings}};
+}
+
+Roofline Roofline::from_json(const Json& j, const std::string& source) {
+  const std::string what = "roofline (" + source + ")";
+  Roofline r;
+  r.threads = json_field<int>(j, "threads", what);
+  r.f32_gflops_1core = json_field<double>(j, "f32_fma_gflops_1core", what);
+  r.f32_gflops_all = json_field<double>(j, "f32_fma_gflops_all", what);
+  r.bf16_gflops_1core = json_field<double>(j, "bf16_dot_gflops_1core", what);
+  r.bf16_gflops_all = json_field<double>(j, "bf16_dot_gflops_all", what);
+  r.bf16_dot_unit = json_field<std::string>(j, "bf16_dot_unit", what);
+  r.read_gbps_1core = json_field<double>(j, "mem_read_gbps_1core", what);
+  r.read_gbps_all = json_field<double>(j, "mem_read_gbps_all", what);
+  r.copy_gbps_all = json_field<double>(j, "mem_copy_gbps_all", what);
+  if (j.contains("core_to_core_ns"))
+    r.core_to_core_ns = json_field<double>(j, "core_to_core_ns", what);
+  if (j.contains("warnings"))
+    r.warnings = json_field<std::vector<std::string>>(j, "warnings", what);
+  return r;
+}
+
+void check_core_scaling(Roofline& r, int cores, double margin) {
+  cores = std::max(1, std::min(cores, r.threads));
+  if (cores < 2) return;
+  const auto check = [&](const char* name, double one, double all) {
+    if (one <= 0 || all <= 0 || all >= margin * cores * one) return;
+    r.warnings.push_back(fmt::format(
+        "busy machine: the {} rate on all {} threads ({:.1f} GFLOP/s) is {:.2f}x the one-core "
+        "rate ({:.1f}), where {} cores should give about {}x; another process is using the "
+        "cores and every percentage of this ceiling reads high",
+        name, r.threads, all, all / one, one, cores, cores));
+  };
+  check("f32 FMA", r.f32_gflops_1core, r.f32_gflops_all);
+  check("bf16 dot", r.bf16_gflops_1core, r.bf16_gflops_all);
+}
+
+std::string known_ceilings_path(const std::string& dir) {
+  return dir + "/" + device_kind() + "/roofline.json";
+}
+
+namespace {
+
+// A known ceilings file, or nothing (missing; unreadable ones are skipped with a warning).
+std::optional<Roofline> read_known_ceilings(const std::string& path, std::string* when) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  try {
+    const Json j = read_json_file(path);
+    *when = j.value("measured", std::string());
+    return Roofline::from_json(j.at("roofline"), path);
+  } catch (const std::exception& e) {
+    log_once("roofline", LogLevel::kWarning,
+             "ignoring the known ceilings file " + path + ": " + e.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> compare_with_known_ceilings(const Roofline& now, double tolerance) {
+  std::vector<std::string> out;
+  // Memory ceilings against this machine's own last quiet figures only, and with twice the
+  // tolerance: they depend on the host (a VM's two vCPUs on one die or on two read 40-45 or
+  // 65-72 GB/s on Zen 4), where the compute ceilings are the chip kind's.
+  const auto compare = [&](const std::string& path, const char* which, bool memory_too) {
+    std::string when;
+    const auto known = read_known_ceilings(path, &when);
+    if (!known || known->threads != now.threads) return;
+    const auto one = [&](const char* name, bool memory, double was, double is) {
+      const char* unit = memory ? "GB/s" : "GFLOP/s";
+      const double tol = memory ? 2 * tolerance : tolerance;
+      if (was <= 0 || is <= 0 || (is / was >= 1 / (1 + tol) && is / was <= 1 + tol)) return;
+      out.push_back(fmt::format(
+          "the {} ceiling measured now ({:.1f} {}) is {:.2f}x the {} one ({:.1f}{}{}): {}; {}",
+          name, is, unit, is / was, which, was, when.empty() ? "" : ", ", when,
+          is < was ? "the machine may be busy" : "the other figure came from a busier machine",
+          memory ? "cold rows use the ceiling timed in their own rounds"
+                 : fmt::format("the percentages use {:.1f}", is)));
+    };
+    one("f32 FMA", false, known->f32_gflops_all, now.f32_gflops_all);
+    one("bf16 dot", false, known->bf16_gflops_all, now.bf16_gflops_all);
+    if (!memory_too) return;
+    one("memory read", true, known->read_gbps_all, now.read_gbps_all);
+    one("memory copy", true, known->copy_gbps_all, now.copy_gbps_all);
+  };
+  compare(known_ceilings_path(shipped_cache_dir()), "shipped", false);
+  compare(known_ceilings_path(user_cache_dir()), "last quiet", true);
+  return out;
+}
+
+void remember_ceilings(const Roofline& r) {
+  if (r.busy()) return;
+  try {
+    const std::string path = known_ceilings_path(user_cache_dir());
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    const Json j = {{"device_kind", device_kind()},
+                    {"measured", utc_now()},
+                    {"tokamax_version", library_version()},
+                    {"roofline", r.to_json()}};
+    write_file_atomic(path, j.dump(1));
+  } catch (const std::exception& e) {
+    log_once("roofline", LogLevel::kWarning,
+             std::string("could not record this machine's ceilings: ") + e.what());
+  }
 }
 
 Roofline measure_roofline() {
@@ -260,6 +376,18 @@ const Roofline& cached_roofline() {
     m.core_to_core_ns = a.core_to_core_ns > 0 && b.core_to_core_ns > 0
                             ? std::min(a.core_to_core_ns, b.core_to_core_ns)
                             : std::max(a.core_to_core_ns, b.core_to_core_ns);
+    check_core_scaling(m,
+                       device_info().physical_cores > 0 ? device_info().physical_cores : m.threads);
+    // Two measurements a second apart that disagree: the machine changed under them.
+    const auto spread = [&](const char* name, double x, double y) {
+      if (x > 0 && y > 0 && std::max(x, y) > 1.2 * std::min(x, y))
+        m.warnings.push_back(fmt::format(
+            "unsteady machine: two measurements of the {} ceiling a second apart gave {:.1f} "
+            "and {:.1f} (the larger is used)",
+            name, x, y));
+    };
+    spread("f32 FMA", a.f32_gflops_all, b.f32_gflops_all);
+    spread("memory read", a.read_gbps_all, b.read_gbps_all);
     return m;
   }();
   return r;

@@ -2,14 +2,17 @@
 #include "tokamax/core/device.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "core/thread_pool.h"
 #include "tokamax/autotuning/roofline.h"
 #include "tokamax/core/blas.h"
+#include "tokamax/core/error.h"
 #include "tokamax/core/json.h"
 
 namespace tokamax {
@@ -69,6 +72,57 @@ TEST(Device, RooflinePositiveFinite) {
     EXPECT_TRUE(std::isfinite(r.bf16_gflops_1core));
     EXPECT_GT(r.bf16_gflops_1core, 0.25 * r.f32_gflops_1core);
   }
+}
+
+// A fake measurement of a busy machine: all threads' FMA rate barely above one core's is
+// flagged (SMT siblings excepted: one core's units), and so is a ceiling far from the one the
+// machine reached when quiet; a busy measurement is not remembered as this machine's.
+TEST(Device, BusyMachineIsFlagged) {
+  Roofline quiet;
+  quiet.threads = 2;
+  quiet.f32_gflops_1core = 117;
+  quiet.f32_gflops_all = 233;
+  quiet.read_gbps_all = 60;
+  quiet.copy_gbps_all = 80;
+  Roofline busy = quiet;
+  busy.f32_gflops_all = 110;  // below the one-core rate: the second core was taken
+  check_core_scaling(quiet, 2);
+  EXPECT_FALSE(quiet.busy());
+  check_core_scaling(busy, 2);
+  ASSERT_EQ(busy.warnings.size(), 1u);
+  EXPECT_NE(busy.warnings[0].find("busy machine"), std::string::npos) << busy.warnings[0];
+  Roofline smt = busy;
+  smt.warnings.clear();
+  check_core_scaling(smt, 1);  // two threads on one core: nothing to expect
+  EXPECT_FALSE(smt.busy());
+  // Round trip through the file form.
+  const Roofline back = Roofline::from_json(busy.to_json(), "test");
+  EXPECT_EQ(back.f32_gflops_all, 110);
+  EXPECT_EQ(back.warnings, busy.warnings);
+  EXPECT_TRUE(busy.to_json()["busy"].get<bool>());
+  EXPECT_THROW(Roofline::from_json(Json{{"threads", 2}}, "test"), InvalidArgument);
+
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("tokamax_ceilings_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  setenv("TOKAMAX_CACHE_DIR", dir.c_str(), 1);
+  setenv("TOKAMAX_DATA_DIR", (dir + "/shipped").c_str(), 1);  // no shipped ceilings either
+  EXPECT_TRUE(compare_with_known_ceilings(busy).empty());  // nothing known yet
+  remember_ceilings(busy);
+  EXPECT_FALSE(std::filesystem::exists(known_ceilings_path(dir)));
+  remember_ceilings(quiet);
+  ASSERT_TRUE(std::filesystem::exists(known_ceilings_path(dir)));
+  Roofline now = quiet;
+  EXPECT_TRUE(compare_with_known_ceilings(now).empty());
+  now.f32_gflops_all = 114;  // every percentage of it would double
+  const std::vector<std::string> w = compare_with_known_ceilings(now);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("f32 FMA"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("last quiet"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("the percentages use 114.0"), std::string::npos) << w[0];
+  unsetenv("TOKAMAX_CACHE_DIR");
+  unsetenv("TOKAMAX_DATA_DIR");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Device, ReadProbeStreamsItsBuffer) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "kernels/microkernels.h"
@@ -205,6 +206,33 @@ TEST_F(Cli, AutotuneCacheAndBench) {
   }
   EXPECT_GT(rows[0]["median_ms"].get<double>(), 0);
   EXPECT_EQ(rows[0]["peak"], "f32_fma");
+  // After autotune --into-cache of smoke_decode, its packed row finds the plain call's entry.
+  // What the percentages rest on: the busy signs and disagreements with the known ceilings
+  // (a list, empty on a quiet machine), and how each row was measured.
+  EXPECT_TRUE(doc["warnings"].is_array());
+  EXPECT_TRUE(doc["roofline"]["busy"].is_boolean());
+  EXPECT_EQ(rows[0]["cache_state"], "warm");  // not memory-bound
+  r = run("bench --spec smoke_decode --min-time 0.01");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.rfind("ceilings (", 0), 0u) << r.out;
+  EXPECT_EQ(r.err.find("not in the tuning data"), std::string::npos) << r.err;
+  Result tiny = run("bench --spec layer_norm_smoke --min-time 0.01");
+  ASSERT_EQ(tiny.code, 0) << tiny.out << tiny.err;
+  bool packed_from_cache = false, tiny_warm = false;
+  std::istringstream lines(r.out + tiny.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string spec, impl;
+    fields >> spec >> impl;
+    if (spec == "smoke_decode" && impl == "native:packed")
+      packed_from_cache = line.find("(disk_cache)") != std::string::npos &&
+                          line.find(" cold ") != std::string::npos;
+    // A 77-element layer_norm is measured as a model calls it: warm, with no memory ceiling.
+    if (spec == "layer_norm_smoke" && impl == "native")
+      tiny_warm = line.find(" warm ") != std::string::npos;
+  }
+  EXPECT_TRUE(packed_from_cache) << r.out;
+  EXPECT_TRUE(tiny_warm) << r.out;
   // The counts behind the rates: a row's place on a roofline chart.
   const double flops = rows[0]["flops"].get<double>(), bytes = rows[0]["bytes"].get<double>();
   ASSERT_GT(flops, 0);

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tokamax/core/export.h"
 #include "tokamax/core/json.h"
@@ -29,8 +30,31 @@ struct Roofline {
   // (a 2-vCPU Zen 4 VM moved between the two from minute to minute: docs/performance-log.md,
   // "layer_norm and rms_norm", fourteenth measurement round).
   double core_to_core_ns = 0;
+  // Signs that the machine was busy while these were measured (empty: none seen): the all-core
+  // FMA rate short of the cores times the one-core rate, or two measurements that disagree.
+  // A neighbour only ever lowers a ceiling, and every percentage against a lowered one rises.
+  std::vector<std::string> warnings;
+  bool busy() const { return !warnings.empty(); }
+  // "busy" and "warnings" included; from_json reads what to_json writes (InvalidArgument
+  // naming a missing or mistyped field).
   Json to_json() const;
+  static Roofline from_json(const Json& j, const std::string& source);
 };
+
+// Appends to r.warnings when the all-core FMA rate (f32, and the bf16 dot's) is below
+// `margin` times the one-core rate times the cores the threads run on (SMT siblings share
+// their core's FMA units, so `cores` is min(threads, physical cores)).
+void check_core_scaling(Roofline& r, int cores, double margin = 0.8);
+
+// The ceilings this kind of machine is known to reach: `shipped` (data/autotuning/<kind>/
+// roofline.json, measured on a quiet machine of the kind) and the last quiet measurement here
+// (<user cache dir>/<kind>/roofline.json). Where `now` is outside [1/(1+tolerance), 1+tolerance]
+// times one of them on a compute ceiling (memory ceilings: the last quiet ones only, twice the
+// tolerance), one line each saying which, by how much and which figure the percentages use.
+std::vector<std::string> compare_with_known_ceilings(const Roofline& now, double tolerance = 0.25);
+// Records `r` as the last quiet measurement of this machine (atomically; nothing when r.busy()).
+void remember_ceilings(const Roofline& r);
+std::string known_ceilings_path(const std::string& dir);  // <dir>/<device kind>/roofline.json
 
 Roofline measure_roofline();
 

@@ -1,6 +1,7 @@
-// Small string helpers shared by error messages and the command line.
+// Small string helpers shared by error messages, files' "created" fields and the command line.
 #pragma once
 
+#include <ctime>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,16 @@ inline std::string join(const std::vector<std::string>& parts, std::string_view 
     out.append(parts[i]);
   }
   return out;
+}
+
+// The current UTC time as "2026-12-07T21:40:00Z" (the "created" and "measured" of files).
+inline std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace tokamax
