@@ -32,6 +32,32 @@ std::pair<TextStyle, TextStyle> bar_row_styles() {
   return {label, tag};
 }
 
+// `s` shortened (ending in "...") until it is at most `px` wide in `t`; the caller puts the full
+// text in the label's tooltip when it was shortened.
+std::string fit_text(const std::string& s, const TextStyle& t, double px) {
+  if (text_width(s, t) <= px || s.size() <= 4) return s;
+  size_t lo = 4, hi = s.size();  // the longest clip that fits lies in [lo, hi)
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (text_width(clip(s, mid), t) <= px ? lo : hi) = mid;
+  }
+  return clip(s, lo);
+}
+
+// A row label drawn at x, cut to `px` with the full text as its tooltip.
+void row_label(Svg& svg, double x, double y, const std::string& s, const TextStyle& t, double px) {
+  const std::string shown = fit_text(s, t, px);
+  svg.text(x, y, shown, t, shown == s ? "" : s);
+}
+
+// Ticks on a bar chart's value axis: about one per 80 pixels, so their labels stay apart.
+int value_ticks(const Frame& f) { return std::max(3, static_cast<int>((f.right - f.left) / 80)); }
+
+// A bar chart keeps this much room for its plot between the row labels and the tags after the
+// bars, and gives its row labels at most kMaxLabelWidth.
+constexpr double kMinPlotWidth = 300;
+constexpr double kMaxLabelWidth = 520;
+
 // ---------------------------------------------------------------- roofline
 
 struct SeriesStyle {
@@ -268,16 +294,17 @@ std::string candidate_fill(const Candidate& c) {
   return c.winner ? kWinnerColour : c.b->finalist ? kFinalistColour : kOtherColour;
 }
 
-// The legend below the candidates plot.
+// The legend below the candidates plot, from the chart's left edge (the label column may be
+// wide).
 void draw_candidates_legend(Svg& svg, const Frame& f, const std::string& stripes_id) {
-  double lx = f.left;
+  double lx = 24;
   const double ly = f.bottom + 26;
   TextStyle lt;
   lt.size = 12;
   auto swatch = [&](const std::string& fill, const std::string& stroke, const std::string& text) {
     svg.rect(lx, ly - 7, 22, 14, Style{stroke, fill, stroke == kHeuristicsColour ? 2.5 : 0.5});
     svg.text(lx + 28, ly, text, lt);
-    lx += 44 + 6.8 * static_cast<double>(text.size());
+    lx += 28 + text_width(text, lt) + 16;
   };
   swatch(kWinnerColour, "#333333", "winner");
   swatch(kFinalistColour, "#333333", "finalist (measured to the last stage)");
@@ -289,16 +316,23 @@ void draw_candidates_legend(Svg& svg, const Frame& f, const std::string& stripes
 }  // namespace
 
 std::string candidates_svg(const KeyView& v, const std::string& id) {
-  size_t label_chars = 10;
-  for (const Candidate& c : v.ok) label_chars = std::max(label_chars, c.config.size());
-  label_chars = std::min<size_t>(label_chars, 60);
+  const auto [label, tag] = bar_row_styles();
+  // The tags after the bars set the right margin; the configs take what is left, up to a limit.
+  double tag_px = 0, label_px = 60;
+  for (const Candidate& c : v.ok) {
+    TextStyle t = tag;
+    t.bold = c.winner;
+    tag_px = std::max(tag_px, text_width(marks(c), t));
+    label_px = std::max(label_px, text_width(c.config, label));
+  }
+  const double right = kChartWidth - tag_px - 24;
+  label_px = std::min({label_px, kMaxLabelWidth, right - kMinPlotWidth - 32});
   const double row_h = 20, bar_h = 13;
-  const Frame f{24 + 7.3 * static_cast<double>(label_chars), 56, kChartWidth - 190,
-                56 + row_h * static_cast<double>(v.ok.size()) + 6};
+  const Frame f{24 + label_px + 8, 56, right, 56 + row_h * static_cast<double>(v.ok.size()) + 6};
   const double height = f.bottom + 64;
   double hi = v.best + v.window;
-  for (const Candidate& c : v.ok) hi = std::max({hi, c.q3, c.b->median_ms});
-  const auto [lo_d, hi_d] = nice_domain(0, hi * 1.02, 8);
+  for (const Candidate& c : v.ok) hi = std::max({hi, c.spread.q3, c.spread.median});
+  const auto [lo_d, hi_d] = nice_domain(0, hi * 1.02, value_ticks(f));
   const Scale x = Scale::linear(lo_d, hi_d, f.left, f.right);
   Svg svg(kChartWidth, height,
           "Candidates of " + v.bound->family() + "/" + v.bound->implementation() + " " + v.label);
@@ -311,36 +345,45 @@ std::string candidates_svg(const KeyView& v, const std::string& id) {
     svg.rect(x0, f.top, x1 - x0, f.bottom - f.top, Style{"none", kWindowColour, 1},
              fmt::format("tie window: {} to {} ms", num(v.best), num(v.best + v.window)));
   }
-  draw_value_axis(svg, f, x, "median time per call (ms), whiskers: interquartile range", true, 8);
-  const auto [label, tag] = bar_row_styles();
+  draw_value_axis(svg, f, x,
+                  "time per call (ms): bar the median, whisker the quartiles (one statistic)", true,
+                  value_ticks(f));
   for (size_t i = 0; i < v.ok.size(); ++i) {
     const Candidate& c = v.ok[i];
+    const Spread& p = c.spread;
     const double cy = f.top + row_h * (static_cast<double>(i) + 0.5) + 3;
     TextStyle l = label;
     l.bold = c.winner;
-    svg.text(f.left - 8, cy, clip(c.config, 60), l);
+    row_label(svg, f.left - 8, cy, c.config, l, label_px);
+    // The bar and its whisker, with the figures they show (the tests check that the median lies
+    // within its whisker, in the figures and in the drawing).
+    svg.open_group({{"class", "candidate"},
+                    {"data-median", fmt::format("{}", p.median)},
+                    {"data-q1", fmt::format("{}", p.q1)},
+                    {"data-q3", fmt::format("{}", p.q3)}});
+    const std::string m = marks(c);
     const std::string tip =
-        fmt::format("{}: median {} ms, IQR {} to {} ms{}", c.config, num(c.b->median_ms), num(c.q1),
-                    num(c.q3), marks(c).empty() ? "" : " (" + marks(c) + ")");
-    svg.rect(f.left, cy - bar_h / 2, x(c.b->median_ms) - f.left, bar_h,
+        fmt::format("{}: median {} ms, quartiles {} to {} ms, from {}{}", c.config, num(p.median),
+                    num(p.q1), num(p.q3), basis_text(p), m.empty() ? "" : " (" + m + ")");
+    svg.rect(f.left, cy - bar_h / 2, x(p.median) - f.left, bar_h,
              Style{"#333333", candidate_fill(c), 0.5}, tip);
     if (c.heuristics) {
       // Stripes over the status colour, inside a thick outline: visible at any bar length.
-      svg.rect(f.left, cy - bar_h / 2 + 3, x(c.b->median_ms) - f.left, bar_h - 6,
+      svg.rect(f.left, cy - bar_h / 2 + 3, x(p.median) - f.left, bar_h - 6,
                Style{"none", "url(#" + stripes_id + ")", 1});
-      svg.rect(f.left, cy - bar_h / 2, x(c.b->median_ms) - f.left, bar_h,
+      svg.rect(f.left, cy - bar_h / 2, x(p.median) - f.left, bar_h,
                Style{kHeuristicsColour, "none", 2.5});
     }
     // The interquartile range as a whisker with end caps.
     const Style whisker{"#000000", "none", 1.5};
-    svg.line(x(c.q1), cy, x(c.q3), cy, whisker);
-    svg.line(x(c.q1), cy - 5, x(c.q1), cy + 5, whisker);
-    svg.line(x(c.q3), cy - 5, x(c.q3), cy + 5, whisker);
-    const std::string m = marks(c);
+    svg.line(x(p.q1), cy, x(p.q3), cy, whisker);
+    svg.line(x(p.q1), cy - 5, x(p.q1), cy + 5, whisker);
+    svg.line(x(p.q3), cy - 5, x(p.q3), cy + 5, whisker);
+    svg.close_group();
     if (!m.empty()) {
       TextStyle t = tag;
       t.bold = c.winner;
-      svg.text(std::max(x(c.q3), x(c.b->median_ms)) + 8, cy, m, t);
+      svg.text(std::max(x(p.q3), x(p.median)) + 8, cy, m, t);
     }
   }
   draw_candidates_legend(svg, f, stripes_id);

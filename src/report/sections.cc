@@ -180,17 +180,19 @@ std::string winner_text(const KeyView& v, int n) {
 // Every measured candidate, fastest first, and every failed one with why.
 std::string candidate_tables(const KeyView& v) {
   std::string s;
-  Table t{{"rank", "config", "median ms", "q1 ms", "q3 ms", "IQR ms", "samples", "scratch bytes",
-           "prepare ms", "cold cache", "in tie window", "marks"},
-          {true, false, true, true, true, true, true, true, true, false, false, false},
+  Table t{{"rank", "config", "median ms", "q1 ms", "q3 ms", "median and quartiles from",
+           "raw samples' median ms", "scratch bytes", "prepare ms", "cold cache", "in tie window",
+           "marks"},
+          {true, false, true, true, true, false, true, true, true, false, false, false},
           {}};
   for (size_t i = 0; i < v.ok.size(); ++i) {
     const Candidate& c = v.ok[i];
+    const Spread& p = c.spread;
     const bool in_window = c.competes && c.b->median_ms <= v.best + v.window;
-    t.add({std::to_string(i + 1), json_code(c.config), num(c.b->median_ms), num(c.q1), num(c.q3),
-           num(c.q3 - c.q1), std::to_string(c.samples), std::to_string(c.b->scratch_bytes),
-           num(c.b->prepare_ms), c.b->cold_cache ? "yes" : "no", in_window ? "yes" : "no",
-           esc(marks(c))});
+    t.add({std::to_string(i + 1), json_code(c.config), num(p.median), num(p.q1), num(p.q3),
+           esc(basis_text(p)), p.samples > 0 ? num(p.raw_median) : "-",
+           std::to_string(c.b->scratch_bytes), num(c.b->prepare_ms), c.b->cold_cache ? "yes" : "no",
+           in_window ? "yes" : "no", esc(marks(c))});
   }
   if (!v.ok.empty()) s += t.html("Measured candidates, fastest first");
   if (!v.failed.empty()) {
@@ -214,6 +216,20 @@ std::string key_section(const KeyView& v, int n) {
   s += candidate_tables(v);
   return s;
 }
+
+const char* kTuningNote =
+    "<p class=\"muted\">Per key, every candidate config the autotuner measured, fastest first. "
+    "Candidates are measured in interleaved rounds against the heuristics config with "
+    "successive halving; the finalists reached the last stage. The stored winner is the best "
+    "finalist when it is confidently faster than the heuristics config (else the heuristics "
+    "config); within the tie window the candidate with the least scratch memory wins. "
+    "<b>A bar and its whisker come from one statistic</b>: the candidate's per-sample time "
+    "ratios to the heuristics config in its accepted rounds. The bar is their median times the "
+    "heuristics config's quiet time (the median the tuner ranked by, median_ms in the file), "
+    "the whisker their quartiles on the same scale. A candidate without an accepted round uses "
+    "its raw samples' median and quartiles. The raw samples' own median is in the table: on a "
+    "busy machine it can be far from the bar, since a slow phase inflates raw times while a "
+    "ratio divides it out.</p>";
 
 // ---------------------------------------------------------------- traces
 
@@ -308,13 +324,7 @@ std::string tuning_part(const std::vector<KeyView>& keys) {
   if (keys.empty()) {
     h += "<p class=\"muted\">No autotuning result given.</p>";
   } else {
-    h += "<p class=\"muted\">Per key, every candidate config the autotuner measured, fastest "
-         "first. Candidates are measured in interleaved rounds against the heuristics config "
-         "with successive halving; a median is the candidate's median ratio to the heuristics "
-         "config times that config's quiet time, and the finalists reached the last stage. The "
-         "stored winner is the best finalist when it is confidently faster than the heuristics "
-         "config (else the heuristics config); within the tie window the candidate with the "
-         "least scratch memory wins.</p>";
+    h += kTuningNote;
   }
   for (size_t i = 0; i < keys.size(); ++i) h += key_section(keys[i], static_cast<int>(i));
   return h;

@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
+#include "report/keys.h"
 #include "report/svg.h"
 #include "tests/op/fake_ops.h"
 #include "tests/report/xml_check.h"
@@ -320,6 +324,131 @@ TEST_F(ReportTest, NamesOfAnyBytesKeepThePageWellFormed) {
   EXPECT_NE(r.html.find("b" + fffd + fffd + "-" + fffd + fffd + fffd + "-" + fffd + fffd + ".json"),
             std::string::npos);
   EXPECT_NE(r.html.find("tokamax report " + fffd + fffd), std::string::npos);  // overlong '/'
+}
+
+// ---------------------------------------------------------------- statistics and layout
+
+std::string fixture(const std::string& name) {
+  return std::string(TOKAMAX_SOURCE_DIR) + "/tests/report/data/" + name;
+}
+
+// A candidate's bar and whisker as the page draws them: the figures in the group's data
+// attributes, and in pixels the bar's end and the whisker's ends.
+struct Plotted {
+  double median, q1, q3;
+  double bar_end, whisker_lo, whisker_hi;
+};
+
+std::vector<Plotted> plotted_candidates(const std::string& html) {
+  static const std::regex group(
+      "<g class=\"candidate\" data-median=\"([^\"]*)\" data-q1=\"([^\"]*)\" "
+      "data-q3=\"([^\"]*)\">(.*?)</g>");
+  static const std::regex rect("<rect x=\"([^\"]*)\" y=\"[^\"]*\" width=\"([^\"]*)\"");
+  static const std::regex line("<line x1=\"([^\"]*)\" y1=\"[^\"]*\" x2=\"([^\"]*)\"");
+  std::vector<Plotted> out;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), group);
+       it != std::sregex_iterator(); ++it) {
+    const std::string inner = (*it)[4];
+    std::smatch r, l;
+    if (!std::regex_search(inner, r, rect) || !std::regex_search(inner, l, line)) {
+      ADD_FAILURE() << "a candidate without its bar or whisker: " << inner;
+      continue;
+    }
+    out.push_back({std::stod((*it)[1]), std::stod((*it)[2]), std::stod((*it)[3]),
+                   std::stod(r[1]) + std::stod(r[2]), std::stod(l[1]), std::stod(l[2])});
+  }
+  return out;
+}
+
+// Every plotted median lies within its whisker: in the figures, and in the drawing (pixels are
+// written to a tenth).
+void expect_medians_within_whiskers(const std::string& html, size_t at_least) {
+  const std::vector<Plotted> p = plotted_candidates(html);
+  EXPECT_GE(p.size(), at_least);
+  for (const Plotted& c : p) {
+    EXPECT_LE(c.q1, c.median);
+    EXPECT_LE(c.median, c.q3);
+    EXPECT_LE(c.whisker_lo, c.bar_end + 0.11) << c.median << " in [" << c.q1 << ", " << c.q3 << "]";
+    EXPECT_LE(c.bar_end, c.whisker_hi + 0.11) << c.median << " in [" << c.q1 << ", " << c.q3 << "]";
+  }
+}
+
+// Real `tokamax autotune --op ragged_dot --tag smoke -o` output from a busy 2-core machine: the
+// rounds' figures and the raw samples disagree (a raw median 6x the median the tuner ranked
+// by). Plotting the rounds' median with the raw samples' quartiles put a median below its own
+// first quartile; bar and whisker now come from one statistic.
+TEST_F(ReportTest, EveryPlottedMedianLiesWithinItsWhisker) {
+  const std::string real = fixture("ragged_dot_smoke_result.json");
+  // The fixture holds the case: a candidate whose median_ms is outside its raw samples'
+  // interquartile range.
+  const AutotuningResult tuned = AutotuningResult::load(real);
+  bool outside = false;
+  for (const auto& [b, d] : tuned.data()) {
+    for (const auto& [cfg, e] : d.entries()) {
+      if (!e.benchmark || e.benchmark->samples_ms.empty()) continue;
+      const SampleStats raw = SampleStats::of(e.benchmark->samples_ms);
+      outside |= e.benchmark->median_ms < raw.q1_ms || e.benchmark->median_ms > raw.q3_ms;
+    }
+  }
+  ASSERT_TRUE(outside) << "the fixture no longer shows what this test guards against";
+  const Report r = build_report({{real, result_file()}, {}, {}}, {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_EQ(xml_problem(r.html), "");
+  expect_medians_within_whiskers(r.html, 12);
+  // The page says which statistic it plots, and shows the raw samples' median beside it.
+  EXPECT_NE(r.html.find("A bar and its whisker come from one statistic"), std::string::npos);
+  EXPECT_NE(r.html.find("raw samples&#39; median ms"), std::string::npos);
+  EXPECT_NE(r.html.find("rounds (9 of 46 samples)"), std::string::npos);
+}
+
+TEST(ReportSpread, OneStatisticForTheMedianAndItsQuartiles) {
+  // Two accepted ratios: the tuner's median ratio is the lower one (0.9), where an interpolated
+  // lower quartile (0.925) would lie above it.
+  BenchmarkData b;
+  b.samples_ms = {1.0, 5.0, 1.2};
+  b.ratios = {0.9, std::nan(""), 1.0};
+  b.sample_rounds = {1, 2, 3};
+  b.ratio = 0.9;
+  b.median_ms = 0.45;  // 0.9 times a quiet time of 0.5 ms
+  internal::Spread s = internal::spread_of(b);
+  EXPECT_EQ(s.basis, internal::Spread::Basis::kRounds);
+  EXPECT_DOUBLE_EQ(s.median, 0.45);
+  EXPECT_DOUBLE_EQ(s.q1, 0.45);
+  EXPECT_DOUBLE_EQ(s.q3, 0.5);
+  EXPECT_EQ(s.accepted, 2u);
+  EXPECT_DOUBLE_EQ(s.raw_median, 1.2);
+  EXPECT_EQ(internal::basis_text(s), "rounds (2 of 3 samples)");
+  // No accepted round: the raw samples' median and quartiles.
+  b.ratios = {std::nan(""), std::nan(""), std::nan("")};
+  b.median_ms = 1.2;
+  s = internal::spread_of(b);
+  EXPECT_EQ(s.basis, internal::Spread::Basis::kSamples);
+  EXPECT_DOUBLE_EQ(s.q1, 1.0);
+  EXPECT_DOUBLE_EQ(s.q3, 5.0);
+  // An older file: no samples, the median and its IQR.
+  BenchmarkData old;
+  old.median_ms = 2;
+  old.iqr_ms = 0.5;
+  s = internal::spread_of(old);
+  EXPECT_EQ(s.basis, internal::Spread::Basis::kFile);
+  EXPECT_DOUBLE_EQ(s.q1, 1.75);
+  EXPECT_DOUBLE_EQ(s.q3, 2.25);
+  // Whatever the ratios, the median stays within its quartiles (rank, not interpolation).
+  for (int n = 1; n <= 9; ++n) {
+    BenchmarkData k;
+    for (int i = 0; i < n; ++i) {
+      k.ratios.push_back(1 + 0.37 * ((i * 7) % n));
+      k.samples_ms.push_back(1);
+      k.sample_rounds.push_back(i);
+    }
+    std::vector<double> sorted = k.ratios;
+    std::sort(sorted.begin(), sorted.end());
+    k.ratio = sorted[(sorted.size() - 1) / 2];
+    k.median_ms = k.ratio * 0.123;
+    const internal::Spread p = internal::spread_of(k);
+    EXPECT_LE(p.q1, p.median) << n;
+    EXPECT_LE(p.median, p.q3) << n;
+  }
 }
 
 TEST(XmlProblem, CatchesWhatItLooksFor) {
