@@ -9,8 +9,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 
+#include "report/charts.h"
+#include "report/inputs.h"
 #include "report/keys.h"
 #include "report/svg.h"
 #include "tests/op/fake_ops.h"
@@ -449,6 +453,130 @@ TEST(ReportSpread, OneStatisticForTheMedianAndItsQuartiles) {
     EXPECT_LE(p.q1, p.median) << n;
     EXPECT_LE(p.median, p.q3) << n;
   }
+}
+
+// The roofline's labels: each roof drawn in its own style, no label covering another label or a
+// marker, no roof line through a roof's label.
+void expect_clear_roofline(const internal::BenchInput& b) {
+  std::vector<int> numbers;
+  std::vector<std::string> specs;
+  for (const internal::BenchRowIn& r : b.rows) {
+    auto it = std::find(specs.begin(), specs.end(), r.spec);
+    if (it == specs.end()) it = specs.insert(specs.end(), r.spec);
+    numbers.push_back(static_cast<int>(it - specs.begin()) + 1);
+  }
+  const internal::RooflineLayout l = internal::roofline_layout(b, numbers);
+  std::set<std::string> dashes;
+  for (const internal::RoofLine& r : l.roofs) {
+    EXPECT_TRUE(dashes.insert(r.dash).second) << r.name << " shares its dashes";
+  }
+  std::vector<internal::PlacedLabel> labels = l.roof_labels;
+  labels.insert(labels.end(), l.point_labels.begin(), l.point_labels.end());
+  for (size_t i = 0; i < labels.size(); ++i) {
+    for (size_t j = i + 1; j < labels.size(); ++j) {
+      EXPECT_FALSE(labels[i].box.overlaps(labels[j].box))
+          << "'" << labels[i].text << "' and '" << labels[j].text << "' overlap";
+    }
+    for (const Box& m : l.markers) {
+      EXPECT_FALSE(labels[i].box.overlaps(m)) << "'" << labels[i].text << "' covers a marker";
+    }
+  }
+  for (const internal::PlacedLabel& p : l.roof_labels) {
+    for (const internal::RoofLine& r : l.roofs) {
+      EXPECT_FALSE(r.drawn && crosses(p.box, r.x0, r.y0, r.x1, r.y1))
+          << r.name << " crosses '" << p.text << "'";
+    }
+  }
+  // Every roof drawn has its label beside it.
+  const auto drawn = std::count_if(l.roofs.begin(), l.roofs.end(),
+                                   [](const internal::RoofLine& r) { return r.drawn; });
+  EXPECT_EQ(static_cast<long>(l.roof_labels.size()), drawn);
+  EXPECT_EQ(l.point_labels.size() + static_cast<size_t>(l.unlabelled), l.markers.size());
+}
+
+TEST_F(ReportTest, RooflineLabelsDoNotOverlap) {
+  // Real `tokamax bench --tag smoke -o` output: 80 rows of 11 op families.
+  const internal::Loaded real = internal::load_all({{}, {fixture("smoke_bench.json")}, {}});
+  ASSERT_EQ(real.benches.size(), 1u);
+  expect_clear_roofline(real.benches[0]);
+  EXPECT_EQ(real.benches[0].rows.size(), 80u);
+  // Close roofs (memory read and copy 5% apart, the compute roofs 10%) and a crowd of points
+  // at one place: labels move or are left out, never overlap.
+  internal::BenchInput crowded;
+  crowded.ceilings = {115, 127, 21.4, 22.4, "", 2, false};
+  for (int i = 0; i < 30; ++i) {
+    internal::BenchRowIn r;
+    r.spec = "s";  // (in two steps: GCC 12 warns -Wrestrict on "s" + to_string(...) here)
+    r.spec += std::to_string(i % 12);
+    r.implementation = i % 3 == 0 ? "native" : i % 3 == 1 ? "native:packed" : "blas";
+    r.median_ms = 1;
+    r.flops = 1e6 * (1 + 0.01 * i);
+    r.bytes = 1e5;
+    r.gflops = 20 + 0.1 * i;
+    crowded.rows.push_back(r);
+  }
+  expect_clear_roofline(crowded);
+}
+
+// Every label of every chart lies within its chart and covers no other: long configs, keys and
+// tags are cut (their full text in a tooltip) or the label column widens, never cut off by the
+// chart's edge; value axes get fewer ticks when the plot is narrow.
+TEST_F(ReportTest, EveryChartLabelFitsItsChart) {
+  // A trace whose key label is long, and the real inputs.
+  Json event = trace_event("a_rung_with_a_long_name_from_a_future_version", 3, 1234567);
+  Json payload = Json::parse(event["args"]["payload"].get<std::string>().substr(8));
+  for (int i = 0; i < 12; ++i) payload["arguments"]["x" + std::to_string(i)] = "f32[4096,4096]";
+  event["args"]["payload"] = "tokamax:" + payload.dump();
+  const std::string trace = write("long.json", Json({{"traceEvents", {event}}}).dump());
+  const Report r = build_report({{fixture("ragged_dot_smoke_result.json"), result_file()},
+                                 {fixture("smoke_bench.json")},
+                                 {trace, trace_file()}},
+                                {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  static const std::regex svg_re("<svg [^>]*width=\"([^\"]*)\"[^>]*>(.*?)</svg>");
+  static const std::regex text_re("<text ([^>]*)>(?:<title>([^<]*)</title>)?([^<]*)</text>");
+  static const std::regex attr_re("([a-z-]+)=\"([^\"]*)\"");
+  int charts = 0, texts = 0, titled = 0;
+  for (auto s = std::sregex_iterator(r.html.begin(), r.html.end(), svg_re);
+       s != std::sregex_iterator(); ++s, ++charts) {
+    const double width = std::stod((*s)[1]);
+    const std::string body = (*s)[2];
+    std::vector<std::pair<Box, std::string>> boxes;
+    for (auto t = std::sregex_iterator(body.begin(), body.end(), text_re);
+         t != std::sregex_iterator(); ++t) {
+      std::map<std::string, std::string> a;
+      const std::string attrs = (*t)[1];
+      for (auto m = std::sregex_iterator(attrs.begin(), attrs.end(), attr_re);
+           m != std::sregex_iterator(); ++m)
+        a[(*m)[1]] = (*m)[2];
+      if (a.count("transform")) continue;  // the rotated axis title
+      TextStyle st;
+      st.size = std::stod(a["font-size"]);
+      st.bold = a.count("font-weight") > 0;
+      st.monospace = a.count("font-family") > 0;
+      st.anchor = a["text-anchor"] == "end"      ? TextStyle::Anchor::kEnd
+                  : a["text-anchor"] == "middle" ? TextStyle::Anchor::kMiddle
+                                                 : TextStyle::Anchor::kStart;
+      // Entities count as the one character they stand for.
+      const std::string shown =
+          std::regex_replace(std::string((*t)[3]), std::regex("&[^;]+;"), "x");
+      const Box b = text_box(std::stod(a["x"]), std::stod(a["y"]), shown, st);
+      EXPECT_GE(b.x0, 0) << shown;
+      EXPECT_LE(b.x1, width) << shown;
+      // Nor does a label cover another one of its chart (tick labels, row labels, tags,
+      // legends, a roofline's labels).
+      for (const auto& [other, text] : boxes) {
+        EXPECT_FALSE(b.overlaps(other)) << "'" << shown << "' and '" << text << "' overlap";
+      }
+      boxes.emplace_back(b, shown);
+      ++texts;
+      titled += (*t)[2].matched;
+    }
+  }
+  EXPECT_GE(charts, 1 + 2 + 6 + 2);  // a roofline, two traces, the keys of two result files
+  EXPECT_GT(texts, 200);
+  EXPECT_GT(titled, 0);  // the long trace label, cut, with its full text as a tooltip
+  EXPECT_NE(r.html.find("<title>fake/one_field f32[64] x f32[4096,4096] x"), std::string::npos);
 }
 
 TEST(XmlProblem, CatchesWhatItLooksFor) {
