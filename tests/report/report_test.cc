@@ -156,7 +156,37 @@ TEST_F(ReportTest, RendersEverySectionWithTheFiguresBehindItsCharts) {
   for (const char* remote : {"<script", "src=", "href=\"http", "url(http", "@import"})
     EXPECT_EQ(h.find(remote), std::string::npos) << remote;
 
-  // Summary: inputs with their provenance, the ceilings, the report's own command.
+  // The parts in the order a performance engineer reads them: what won first, then the charts,
+  // the detail tables, and the inputs last (no warnings: every input was used).
+  EXPECT_EQ(h.find("id=\"warnings\""), std::string::npos);
+  const size_t headline = h.find("<h2 id=\"headline\">"), charts = h.find("<h2 id=\"charts\">"),
+               details = h.find("<h2 id=\"details\">"), inputs = h.find("<h2 id=\"inputs\">");
+  ASSERT_NE(inputs, std::string::npos);
+  EXPECT_LT(headline, charts);
+  EXPECT_LT(charts, details);
+  EXPECT_LT(details, inputs);
+  EXPECT_LT(h.find("Roofline of "), details);
+  EXPECT_LT(h.find("Time per op and key in "), details);
+  EXPECT_GT(h.find("<caption>Tuned keys</caption>"), details);
+  EXPECT_GT(h.find("<caption>Every row of "), details);
+
+  // Headline: per spec the fastest implementation, its ratio to the fastest other
+  // implementation (native:packed is native's variant, so blas is its baseline), its share of
+  // the ceiling it names; the ceilings; the smoke note; what tuning found.
+  const std::string head = h.substr(headline, charts - headline);
+  for (const char* s :
+       {"<td>spec &lt;&amp;&quot;&#39;&gt;</td><td><b>native:packed</b></td><td class=\"n\">8</td>"
+        "<td><b>2.5x</b> faster than blas (20 ms)</td><td>50% of f32_fma 400 GFLOP/s</td>",
+        "<td>decode</td><td><b>native</b></td><td class=\"n\">40</td><td>no other implementation "
+        "measured</td>",
+        "f32_fma 400 GFLOP/s, bf16_dot 200 GFLOP/s (amx), mem_read 50 GB/s, mem_copy 40 GB/s",
+        "Shapes too small for conclusions.", "are smoke specs or calls under 50 us",
+        "<b>What tuning found</b>: 2 keys tuned; <b>1 stored a config confidently faster than "
+        "the heuristics config</b>",
+        "1 kept the heuristics config", "Keys where tuning stored a faster config"})
+    EXPECT_NE(head.find(s), std::string::npos) << s << "\n" << head;
+
+  // Inputs: each with its provenance, the ceilings, the report's own command.
   for (const char* s : {"tokamax report r.json -o x.html", "2025-01-02T04:00:00Z",
                         "tokamax autotune --tag smoke -o r.json", "2025-01-02T03:04:05Z",
                         "tokamax bench --tag smoke -o b.json", "Test CPU", "test_kind"})
@@ -239,10 +269,13 @@ TEST_F(ReportTest, TraceEventsWithMistypedFieldsAreNamed) {
   const Report r = build_report({{}, {}, {write("mistyped.json", doc.dump())}}, {"cmd", "now"});
   EXPECT_TRUE(r.skipped.empty());
   EXPECT_EQ(xml_problem(r.html), "");
-  EXPECT_NE(r.html.find("<p class=\"warn\">the file: skipped 1 tokamax event: &#39;dur&#39; is "
-                        "missing or not a number"),
-            std::string::npos)
-      << r.html;
+  // Among the warnings at the top of the page, before the headline.
+  const size_t warning = r.html.find(
+      "<li><code>" + path("mistyped.json") +
+      "</code>: the file: skipped 1 tokamax event: &#39;dur&#39; is missing or not a number");
+  EXPECT_NE(warning, std::string::npos) << r.html;
+  EXPECT_LT(r.html.find("id=\"warnings\""), warning);
+  EXPECT_LT(warning, r.html.find("id=\"headline\""));
   EXPECT_NE(r.html.find("1 op calls in 1 groups"), std::string::npos);
   // With nothing left, the file is skipped, and why.
   const Report only_bad = build_report(
@@ -577,6 +610,91 @@ TEST_F(ReportTest, EveryChartLabelFitsItsChart) {
   EXPECT_GT(texts, 200);
   EXPECT_GT(titled, 0);  // the long trace label, cut, with its full text as a tooltip
   EXPECT_NE(r.html.find("<title>fake/one_field f32[64] x f32[4096,4096] x"), std::string::npos);
+}
+
+TEST_F(ReportTest, BenchWarningsBusyCeilingsAndCacheStates) {
+  Json rows = Json::array({bench_row("big", "native", 2), bench_row("big", "blas", 3),
+                           bench_row("tiny", "native", 0.01)});
+  rows[0]["cache_state"] = "cold";
+  rows[1]["cache_state"] = "warm";
+  const Json doc = {{"roofline", {{"f32_fma_gflops_all", 400.0}, {"busy", true}}},
+                    {"warnings",
+                     {"machine busy: load 3.2 on 2 cores <b>",
+                      "f32_fma ceiling 27.4 GFLOP/s is 76% below the shipped 115"}},
+                    {"command", "tokamax bench --op x -o b.json"},
+                    {"rows", rows}};
+  const Report r = build_report({{}, {write("w.json", doc.dump())}, {}}, {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty()) << r.skipped[0];
+  const std::string& h = r.html;
+  EXPECT_EQ(xml_problem(h), "");
+  // The warnings first, before the headline.
+  const size_t warnings = h.find("id=\"warnings\""), headline = h.find("id=\"headline\"");
+  ASSERT_NE(warnings, std::string::npos);
+  EXPECT_LT(warnings, headline);
+  for (const char* s : {"machine busy: load 3.2 on 2 cores &lt;b&gt;",
+                        "f32_fma ceiling 27.4 GFLOP/s is 76% below the shipped 115",
+                        "the machine was busy while its ceilings were measured"}) {
+    const size_t at = h.find(s);
+    EXPECT_NE(at, std::string::npos) << s;
+    EXPECT_LT(at, headline) << s;
+  }
+  // Cold or warm per row, in the headline and the detail table; the ceiling used.
+  EXPECT_NE(h.find("<td class=\"n\">2 cold</td><td><b>1.5x</b> faster than blas (3 ms)</td>"
+                   "<td>50% of f32_fma 400 GFLOP/s</td>"),
+            std::string::npos);
+  EXPECT_NE(h.find("<th>cache</th>"), std::string::npos);
+  EXPECT_NE(h.find("<td>warm</td>"), std::string::npos);
+  EXPECT_NE(h.find("on a machine it judged busy"), std::string::npos);
+  // One tiny spec of two: named as such, the other not.
+  EXPECT_NE(h.find("1 of the 2 specs of"), std::string::npos);
+  EXPECT_NE(h.find("<td>tiny</td><td><b>native</b></td>"), std::string::npos);
+  EXPECT_NE(h.find("tiny: checks the tools only"), std::string::npos);
+
+  // Without the new fields (older files) nothing is said; with a wrong type or value, the file
+  // is skipped, saying which field.
+  const Json plain = {{"rows", {bench_row("big", "native", 2)}}};
+  const Report p = build_report({{}, {write("p.json", plain.dump())}, {}}, {"cmd", "now"});
+  EXPECT_EQ(p.html.find("id=\"warnings\""), std::string::npos);
+  EXPECT_EQ(p.html.find("<th>cache</th>"), std::string::npos);
+  EXPECT_EQ(p.html.find("Shapes too small"), std::string::npos);
+  const std::vector<std::pair<Json, std::string>> bad = {
+      {{{"warnings", "busy"}, {"rows", rows}}, "'warnings' is not a list of strings"},
+      {{{"warnings", {"busy", 3}}, {"rows", rows}}, "'warnings' item 1 is not a string"},
+      {{{"roofline", {{"busy", "yes"}}}, {"rows", rows}}, "'roofline.busy' is not true or false"},
+      {{{"rows", {bench_row("a", "native", 1), bench_row("a", "blas", 1)}}}, ""},
+  };
+  for (const auto& [d, why] : bad) {
+    const Report b = build_report(
+        {{}, {write("bad.json", d.dump()), write("p.json", plain.dump())}, {}}, {"cmd", "now"});
+    if (why.empty()) {
+      EXPECT_TRUE(b.skipped.empty());
+      continue;
+    }
+    ASSERT_EQ(b.skipped.size(), 1u) << why;
+    EXPECT_NE(b.skipped[0].find(why), std::string::npos) << b.skipped[0];
+  }
+  for (const auto& [value, why] : std::vector<std::pair<Json, std::string>>{
+           {3, "row 1: 'cache_state' is not a string"},
+           {"hot", "row 1: 'cache_state' is \"hot\", expected \"warm\" or \"cold\""}}) {
+    Json rs = rows;
+    rs[1]["cache_state"] = value;
+    const Report b = build_report(
+        {{}, {write("bad.json", Json({{"rows", rs}}).dump()), write("p.json", plain.dump())}, {}},
+        {"cmd", "now"});
+    ASSERT_EQ(b.skipped.size(), 1u) << why;
+    EXPECT_NE(b.skipped[0].find(why), std::string::npos) << b.skipped[0];
+  }
+}
+
+// A file may hold any number of warnings of any length: the page shows a bounded part.
+TEST_F(ReportTest, ManyLongWarningsAreBounded) {
+  Json warnings = Json::array();
+  for (int i = 0; i < 500; ++i) warnings.push_back(std::string(2000, 'w') + std::to_string(i));
+  const Json doc = {{"warnings", warnings}, {"rows", {bench_row("big", "native", 2)}}};
+  const Report r = build_report({{}, {write("many.json", doc.dump())}, {}}, {"cmd", "now"});
+  EXPECT_EQ(xml_problem(r.html), "");
+  EXPECT_LT(r.html.size(), 100000u);
+  EXPECT_NE(r.html.find("480 more warnings not shown"), std::string::npos);
 }
 
 TEST(XmlProblem, CatchesWhatItLooksFor) {
