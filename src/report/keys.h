@@ -42,7 +42,9 @@ KeyLabels key_labels_of(const Loaded& l);
 //    rounds. The median is the file's median_ms (the tuner's: the median ratio times the
 //    control's quiet time), the quartiles the ratios' quartiles on the same scale (median_ms
 //    times quartile ratio / median ratio). Ranks, not interpolation (the tuner's median ratio is
-//    the lower middle one): rank (n-1)/4 and n-1-(n-1)/4, around the median's (n-1)/2.
+//    the lower middle one): rank (n-1)/4 and n-1-(n-1)/4, around the median's (n-1)/2. The
+//    control's ratio is 1 by definition in newer files (its median_ms is its quiet time): its
+//    whisker is its own ratios' spread around their median, on that scale too.
 //  - kSamples: no accepted round (a checked run only, or rounds that were all discarded): the
 //    file's median (that of its raw samples) and the raw samples' quartiles.
 //  - kFile: no samples in the file (older versions): the median and median -+ IQR/2.

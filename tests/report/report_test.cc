@@ -455,6 +455,16 @@ TEST(ReportSpread, OneStatisticForTheMedianAndItsQuartiles) {
   EXPECT_EQ(s.accepted, 2u);
   EXPECT_DOUBLE_EQ(s.raw_median, 1.2);
   EXPECT_EQ(internal::basis_text(s), "rounds (2 of 3 samples)");
+  // The control: newer files set its ratio to 1 (its median_ms is its quiet time) while its
+  // own ratios spread around another median; its whisker is that spread, through its bar.
+  BenchmarkData control = b;
+  control.ratios = {0.2, 0.9, 3.0};
+  control.ratio = 1;
+  control.median_ms = 0.5;
+  s = internal::spread_of(control);
+  EXPECT_DOUBLE_EQ(s.median, 0.5);
+  EXPECT_DOUBLE_EQ(s.q1, 0.5 * 0.2 / 0.9);
+  EXPECT_DOUBLE_EQ(s.q3, 0.5 * 3.0 / 0.9);
   // No accepted round: the raw samples' median and quartiles.
   b.ratios = {std::nan(""), std::nan(""), std::nan("")};
   b.median_ms = 1.2;
@@ -617,6 +627,7 @@ TEST_F(ReportTest, BenchWarningsBusyCeilingsAndCacheStates) {
                            bench_row("tiny", "native", 0.01)});
   rows[0]["cache_state"] = "cold";
   rows[1]["cache_state"] = "warm";
+  rows[2]["cache_state"] = "";  // not said (bench writes it so for a row that failed)
   const Json doc = {{"roofline", {{"f32_fma_gflops_all", 400.0}, {"busy", true}}},
                     {"warnings",
                      {"machine busy: load 3.2 on 2 cores <b>",
@@ -644,6 +655,8 @@ TEST_F(ReportTest, BenchWarningsBusyCeilingsAndCacheStates) {
             std::string::npos);
   EXPECT_NE(h.find("<th>cache</th>"), std::string::npos);
   EXPECT_NE(h.find("<td>warm</td>"), std::string::npos);
+  EXPECT_NE(h.find("<td>native</td><td class=\"n\">0.01</td><td class=\"n\">0.001</td><td>-</td>"),
+            std::string::npos);  // the tiny row says neither
   EXPECT_NE(h.find("on a machine it judged busy"), std::string::npos);
   // One tiny spec of two: named as such, the other not.
   EXPECT_NE(h.find("1 of the 2 specs of"), std::string::npos);
