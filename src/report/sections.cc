@@ -103,24 +103,33 @@ std::string ceilings_line(const BenchInput& b) {
 }
 
 std::string headline_table(const BenchInput& b, const std::vector<SpecHeadline>& heads) {
-  Table t{{"#", "spec", "best", "median ms", "vs strongest baseline", "% of its ceiling", "note"},
-          {true, false, false, true, false, false, false},
+  // A note per spec only where some are tiny and some not: when all are, the note above the
+  // table says so once.
+  const auto tiny =
+      std::count_if(heads.begin(), heads.end(), [](const SpecHeadline& h) { return h.tiny; });
+  const bool notes = tiny > 0 && tiny < static_cast<long>(heads.size());
+  Table t{{"#", "spec", "best", "median ms", "vs strongest baseline", "% of its ceiling"},
+          {true, false, false, true, false, false},
           {}};
+  if (notes) t.head.push_back("note");
   for (const SpecHeadline& h : heads) {
-    const std::string note = h.tiny ? "tiny: checks the tools only" : "";
+    std::vector<std::string> row = {std::to_string(h.number), esc(h.spec)};
     if (!h.best) {
-      t.add({std::to_string(h.number), esc(h.spec), "no row measured", "-", "-", "-", esc(note)});
-      continue;
+      row.insert(row.end(), {"no row measured", "-", "-", "-"});
+    } else {
+      const BenchRowIn& r = *h.best;
+      std::string vs = "no other implementation measured";
+      if (h.baseline) {
+        vs = "<b>" + num(h.baseline->median_ms / r.median_ms, 3) + "x</b> faster than " +
+             esc(h.baseline->implementation) + " (" + num(h.baseline->median_ms) + " ms)";
+      }
+      row.insert(row.end(),
+                 {"<b>" + esc(r.implementation) + "</b>",
+                  num(r.median_ms) + (r.cache_state.empty() ? "" : " " + esc(r.cache_state)), vs,
+                  pct_text(r)});
     }
-    const BenchRowIn& r = *h.best;
-    std::string vs = "no other implementation measured";
-    if (h.baseline) {
-      vs = "<b>" + num(h.baseline->median_ms / r.median_ms, 3) + "x</b> faster than " +
-           esc(h.baseline->implementation) + " (" + num(h.baseline->median_ms) + " ms)";
-    }
-    t.add({std::to_string(h.number), esc(h.spec), "<b>" + esc(r.implementation) + "</b>",
-           num(r.median_ms) + (r.cache_state.empty() ? "" : " " + esc(r.cache_state)), vs,
-           pct_text(r), esc(note)});
+    if (notes) row.push_back(h.tiny ? "tiny: for checking the tools only" : "");
+    t.add(std::move(row));
   }
   return t.html("Per spec: the fastest implementation of " + b.path);
 }

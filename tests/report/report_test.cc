@@ -181,6 +181,7 @@ TEST_F(ReportTest, RendersEverySectionWithTheFiguresBehindItsCharts) {
         "measured</td>",
         "f32_fma 400 GFLOP/s, bf16_dot 200 GFLOP/s (amx), mem_read 50 GB/s, mem_copy 40 GB/s",
         "Shapes too small for conclusions.", "are smoke specs or calls under 50 us",
+        "<th>% of its ceiling</th></tr>",  // no note column: the note above says all are tiny
         "<b>What tuning found</b>: 2 keys tuned; <b>1 stored a config confidently faster than "
         "the heuristics config</b>",
         "1 kept the heuristics config", "Keys where tuning stored a faster config"})
@@ -661,7 +662,8 @@ TEST_F(ReportTest, BenchWarningsBusyCeilingsAndCacheStates) {
   // One tiny spec of two: named as such, the other not.
   EXPECT_NE(h.find("1 of the 2 specs of"), std::string::npos);
   EXPECT_NE(h.find("<td>tiny</td><td><b>native</b></td>"), std::string::npos);
-  EXPECT_NE(h.find("tiny: checks the tools only"), std::string::npos);
+  EXPECT_NE(h.find("<td>tiny: for checking the tools only</td>"), std::string::npos);
+  EXPECT_NE(h.find("<th>note</th>"), std::string::npos);
 
   // Without the new fields (older files) nothing is said; with a wrong type or value, the file
   // is skipped, saying which field.
