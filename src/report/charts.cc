@@ -71,9 +71,9 @@ struct SeriesStyle {
 std::map<std::string, SeriesStyle> series_styles(const std::vector<BenchRowIn>& rows,
                                                  std::vector<std::string>* order) {
   std::vector<std::string> names;
+  std::set<std::string> seen;  // (a file may name any number of implementations)
   for (const auto& r : rows) {
-    if (r.plotted() && std::find(names.begin(), names.end(), r.implementation) == names.end())
-      names.push_back(r.implementation);
+    if (r.plotted() && seen.insert(r.implementation).second) names.push_back(r.implementation);
   }
   auto rank = [](const std::string& n) {
     return n == "native" ? 0 : n.rfind("native:", 0) == 0 ? 1 : 2;
@@ -365,16 +365,18 @@ void draw_roofline_legend(Svg& svg, const Frame& f, const std::vector<std::strin
   heading.bold = true;
   svg.text(lx - 6, ly, "implementation", heading);
   ly += 20;
-  auto fitted = [&](const std::string& s, double indent) {
-    size_t n = s.size();
-    while (n > 4 && text_width(clip(s, n), legend) > room - indent) --n;
-    return clip(s, n);
-  };
-  for (const std::string& name : order) {
+  // As many implementations as leave room for the roofs below them (a bench run has a few).
+  constexpr size_t kMaxEntries = 12;
+  for (size_t i = 0; i < order.size() && i < kMaxEntries; ++i) {
+    const std::string& name = order[i];
     const SeriesStyle& s = styles.at(name);
     svg.marker(s.marker, lx + 6, ly, kMarkerSize, marker_style(s));
-    const std::string shown = fitted(name, 20);
+    const std::string shown = fit_text(name, legend, room - 20);
     svg.text(lx + 20, ly, shown, legend, shown == name ? "" : name);
+    ly += 20;
+  }
+  if (order.size() > kMaxEntries) {
+    svg.text(lx + 20, ly, fmt::format("and {} more", order.size() - kMaxEntries), legend);
     ly += 20;
   }
   ly += 10;
