@@ -1,6 +1,8 @@
 // The report page's shared HTML pieces: escaping, number formatting and tables.
 #include "report/html.h"
 
+#include <string>
+
 #include "report/svg.h"
 
 namespace tokamax::report::internal {
@@ -25,7 +27,13 @@ std::string Table::html(std::string_view caption) const {
   s += "<thead><tr>";
   for (const auto& h : head) s += "<th>" + esc(h) + "</th>";
   s += "</tr></thead><tbody>";
-  for (const auto& r : rows) {
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const auto& r = rows[k];
+    if (k < heading.size() && heading[k] && !r.empty()) {
+      s += "<tr><th class=\"group\" colspan=\"" + std::to_string(head.size()) + "\">" + r[0] +
+           "</th></tr>";
+      continue;
+    }
     s += "<tr>";
     for (size_t i = 0; i < r.size(); ++i) {
       const bool n = i < numeric.size() && numeric[i];

@@ -26,7 +26,16 @@ struct Table {
   std::vector<std::string> head;
   std::vector<bool> numeric;  // right-aligned columns
   std::vector<std::vector<std::string>> rows;
-  void add(std::vector<std::string> r) { rows.push_back(std::move(r)); }
+  std::vector<bool> heading;  // per row: a heading across all columns (one cell)
+  void add(std::vector<std::string> r) {
+    rows.push_back(std::move(r));
+    heading.push_back(false);
+  }
+  // A row across all columns that heads the rows after it (e.g. a spec's name).
+  void group(std::string cell) {
+    rows.push_back({std::move(cell)});
+    heading.push_back(true);
+  }
   std::string html(std::string_view caption) const;
 };
 

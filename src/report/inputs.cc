@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "report/html.h"
 #include "tokamax/core/limits.h"
 
 namespace tokamax::report::internal {
@@ -55,6 +56,43 @@ ResultInput load_result(const std::string& path) {
   return r;
 }
 
+// Fields added to bench documents after the first version: absent reads as "not said", but a
+// field of the wrong type or value makes the file one the page cannot trust (as a required
+// field does).
+std::string opt_cache_state(const Json& row, size_t i) {
+  const auto it = row.find("cache_state");
+  if (it == row.end()) return "";
+  if (!it->is_string())
+    throw InvalidArgument(fmt::format("row {}: 'cache_state' is not a string", i));
+  // "" is not said (a row that failed before it was measured).
+  const std::string s = it->get<std::string>();
+  if (!s.empty() && s != "warm" && s != "cold") {
+    throw InvalidArgument(fmt::format(
+        "row {}: 'cache_state' is \"{}\", expected \"warm\" or \"cold\"", i, clip(s, 24)));
+  }
+  return s;
+}
+
+std::vector<std::string> opt_warnings(const Json& doc) {
+  const auto it = doc.find("warnings");
+  if (it == doc.end()) return {};
+  if (!it->is_array()) throw InvalidArgument("'warnings' is not a list of strings");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    if (!(*it)[i].is_string())
+      throw InvalidArgument(fmt::format("'warnings' item {} is not a string", i));
+    out.push_back((*it)[i].get<std::string>());
+  }
+  return out;
+}
+
+bool opt_busy(const Json& roofline) {
+  const auto it = roofline.find("busy");
+  if (it == roofline.end()) return false;
+  if (!it->is_boolean()) throw InvalidArgument("'roofline.busy' is not true or false");
+  return it->get<bool>();
+}
+
 BenchRowIn parse_bench_row(const Json& row, size_t i) {
   if (!row.is_object()) throw InvalidArgument(fmt::format("row {} is not an object", i));
   for (const char* required : {"spec", "implementation"}) {
@@ -81,6 +119,7 @@ BenchRowIn parse_bench_row(const Json& row, size_t i) {
   r.peak_value = opt_number(row, "peak_value");
   r.speedup = opt_number(row, "speedup_vs_baseline");
   r.allocated = opt_count(row, "allocated_bytes", int64_t{1} << 62);
+  r.cache_state = opt_cache_state(row, i);
   // Rows of bench files written before the FLOP and byte counts were: both follow from the
   // rates, which share one median.
   if (r.flops == 0 && r.gflops > 0 && r.measured()) r.flops = r.gflops * 1e9 * r.median_ms * 1e-3;
@@ -114,7 +153,9 @@ BenchInput load_bench(const std::string& path) {
       b.ceilings.copy = opt_number(r, "mem_copy_gbps_all");
       b.ceilings.bf16_unit = opt_string(r, "bf16_dot_unit");
       b.ceilings.threads = static_cast<int>(opt_count(r, "threads", kMaxThreads));
+      b.busy = opt_busy(r);
     }
+    b.warnings = opt_warnings(doc);
   } else {
     throw InvalidArgument(
         "not a tokamax bench document (expected {\"rows\": [...]} or a list of rows)");

@@ -21,6 +21,7 @@ struct ResultInput {
 
 struct BenchRowIn {
   std::string spec, implementation, config, source, peak, baseline, bytes_source;
+  std::string cache_state;  // "warm", "cold", or "" (not said: files before the field)
   double median_ms = 0, iqr_ms = 0, flops = 0, bytes = 0, gflops = 0, gbps = 0, pct = 0;
   double peak_value = 0, speedup = 0;
   int64_t allocated = 0;
@@ -40,6 +41,11 @@ struct Ceilings {
 struct BenchInput {
   std::string path, command, created, version, device_kind, model;
   Ceilings ceilings;
+  // The machine's state while it ran, as the bench command judged it: "warnings" (a busy
+  // machine, ceilings that disagree with the shipped or last measured ones) and the roofline's
+  // "busy". Files before these fields say neither.
+  std::vector<std::string> warnings;
+  bool busy = false;
   std::vector<BenchRowIn> rows;
 };
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 
 #include "report/html.h"
@@ -69,6 +70,78 @@ KeyLabels key_labels_of(const Loaded& l) {
 
 namespace {
 
+// The values at the ranks of the lower quartile, the (lower) median and the upper quartile of
+// sorted `v` (not empty): exact elements, so lo <= mid <= hi with no rounding in between.
+struct Ranks {
+  double lo, mid, hi;
+};
+Ranks ranks_of(const std::vector<double>& v) {
+  const size_t m = v.size() - 1;
+  return {v[m / 4], v[m / 2], v[m - m / 4]};
+}
+
+bool usable(double x) { return std::isfinite(x) && x > 0; }
+
+}  // namespace
+
+Spread spread_of(const BenchmarkData& b) {
+  Spread s;
+  s.median = b.median_ms;
+  s.samples = b.samples_ms.size();
+  std::vector<double> raw;
+  for (double x : b.samples_ms) {
+    if (std::isfinite(x)) raw.push_back(x);
+  }
+  std::sort(raw.begin(), raw.end());
+  if (!raw.empty()) {
+    const size_t n = raw.size();
+    s.raw_median = n % 2 ? raw[n / 2] : (raw[n / 2 - 1] + raw[n / 2]) / 2;
+  }
+  std::vector<double> ratios;
+  for (double r : b.ratios) {
+    if (usable(r)) ratios.push_back(r);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  if (!ratios.empty() && usable(b.median_ms)) {
+    const Ranks k = ranks_of(ratios);
+    s.basis = Spread::Basis::kRounds;
+    s.accepted = ratios.size();
+    // Each quotient is <= 1 (>= 1) exactly when its rank's ratio is, and multiplying by the
+    // same median keeps the order: q1 <= median <= q3 without a clamp.
+    s.q1 = b.median_ms * (k.lo / k.mid);
+    s.q3 = b.median_ms * (k.hi / k.mid);
+    return s;
+  }
+  if (!raw.empty()) {
+    const Ranks k = ranks_of(raw);
+    s.basis = Spread::Basis::kSamples;
+    // The tuner's median of these samples lies between their quartiles' ranks; a file whose
+    // median is not its samples' (not written by the tuner) still gets a whisker through its bar.
+    s.q1 = std::min(k.lo, b.median_ms);
+    s.q3 = std::max(k.hi, b.median_ms);
+    return s;
+  }
+  s.basis = Spread::Basis::kFile;
+  const double half = std::isfinite(b.iqr_ms) && b.iqr_ms > 0 ? b.iqr_ms / 2 : 0;
+  s.q1 = b.median_ms - half;
+  s.q3 = b.median_ms + half;
+  return s;
+}
+
+std::string basis_text(const Spread& s) {
+  switch (s.basis) {
+    case Spread::Basis::kRounds:
+      return fmt::format("rounds ({} of {} samples)", s.accepted, s.samples);
+    case Spread::Basis::kSamples:
+      return fmt::format("raw samples ({})", s.samples);
+    case Spread::Basis::kFile:
+      break;
+  }
+  return "file (median, IQR)";
+}
+
+namespace {
+
 KeyView view_of(const ResultInput& file, const BoundArguments& bound, const AutotuningData& d) {
   KeyView v{&file, &bound, &d, {}, {}, "", "", nullptr, 0, 0};
   const std::string heur = d.heuristics() ? d.heuristics()->str() : "";
@@ -89,15 +162,7 @@ KeyView view_of(const ResultInput& file, const BoundArguments& bound, const Auto
     c.winner = k == v.winner;
     c.heuristics = k == heur;
     c.competes = d.competes(e);
-    c.samples = e.benchmark->samples_ms.size();
-    if (!e.benchmark->samples_ms.empty()) {
-      const SampleStats st = SampleStats::of(e.benchmark->samples_ms);
-      c.q1 = st.q1_ms;
-      c.q3 = st.q3_ms;
-    } else {
-      c.q1 = e.benchmark->median_ms - e.benchmark->iqr_ms / 2;
-      c.q3 = e.benchmark->median_ms + e.benchmark->iqr_ms / 2;
-    }
+    c.spread = spread_of(*e.benchmark);
     v.ok.push_back(c);
   }
   std::stable_sort(v.ok.begin(), v.ok.end(), [](const Candidate& a, const Candidate& b) {

@@ -36,12 +36,36 @@ class KeyLabels {
 // The labels of every key in the results and the traces.
 KeyLabels key_labels_of(const Loaded& l);
 
+// A candidate's median and interquartile range as the page plots them: both from one statistic,
+// so that q1 <= median <= q3 always holds.
+//  - kRounds: its per-sample time ratios to the heuristics config (the control) in accepted
+//    rounds. The median is the file's median_ms (the tuner's: the median ratio times the
+//    control's quiet time), the quartiles the ratios' quartiles on the same scale (median_ms
+//    times quartile ratio / median ratio). Ranks, not interpolation (the tuner's median ratio is
+//    the lower middle one): rank (n-1)/4 and n-1-(n-1)/4, around the median's (n-1)/2. The
+//    control's ratio is 1 by definition in newer files (its median_ms is its quiet time): its
+//    whisker is its own ratios' spread around their median, on that scale too.
+//  - kSamples: no accepted round (a checked run only, or rounds that were all discarded): the
+//    file's median (that of its raw samples) and the raw samples' quartiles.
+//  - kFile: no samples in the file (older versions): the median and median -+ IQR/2.
+// A raw sample can be far from the rounds' figures on a busy machine: a slow phase inflates raw
+// times, while a ratio divides it out (its control samples were slowed alike).
+struct Spread {
+  enum class Basis { kRounds, kSamples, kFile };
+  Basis basis = Basis::kFile;
+  double median = 0, q1 = 0, q3 = 0;
+  size_t samples = 0, accepted = 0;  // raw samples; accepted ratios (kRounds)
+  double raw_median = 0;             // the raw samples' median; 0 when there are none
+};
+Spread spread_of(const BenchmarkData& b);
+// "rounds (9 of 46 samples)", "raw samples (2)", "file".
+std::string basis_text(const Spread& s);
+
 struct Candidate {
   std::string config;
   const BenchmarkData* b = nullptr;
-  double q1 = 0, q3 = 0;
+  Spread spread;  // the plotted median and whisker
   bool winner = false, heuristics = false, competes = false;
-  size_t samples = 0;
 };
 
 struct KeyView {

@@ -25,15 +25,19 @@ padding:12px 20px 40px;color:#1a1a1a;background:#ffffff;font-size:14px;line-heig
 h1{font-size:24px;margin:8px 0 4px}
 h2{font-size:20px;border-bottom:2px solid #1b2a5c;padding-bottom:3px;margin:32px 0 8px}
 h3{font-size:16px;margin:26px 0 6px;word-break:break-all}
+h4{font-size:14px;margin:22px 0 6px;word-break:break-all}
 table{border-collapse:collapse;margin:8px 0 18px;font-size:12px;width:100%}
 caption{caption-side:top;text-align:left;font-weight:bold;padding:4px 0}
 th,td{border:1px solid #cccccc;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#eceff4}
+th.group{background:#f7f8fa;font-weight:bold}
 td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 code{font-family:"DejaVu Sans Mono",monospace;font-size:11px;overflow-wrap:break-word}
 code.j{word-break:break-all}
 .scroll{overflow-x:auto}
 .warn{border:2px solid #8e1b3d;background:#fbeff2;padding:6px 12px}
+.warn ul{margin:4px 0;padding-left:20px}
+.note{border-left:4px solid #e27b2b;background:#fdf3ea;padding:6px 12px}
 .muted{color:#505050}
 .chart{overflow-x:auto;margin:6px 0}
 svg{max-width:100%;height:auto;display:block;font-family:"DejaVu Sans",Arial,sans-serif}
@@ -55,20 +59,23 @@ std::string head(const About& about) {
   h += "<h1>tokamax report</h1>";
   h += "<p class=\"muted\">Made " + esc(about.created) + " by tokamax " + esc(library_version()) +
        ": " + code(about.command) + "</p>";
-  h += "<nav><a href=\"#summary\">Summary</a><a href=\"#roofline\">Roofline</a>"
-       "<a href=\"#tuning\">Tuned keys</a><a href=\"#trace\">Trace</a></nav>";
+  h += "<nav><a href=\"#headline\">Headline</a><a href=\"#charts\">Charts</a>"
+       "<a href=\"#details\">Details</a><a href=\"#tuning\">Tuned keys</a>"
+       "<a href=\"#inputs\">Inputs</a></nav>";
   return h;
 }
 
 std::string page(const Loaded& l, const About& about) {
-  // Tuned keys, gathered once: the summary table and the sections below use the same views.
+  // Tuned keys, gathered once: the headline and the details use the same views.
   const internal::KeyLabels key_labels = internal::key_labels_of(l);
   const std::vector<internal::KeyView> keys = internal::key_views(l, key_labels);
+  // What was measured and what won first; how, then where from, after.
   std::string h = head(about);
-  h += internal::summary_part(l, keys);
-  h += internal::roofline_part(l);
-  h += internal::tuning_part(keys);
-  h += internal::trace_part(l, key_labels);
+  h += internal::warnings_part(l);
+  h += internal::headline_part(l, keys);
+  h += internal::charts_part(l, key_labels);
+  h += internal::details_part(l, keys);
+  h += internal::inputs_part(l);
   h += "</body></html>\n";
   return h;
 }

@@ -1,10 +1,13 @@
 // `tokamax report`: one self-contained HTML page (inline CSS and SVG; no script, font or image
 // fetched from anywhere, so it reads offline and can be attached to a bug) from the files the
 // other commands write: autotuning results (`tokamax autotune -o`), benchmark documents
-// (`tokamax bench --json` / `-o`) and traces (TOKAMAX_TRACE). It shows where the inputs came
-// from, a roofline chart per benchmark document, every tuned key's candidates, a trace's time
-// per op and key with the rung that configured each call, and a table of every figure behind
-// every chart. The page is well-formed XML (XHTML-compatible HTML5), so XML tools can check it.
+// (`tokamax bench --json` / `-o`) and traces (TOKAMAX_TRACE). It reads in the order a
+// performance engineer asks: warnings about the inputs and the machine; the headline (per bench
+// spec the fastest implementation, its ratio to the strongest baseline and its share of a named
+// ceiling, and what tuning found); the charts (a roofline per benchmark document, a trace's time
+// per op and key with the rung that configured each call); the detail tables behind every chart
+// with every tuned key's candidates; and last where the inputs came from. The page is well-formed
+// XML (XHTML-compatible HTML5), so XML tools can check it.
 //
 // Built on the library's public API only: it links with the shared library (the command) and
 // with the static one (the tests) alike.

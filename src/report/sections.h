@@ -1,7 +1,7 @@
-// The parts of the report page (internal to src/report), each an <h2> heading with what follows
-// it: the summary of the inputs and tuned keys, then a roofline per bench document, a section
-// per tuned key and a section per trace. Every chart in them is followed by the table of the
-// figures behind it, so nothing is shown only as a picture.
+// The parts of the report page (internal to src/report), in the order a performance engineer
+// reads them: the warnings about the inputs and the machine, the headline (per bench spec what
+// won and by how much, and what tuning found), the charts, the detail tables behind them, and
+// the inputs. Every chart's figures are in a detail table, so nothing is shown only as a picture.
 #pragma once
 
 #include <string>
@@ -12,14 +12,44 @@
 
 namespace tokamax::report::internal {
 
-// The inputs skipped and used, the bench files' roofline ceilings and a table of the tuned keys,
-// each linking to its section.
-std::string summary_part(const Loaded& l, const std::vector<KeyView>& keys);
-// Per bench document: its roofline chart and every row.
-std::string roofline_part(const Loaded& l);
-// Per tuned key: the winner against the heuristics config, the candidates' chart and tables.
-std::string tuning_part(const std::vector<KeyView>& keys);
-// Per trace: the time per op and key with the rung that chose each config.
-std::string trace_part(const Loaded& l, const KeyLabels& key_labels);
+// Calls this short (or specs named or tagged smoke) check the tools, not the machine's speed.
+constexpr double kTinyMs = 0.05;
+
+// One bench spec's line of the headline: its fastest row and the fastest row of another
+// implementation (variants such as native:packed are the same implementation as native).
+struct SpecHeadline {
+  int number = 0;  // the spec's number on the roofline chart
+  std::string spec;
+  const BenchRowIn* best = nullptr;      // nullptr when no row of the spec was measured
+  const BenchRowIn* baseline = nullptr;  // nullptr when no other implementation was measured
+  bool tiny = false;                     // too small to conclude anything (see kTinyMs)
+};
+std::vector<SpecHeadline> spec_headlines(const BenchInput& b);
+
+// What tuning found over all tuned keys.
+struct TuningFindings {
+  int keys = 0;
+  int confident = 0;  // a config confidently faster than the heuristics config was stored
+  int kept = 0;       // the heuristics config was stored (no candidate confidently faster)
+  int single = 0;     // one candidate only: nothing to choose
+  int unproven = 0;   // a winner other than the heuristics config, without evidence in the file
+  int failed = 0;     // no config succeeded
+  std::vector<double> speedups;        // of the confident ones: heuristics median / winner median
+  std::vector<size_t> confident_keys;  // their indices, fastest speed-up first
+};
+TuningFindings tuning_findings(const std::vector<KeyView>& keys);
+
+// The inputs skipped, the bench documents' warnings (a busy machine, ceilings that disagree)
+// and the traces' events left out; empty when there is nothing to warn about.
+std::string warnings_part(const Loaded& l);
+// Per bench document the headline table and the ceilings its percentages used; what tuning
+// found.
+std::string headline_part(const Loaded& l, const std::vector<KeyView>& keys);
+// A roofline per bench document and a time chart per trace.
+std::string charts_part(const Loaded& l, const KeyLabels& key_labels);
+// Every bench row; the tuned keys' table and a section per key; every trace group.
+std::string details_part(const Loaded& l, const std::vector<KeyView>& keys);
+// The inputs with their provenance, and the bench documents' ceilings.
+std::string inputs_part(const Loaded& l);
 
 }  // namespace tokamax::report::internal

@@ -351,7 +351,53 @@ void Svg::marker(Marker m, double x, double y, double size, const Style& s,
   }
 }
 
-void Svg::text(double x, double y, std::string_view s, const TextStyle& t) {
+bool crosses(const Box& b, double x1, double y1, double x2, double y2) {
+  // Liang-Barsky: clip the segment's parameter range [0, 1] to the box's open inside.
+  double t0 = 0, t1 = 1;
+  const double dx = x2 - x1, dy = y2 - y1;
+  const double p[4] = {-dx, dx, -dy, dy};
+  const double q[4] = {x1 - b.x0, b.x1 - x1, y1 - b.y0, b.y1 - y1};
+  for (int i = 0; i < 4; ++i) {
+    if (p[i] == 0) {
+      if (q[i] <= 0) return false;  // parallel to this edge and not strictly inside it
+      continue;
+    }
+    const double r = q[i] / p[i];
+    if (p[i] < 0) {
+      t0 = std::max(t0, r);
+    } else {
+      t1 = std::min(t1, r);
+    }
+  }
+  return t0 < t1;
+}
+
+double text_width(std::string_view s, const TextStyle& t) {
+  size_t chars = 0;
+  for (const char c : s) chars += (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // UTF-8 leads
+  const double em = t.monospace ? 0.61 : t.bold ? 0.68 : 0.62;
+  return static_cast<double>(chars) * em * t.size;
+}
+
+Box text_box(double x, double y, std::string_view s, const TextStyle& t) {
+  const double w = text_width(s, t);
+  const double x0 = t.anchor == TextStyle::Anchor::kStart    ? x
+                    : t.anchor == TextStyle::Anchor::kMiddle ? x - w / 2
+                                                             : x - w;
+  // Ascenders and descenders: the line's height is about 1.2 em.
+  const double h = 1.2 * t.size;
+  const double y0 = t.middle ? y - h / 2 : y - 0.9 * t.size;
+  return {x0, y0, x0 + w, y0 + h};
+}
+
+void Svg::open_group(const std::vector<std::pair<std::string, std::string>>& attrs) {
+  body_ += "<g";
+  for (const auto& [name, value] : attrs) body_ += " " + name + "=\"" + xml_escape(value) + "\"";
+  body_ += ">";
+}
+
+void Svg::text(double x, double y, std::string_view s, const TextStyle& t,
+               std::string_view tooltip) {
   std::string a = " x=\"" + px(x) + "\" y=\"" + px(y) + "\" font-size=\"" + px(t.size) + "\"";
   if (t.anchor != TextStyle::Anchor::kStart)
     a +=
@@ -361,7 +407,9 @@ void Svg::text(double x, double y, std::string_view s, const TextStyle& t) {
   if (t.monospace) a += " font-family=\"monospace\"";
   a += " fill=\"" + xml_escape(t.fill) + "\"";
   if (t.rotate != 0) a += " transform=\"rotate(" + px(t.rotate) + " " + px(x) + " " + px(y) + ")\"";
-  body_ += "<text" + a + ">" + xml_escape(s) + "</text>";
+  body_ += "<text" + a + ">";
+  if (!tooltip.empty()) body_ += "<title>" + xml_escape(tooltip) + "</title>";
+  body_ += xml_escape(s) + "</text>";
 }
 
 void Svg::stripes(std::string_view id, std::string_view colour) {

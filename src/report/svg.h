@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tokamax::report {
@@ -96,6 +97,24 @@ struct TextStyle {
   bool middle = true;
 };
 
+// A rectangle in pixels (x0 <= x1, y0 <= y1), for laying out labels so that none covers
+// another.
+struct Box {
+  double x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+  // Whether the two share some area (touching edges do not count).
+  bool overlaps(const Box& o) const { return x0 < o.x1 && o.x0 < x1 && y0 < o.y1 && o.y0 < y1; }
+  bool inside(const Box& o) const { return x0 >= o.x0 && x1 <= o.x1 && y0 >= o.y0 && y1 <= o.y1; }
+};
+// Whether the segment from (x1, y1) to (x2, y2) passes through the inside of `b`.
+bool crosses(const Box& b, double x1, double y1, double x2, double y2);
+
+// The width of `s` drawn in `t`, estimated on the generous side from the fonts the page asks
+// for (DejaVu Sans, its monospace): per character 0.62 em, bold 0.68, monospace 0.61. Labels
+// are laid out with it: a text never reaches further than this.
+double text_width(std::string_view s, const TextStyle& t);
+// The box that text(x, y, s, t) covers (unrotated text only).
+Box text_box(double x, double y, std::string_view s, const TextStyle& t);
+
 // Builds one <svg> element. Coordinates are in pixels of a width x height canvas; the element
 // scales down (viewBox) when the page is narrower.
 class Svg {
@@ -109,7 +128,13 @@ class Svg {
   void polyline(const std::vector<std::pair<double, double>>& points, const Style& s);
   void marker(Marker m, double x, double y, double size, const Style& s,
               std::string_view tooltip = "");
-  void text(double x, double y, std::string_view s, const TextStyle& t = {});
+  // A tooltip (a <title> child) holds the full text of a label that was shortened to fit.
+  void text(double x, double y, std::string_view s, const TextStyle& t = {},
+            std::string_view tooltip = "");
+  // A group <g> around what is drawn until close_group(), with attributes (names as given,
+  // values escaped): a chart marks what a test or a reader may check, e.g. data-median.
+  void open_group(const std::vector<std::pair<std::string, std::string>>& attrs);
+  void close_group() { body_ += "</g>"; }
   // A diagonal-stripe fill usable as Style::fill = "url(#id)"; transparent between the
   // stripes, so it marks a shape drawn over another without hiding its colour.
   void stripes(std::string_view id, std::string_view colour);

@@ -4,7 +4,8 @@
 # skipped and named), check that it is well-formed XML, then load it in headless Chromium: no
 # console message at all (the page has no scripts, and its Content-Security-Policy turns any
 # attempt to fetch something into a console error), a screenshot of the expected size that is
-# not blank and shows the page's colours, and a DOM that holds the charts.
+# not blank and shows the page's colours, and a DOM that holds the charts in reading order with
+# every plotted median within its whisker (dom_check.py).
 #
 # Usage: browser_test.sh TOKAMAX_CLI MOE_BLOCK WORK_DIR
 # Exit 77 (skipped) when Chromium, xmllint or python3 is missing, except under CI=true, where
@@ -88,4 +89,12 @@ grep -q '<h1>tokamax report</h1>' dom.stdout
 test "$(grep -o '<svg ' dom.stdout | wc -l)" -ge 8
 grep -q 'Roofline of bench.json' dom.stdout
 grep -q 'Time per op and key in trace.json' dom.stdout
+# The headline names the ceiling each percentage is of, and says the smoke shapes are too small
+# to conclude anything from.
+grep -q 'Per spec: the fastest implementation of bench.json' dom.stdout
+grep -Eq '% of (f32_fma|bf16_dot|bf16_amx|mem_read|mem_copy) [0-9.]+ (GFLOP|GB)/s' dom.stdout
+grep -q 'Shapes too small for conclusions' dom.stdout
+# The parts in reading order, every candidate's median within its whisker (figures and pixels),
+# a line style per roof.
+python3 "$here/dom_check.py" dom.stdout
 echo "browser test ok"

@@ -5,9 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
+#include <set>
 
+#include "report/charts.h"
+#include "report/inputs.h"
+#include "report/keys.h"
 #include "report/svg.h"
 #include "tests/op/fake_ops.h"
 #include "tests/report/xml_check.h"
@@ -148,7 +156,38 @@ TEST_F(ReportTest, RendersEverySectionWithTheFiguresBehindItsCharts) {
   for (const char* remote : {"<script", "src=", "href=\"http", "url(http", "@import"})
     EXPECT_EQ(h.find(remote), std::string::npos) << remote;
 
-  // Summary: inputs with their provenance, the ceilings, the report's own command.
+  // The parts in the order a performance engineer reads them: what won first, then the charts,
+  // the detail tables, and the inputs last (no warnings: every input was used).
+  EXPECT_EQ(h.find("id=\"warnings\""), std::string::npos);
+  const size_t headline = h.find("<h2 id=\"headline\">"), charts = h.find("<h2 id=\"charts\">"),
+               details = h.find("<h2 id=\"details\">"), inputs = h.find("<h2 id=\"inputs\">");
+  ASSERT_NE(inputs, std::string::npos);
+  EXPECT_LT(headline, charts);
+  EXPECT_LT(charts, details);
+  EXPECT_LT(details, inputs);
+  EXPECT_LT(h.find("Roofline of "), details);
+  EXPECT_LT(h.find("Time per op and key in "), details);
+  EXPECT_GT(h.find("<caption>Tuned keys</caption>"), details);
+  EXPECT_GT(h.find("<caption>Every row of "), details);
+
+  // Headline: per spec the fastest implementation, its ratio to the fastest other
+  // implementation (native:packed is native's variant, so blas is its baseline), its share of
+  // the ceiling it names; the ceilings; the smoke note; what tuning found.
+  const std::string head = h.substr(headline, charts - headline);
+  for (const char* s :
+       {"<td>spec &lt;&amp;&quot;&#39;&gt;</td><td><b>native:packed</b></td><td class=\"n\">8</td>"
+        "<td><b>2.5x</b> faster than blas (20 ms)</td><td>50% of f32_fma 400 GFLOP/s</td>",
+        "<td>decode</td><td><b>native</b></td><td class=\"n\">40</td><td>no other implementation "
+        "measured</td>",
+        "f32_fma 400 GFLOP/s, bf16_dot 200 GFLOP/s (amx), mem_read 50 GB/s, mem_copy 40 GB/s",
+        "Shapes too small for conclusions.", "are smoke specs or calls under 50 us",
+        "<th>% of its ceiling</th></tr>",  // no note column: the note above says all are tiny
+        "<b>What tuning found</b>: 2 keys tuned; <b>1 stored a config confidently faster than "
+        "the heuristics config</b>",
+        "1 kept the heuristics config", "Keys where tuning stored a faster config"})
+    EXPECT_NE(head.find(s), std::string::npos) << s << "\n" << head;
+
+  // Inputs: each with its provenance, the ceilings, the report's own command.
   for (const char* s : {"tokamax report r.json -o x.html", "2025-01-02T04:00:00Z",
                         "tokamax autotune --tag smoke -o r.json", "2025-01-02T03:04:05Z",
                         "tokamax bench --tag smoke -o b.json", "Test CPU", "test_kind"})
@@ -231,10 +270,13 @@ TEST_F(ReportTest, TraceEventsWithMistypedFieldsAreNamed) {
   const Report r = build_report({{}, {}, {write("mistyped.json", doc.dump())}}, {"cmd", "now"});
   EXPECT_TRUE(r.skipped.empty());
   EXPECT_EQ(xml_problem(r.html), "");
-  EXPECT_NE(r.html.find("<p class=\"warn\">the file: skipped 1 tokamax event: &#39;dur&#39; is "
-                        "missing or not a number"),
-            std::string::npos)
-      << r.html;
+  // Among the warnings at the top of the page, before the headline.
+  const size_t warning = r.html.find(
+      "<li><code>" + path("mistyped.json") +
+      "</code>: the file: skipped 1 tokamax event: &#39;dur&#39; is missing or not a number");
+  EXPECT_NE(warning, std::string::npos) << r.html;
+  EXPECT_LT(r.html.find("id=\"warnings\""), warning);
+  EXPECT_LT(warning, r.html.find("id=\"headline\""));
   EXPECT_NE(r.html.find("1 op calls in 1 groups"), std::string::npos);
   // With nothing left, the file is skipped, and why.
   const Report only_bad = build_report(
@@ -320,6 +362,354 @@ TEST_F(ReportTest, NamesOfAnyBytesKeepThePageWellFormed) {
   EXPECT_NE(r.html.find("b" + fffd + fffd + "-" + fffd + fffd + fffd + "-" + fffd + fffd + ".json"),
             std::string::npos);
   EXPECT_NE(r.html.find("tokamax report " + fffd + fffd), std::string::npos);  // overlong '/'
+}
+
+// ---------------------------------------------------------------- statistics and layout
+
+std::string fixture(const std::string& name) {
+  return std::string(TOKAMAX_SOURCE_DIR) + "/tests/report/data/" + name;
+}
+
+// A candidate's bar and whisker as the page draws them: the figures in the group's data
+// attributes, and in pixels the bar's end and the whisker's ends.
+struct Plotted {
+  double median, q1, q3;
+  double bar_end, whisker_lo, whisker_hi;
+};
+
+std::vector<Plotted> plotted_candidates(const std::string& html) {
+  static const std::regex group(
+      "<g class=\"candidate\" data-median=\"([^\"]*)\" data-q1=\"([^\"]*)\" "
+      "data-q3=\"([^\"]*)\">(.*?)</g>");
+  static const std::regex rect("<rect x=\"([^\"]*)\" y=\"[^\"]*\" width=\"([^\"]*)\"");
+  static const std::regex line("<line x1=\"([^\"]*)\" y1=\"[^\"]*\" x2=\"([^\"]*)\"");
+  std::vector<Plotted> out;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), group);
+       it != std::sregex_iterator(); ++it) {
+    const std::string inner = (*it)[4];
+    std::smatch r, l;
+    if (!std::regex_search(inner, r, rect) || !std::regex_search(inner, l, line)) {
+      ADD_FAILURE() << "a candidate without its bar or whisker: " << inner;
+      continue;
+    }
+    out.push_back({std::stod((*it)[1]), std::stod((*it)[2]), std::stod((*it)[3]),
+                   std::stod(r[1]) + std::stod(r[2]), std::stod(l[1]), std::stod(l[2])});
+  }
+  return out;
+}
+
+// Every plotted median lies within its whisker: in the figures, and in the drawing (pixels are
+// written to a tenth).
+void expect_medians_within_whiskers(const std::string& html, size_t at_least) {
+  const std::vector<Plotted> p = plotted_candidates(html);
+  EXPECT_GE(p.size(), at_least);
+  for (const Plotted& c : p) {
+    EXPECT_LE(c.q1, c.median);
+    EXPECT_LE(c.median, c.q3);
+    EXPECT_LE(c.whisker_lo, c.bar_end + 0.11) << c.median << " in [" << c.q1 << ", " << c.q3 << "]";
+    EXPECT_LE(c.bar_end, c.whisker_hi + 0.11) << c.median << " in [" << c.q1 << ", " << c.q3 << "]";
+  }
+}
+
+// Real `tokamax autotune --op ragged_dot --tag smoke -o` output from a busy 2-core machine: the
+// rounds' figures and the raw samples disagree (a raw median 6x the median the tuner ranked
+// by). Plotting the rounds' median with the raw samples' quartiles put a median below its own
+// first quartile; bar and whisker now come from one statistic.
+TEST_F(ReportTest, EveryPlottedMedianLiesWithinItsWhisker) {
+  const std::string real = fixture("ragged_dot_smoke_result.json");
+  // The fixture holds the case: a candidate whose median_ms is outside its raw samples'
+  // interquartile range.
+  const AutotuningResult tuned = AutotuningResult::load(real);
+  bool outside = false;
+  for (const auto& [b, d] : tuned.data()) {
+    for (const auto& [cfg, e] : d.entries()) {
+      if (!e.benchmark || e.benchmark->samples_ms.empty()) continue;
+      const SampleStats raw = SampleStats::of(e.benchmark->samples_ms);
+      outside |= e.benchmark->median_ms < raw.q1_ms || e.benchmark->median_ms > raw.q3_ms;
+    }
+  }
+  ASSERT_TRUE(outside) << "the fixture no longer shows what this test guards against";
+  const Report r = build_report({{real, result_file()}, {}, {}}, {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  EXPECT_EQ(xml_problem(r.html), "");
+  expect_medians_within_whiskers(r.html, 12);
+  // The page says which statistic it plots, and shows the raw samples' median beside it.
+  EXPECT_NE(r.html.find("A bar and its whisker come from one statistic"), std::string::npos);
+  EXPECT_NE(r.html.find("raw samples&#39; median ms"), std::string::npos);
+  EXPECT_NE(r.html.find("rounds (9 of 46 samples)"), std::string::npos);
+}
+
+TEST(ReportSpread, OneStatisticForTheMedianAndItsQuartiles) {
+  // Two accepted ratios: the tuner's median ratio is the lower one (0.9), where an interpolated
+  // lower quartile (0.925) would lie above it.
+  BenchmarkData b;
+  b.samples_ms = {1.0, 5.0, 1.2};
+  b.ratios = {0.9, std::nan(""), 1.0};
+  b.sample_rounds = {1, 2, 3};
+  b.ratio = 0.9;
+  b.median_ms = 0.45;  // 0.9 times a quiet time of 0.5 ms
+  internal::Spread s = internal::spread_of(b);
+  EXPECT_EQ(s.basis, internal::Spread::Basis::kRounds);
+  EXPECT_DOUBLE_EQ(s.median, 0.45);
+  EXPECT_DOUBLE_EQ(s.q1, 0.45);
+  EXPECT_DOUBLE_EQ(s.q3, 0.5);
+  EXPECT_EQ(s.accepted, 2u);
+  EXPECT_DOUBLE_EQ(s.raw_median, 1.2);
+  EXPECT_EQ(internal::basis_text(s), "rounds (2 of 3 samples)");
+  // The control: newer files set its ratio to 1 (its median_ms is its quiet time) while its
+  // own ratios spread around another median; its whisker is that spread, through its bar.
+  BenchmarkData control = b;
+  control.ratios = {0.2, 0.9, 3.0};
+  control.ratio = 1;
+  control.median_ms = 0.5;
+  s = internal::spread_of(control);
+  EXPECT_DOUBLE_EQ(s.median, 0.5);
+  EXPECT_DOUBLE_EQ(s.q1, 0.5 * 0.2 / 0.9);
+  EXPECT_DOUBLE_EQ(s.q3, 0.5 * 3.0 / 0.9);
+  // No accepted round: the raw samples' median and quartiles.
+  b.ratios = {std::nan(""), std::nan(""), std::nan("")};
+  b.median_ms = 1.2;
+  s = internal::spread_of(b);
+  EXPECT_EQ(s.basis, internal::Spread::Basis::kSamples);
+  EXPECT_DOUBLE_EQ(s.q1, 1.0);
+  EXPECT_DOUBLE_EQ(s.q3, 5.0);
+  // An older file: no samples, the median and its IQR.
+  BenchmarkData old;
+  old.median_ms = 2;
+  old.iqr_ms = 0.5;
+  s = internal::spread_of(old);
+  EXPECT_EQ(s.basis, internal::Spread::Basis::kFile);
+  EXPECT_DOUBLE_EQ(s.q1, 1.75);
+  EXPECT_DOUBLE_EQ(s.q3, 2.25);
+  // Whatever the ratios, the median stays within its quartiles (rank, not interpolation).
+  for (int n = 1; n <= 9; ++n) {
+    BenchmarkData k;
+    for (int i = 0; i < n; ++i) {
+      k.ratios.push_back(1 + 0.37 * ((i * 7) % n));
+      k.samples_ms.push_back(1);
+      k.sample_rounds.push_back(i);
+    }
+    std::vector<double> sorted = k.ratios;
+    std::sort(sorted.begin(), sorted.end());
+    k.ratio = sorted[(sorted.size() - 1) / 2];
+    k.median_ms = k.ratio * 0.123;
+    const internal::Spread p = internal::spread_of(k);
+    EXPECT_LE(p.q1, p.median) << n;
+    EXPECT_LE(p.median, p.q3) << n;
+  }
+}
+
+// The roofline's labels: each roof drawn in its own style, no label covering another label or a
+// marker, no roof line through a roof's label.
+void expect_clear_roofline(const internal::BenchInput& b) {
+  std::vector<int> numbers;
+  std::vector<std::string> specs;
+  for (const internal::BenchRowIn& r : b.rows) {
+    auto it = std::find(specs.begin(), specs.end(), r.spec);
+    if (it == specs.end()) it = specs.insert(specs.end(), r.spec);
+    numbers.push_back(static_cast<int>(it - specs.begin()) + 1);
+  }
+  const internal::RooflineLayout l = internal::roofline_layout(b, numbers);
+  std::set<std::string> dashes;
+  for (const internal::RoofLine& r : l.roofs) {
+    EXPECT_TRUE(dashes.insert(r.dash).second) << r.name << " shares its dashes";
+  }
+  std::vector<internal::PlacedLabel> labels = l.roof_labels;
+  labels.insert(labels.end(), l.point_labels.begin(), l.point_labels.end());
+  for (size_t i = 0; i < labels.size(); ++i) {
+    for (size_t j = i + 1; j < labels.size(); ++j) {
+      EXPECT_FALSE(labels[i].box.overlaps(labels[j].box))
+          << "'" << labels[i].text << "' and '" << labels[j].text << "' overlap";
+    }
+    for (const Box& m : l.markers) {
+      EXPECT_FALSE(labels[i].box.overlaps(m)) << "'" << labels[i].text << "' covers a marker";
+    }
+  }
+  for (const internal::PlacedLabel& p : l.roof_labels) {
+    for (const internal::RoofLine& r : l.roofs) {
+      EXPECT_FALSE(r.drawn && crosses(p.box, r.x0, r.y0, r.x1, r.y1))
+          << r.name << " crosses '" << p.text << "'";
+    }
+  }
+  // Every roof drawn has its label beside it.
+  const auto drawn = std::count_if(l.roofs.begin(), l.roofs.end(),
+                                   [](const internal::RoofLine& r) { return r.drawn; });
+  EXPECT_EQ(static_cast<long>(l.roof_labels.size()), drawn);
+  EXPECT_EQ(l.point_labels.size() + static_cast<size_t>(l.unlabelled), l.markers.size());
+}
+
+TEST_F(ReportTest, RooflineLabelsDoNotOverlap) {
+  // Real `tokamax bench --tag smoke -o` output: 80 rows of 11 op families.
+  const internal::Loaded real = internal::load_all({{}, {fixture("smoke_bench.json")}, {}});
+  ASSERT_EQ(real.benches.size(), 1u);
+  expect_clear_roofline(real.benches[0]);
+  EXPECT_EQ(real.benches[0].rows.size(), 80u);
+  // Close roofs (memory read and copy 5% apart, the compute roofs 10%) and a crowd of points
+  // at one place: labels move or are left out, never overlap.
+  internal::BenchInput crowded;
+  crowded.ceilings = {115, 127, 21.4, 22.4, "", 2, false};
+  for (int i = 0; i < 30; ++i) {
+    internal::BenchRowIn r;
+    r.spec = "s";  // (in two steps: GCC 12 warns -Wrestrict on "s" + to_string(...) here)
+    r.spec += std::to_string(i % 12);
+    r.implementation = i % 3 == 0 ? "native" : i % 3 == 1 ? "native:packed" : "blas";
+    r.median_ms = 1;
+    r.flops = 1e6 * (1 + 0.01 * i);
+    r.bytes = 1e5;
+    r.gflops = 20 + 0.1 * i;
+    crowded.rows.push_back(r);
+  }
+  expect_clear_roofline(crowded);
+}
+
+// Every label of every chart lies within its chart and covers no other: long configs, keys and
+// tags are cut (their full text in a tooltip) or the label column widens, never cut off by the
+// chart's edge; value axes get fewer ticks when the plot is narrow.
+TEST_F(ReportTest, EveryChartLabelFitsItsChart) {
+  // A trace whose key label is long, and the real inputs.
+  Json event = trace_event("a_rung_with_a_long_name_from_a_future_version", 3, 1234567);
+  Json payload = Json::parse(event["args"]["payload"].get<std::string>().substr(8));
+  for (int i = 0; i < 12; ++i) payload["arguments"]["x" + std::to_string(i)] = "f32[4096,4096]";
+  event["args"]["payload"] = "tokamax:" + payload.dump();
+  const std::string trace = write("long.json", Json({{"traceEvents", {event}}}).dump());
+  const Report r = build_report({{fixture("ragged_dot_smoke_result.json"), result_file()},
+                                 {fixture("smoke_bench.json")},
+                                 {trace, trace_file()}},
+                                {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty());
+  static const std::regex svg_re("<svg [^>]*width=\"([^\"]*)\"[^>]*>(.*?)</svg>");
+  static const std::regex text_re("<text ([^>]*)>(?:<title>([^<]*)</title>)?([^<]*)</text>");
+  static const std::regex attr_re("([a-z-]+)=\"([^\"]*)\"");
+  int charts = 0, texts = 0, titled = 0;
+  for (auto s = std::sregex_iterator(r.html.begin(), r.html.end(), svg_re);
+       s != std::sregex_iterator(); ++s, ++charts) {
+    const double width = std::stod((*s)[1]);
+    const std::string body = (*s)[2];
+    std::vector<std::pair<Box, std::string>> boxes;
+    for (auto t = std::sregex_iterator(body.begin(), body.end(), text_re);
+         t != std::sregex_iterator(); ++t) {
+      std::map<std::string, std::string> a;
+      const std::string attrs = (*t)[1];
+      for (auto m = std::sregex_iterator(attrs.begin(), attrs.end(), attr_re);
+           m != std::sregex_iterator(); ++m)
+        a[(*m)[1]] = (*m)[2];
+      if (a.count("transform")) continue;  // the rotated axis title
+      TextStyle st;
+      st.size = std::stod(a["font-size"]);
+      st.bold = a.count("font-weight") > 0;
+      st.monospace = a.count("font-family") > 0;
+      st.anchor = a["text-anchor"] == "end"      ? TextStyle::Anchor::kEnd
+                  : a["text-anchor"] == "middle" ? TextStyle::Anchor::kMiddle
+                                                 : TextStyle::Anchor::kStart;
+      // Entities count as the one character they stand for.
+      const std::string shown =
+          std::regex_replace(std::string((*t)[3]), std::regex("&[^;]+;"), "x");
+      const Box b = text_box(std::stod(a["x"]), std::stod(a["y"]), shown, st);
+      EXPECT_GE(b.x0, 0) << shown;
+      EXPECT_LE(b.x1, width) << shown;
+      // Nor does a label cover another one of its chart (tick labels, row labels, tags,
+      // legends, a roofline's labels).
+      for (const auto& [other, text] : boxes) {
+        EXPECT_FALSE(b.overlaps(other)) << "'" << shown << "' and '" << text << "' overlap";
+      }
+      boxes.emplace_back(b, shown);
+      ++texts;
+      titled += (*t)[2].matched;
+    }
+  }
+  EXPECT_GE(charts, 1 + 2 + 6 + 2);  // a roofline, two traces, the keys of two result files
+  EXPECT_GT(texts, 200);
+  EXPECT_GT(titled, 0);  // the long trace label, cut, with its full text as a tooltip
+  EXPECT_NE(r.html.find("<title>fake/one_field f32[64] x f32[4096,4096] x"), std::string::npos);
+}
+
+TEST_F(ReportTest, BenchWarningsBusyCeilingsAndCacheStates) {
+  Json rows = Json::array({bench_row("big", "native", 2), bench_row("big", "blas", 3),
+                           bench_row("tiny", "native", 0.01)});
+  rows[0]["cache_state"] = "cold";
+  rows[1]["cache_state"] = "warm";
+  rows[2]["cache_state"] = "";  // not said (bench writes it so for a row that failed)
+  const Json doc = {{"roofline", {{"f32_fma_gflops_all", 400.0}, {"busy", true}}},
+                    {"warnings",
+                     {"machine busy: load 3.2 on 2 cores <b>",
+                      "f32_fma ceiling 27.4 GFLOP/s is 76% below the shipped 115"}},
+                    {"command", "tokamax bench --op x -o b.json"},
+                    {"rows", rows}};
+  const Report r = build_report({{}, {write("w.json", doc.dump())}, {}}, {"cmd", "now"});
+  EXPECT_TRUE(r.skipped.empty()) << r.skipped[0];
+  const std::string& h = r.html;
+  EXPECT_EQ(xml_problem(h), "");
+  // The warnings first, before the headline.
+  const size_t warnings = h.find("id=\"warnings\""), headline = h.find("id=\"headline\"");
+  ASSERT_NE(warnings, std::string::npos);
+  EXPECT_LT(warnings, headline);
+  for (const char* s : {"machine busy: load 3.2 on 2 cores &lt;b&gt;",
+                        "f32_fma ceiling 27.4 GFLOP/s is 76% below the shipped 115",
+                        "the machine was busy while its ceilings were measured"}) {
+    const size_t at = h.find(s);
+    EXPECT_NE(at, std::string::npos) << s;
+    EXPECT_LT(at, headline) << s;
+  }
+  // Cold or warm per row, in the headline and the detail table; the ceiling used.
+  EXPECT_NE(h.find("<td class=\"n\">2 cold</td><td><b>1.5x</b> faster than blas (3 ms)</td>"
+                   "<td>50% of f32_fma 400 GFLOP/s</td>"),
+            std::string::npos);
+  EXPECT_NE(h.find("<th>cache</th>"), std::string::npos);
+  EXPECT_NE(h.find("<td>warm</td>"), std::string::npos);
+  EXPECT_NE(h.find("<td>native</td><td class=\"n\">0.01</td><td class=\"n\">0.001</td><td>-</td>"),
+            std::string::npos);  // the tiny row says neither
+  EXPECT_NE(h.find("on a machine it judged busy"), std::string::npos);
+  // One tiny spec of two: named as such, the other not.
+  EXPECT_NE(h.find("1 of the 2 specs of"), std::string::npos);
+  EXPECT_NE(h.find("<td>tiny</td><td><b>native</b></td>"), std::string::npos);
+  EXPECT_NE(h.find("<td>tiny: for checking the tools only</td>"), std::string::npos);
+  EXPECT_NE(h.find("<th>note</th>"), std::string::npos);
+
+  // Without the new fields (older files) nothing is said; with a wrong type or value, the file
+  // is skipped, saying which field.
+  const Json plain = {{"rows", {bench_row("big", "native", 2)}}};
+  const Report p = build_report({{}, {write("p.json", plain.dump())}, {}}, {"cmd", "now"});
+  EXPECT_EQ(p.html.find("id=\"warnings\""), std::string::npos);
+  EXPECT_EQ(p.html.find("<th>cache</th>"), std::string::npos);
+  EXPECT_EQ(p.html.find("Shapes too small"), std::string::npos);
+  const std::vector<std::pair<Json, std::string>> bad = {
+      {{{"warnings", "busy"}, {"rows", rows}}, "'warnings' is not a list of strings"},
+      {{{"warnings", {"busy", 3}}, {"rows", rows}}, "'warnings' item 1 is not a string"},
+      {{{"roofline", {{"busy", "yes"}}}, {"rows", rows}}, "'roofline.busy' is not true or false"},
+      {{{"rows", {bench_row("a", "native", 1), bench_row("a", "blas", 1)}}}, ""},
+  };
+  for (const auto& [d, why] : bad) {
+    const Report b = build_report(
+        {{}, {write("bad.json", d.dump()), write("p.json", plain.dump())}, {}}, {"cmd", "now"});
+    if (why.empty()) {
+      EXPECT_TRUE(b.skipped.empty());
+      continue;
+    }
+    ASSERT_EQ(b.skipped.size(), 1u) << why;
+    EXPECT_NE(b.skipped[0].find(why), std::string::npos) << b.skipped[0];
+  }
+  for (const auto& [value, why] : std::vector<std::pair<Json, std::string>>{
+           {3, "row 1: 'cache_state' is not a string"},
+           {"hot", "row 1: 'cache_state' is \"hot\", expected \"warm\" or \"cold\""}}) {
+    Json rs = rows;
+    rs[1]["cache_state"] = value;
+    const Report b = build_report(
+        {{}, {write("bad.json", Json({{"rows", rs}}).dump()), write("p.json", plain.dump())}, {}},
+        {"cmd", "now"});
+    ASSERT_EQ(b.skipped.size(), 1u) << why;
+    EXPECT_NE(b.skipped[0].find(why), std::string::npos) << b.skipped[0];
+  }
+}
+
+// A file may hold any number of warnings of any length: the page shows a bounded part.
+TEST_F(ReportTest, ManyLongWarningsAreBounded) {
+  Json warnings = Json::array();
+  for (int i = 0; i < 500; ++i) warnings.push_back(std::string(2000, 'w') + std::to_string(i));
+  const Json doc = {{"warnings", warnings}, {"rows", {bench_row("big", "native", 2)}}};
+  const Report r = build_report({{}, {write("many.json", doc.dump())}, {}}, {"cmd", "now"});
+  EXPECT_EQ(xml_problem(r.html), "");
+  EXPECT_LT(r.html.size(), 100000u);
+  EXPECT_NE(r.html.find("480 more warnings not shown"), std::string::npos);
 }
 
 TEST(XmlProblem, CatchesWhatItLooksFor) {

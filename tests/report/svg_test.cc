@@ -70,6 +70,59 @@ TEST(Svg, LabelsAndTooltipsAreEscaped) {
   EXPECT_EQ(s.rfind("</svg>"), s.size() - 6);
 }
 
+TEST(Svg, TextTooltipsAndGroupsAreEscaped) {
+  Svg svg(100, 50, "t");
+  svg.open_group({{"class", "candidate"}, {"data-median", "1\" onload=\"x"}});
+  svg.text(10, 10, "short...", {}, "the full <text> & more");
+  svg.close_group();
+  const std::string s = svg.str();
+  EXPECT_NE(s.find("<g class=\"candidate\" data-median=\"1&quot; onload=&quot;x\">"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("><title>the full &lt;text&gt; &amp; more</title>short...</text></g>"),
+            std::string::npos)
+      << s;
+}
+
+TEST(SvgLayout, TextBoxesFollowTheAnchorAndTheFont) {
+  TextStyle t;
+  t.size = 10;
+  EXPECT_DOUBLE_EQ(text_width("abcd", t), 4 * 0.62 * 10);
+  EXPECT_DOUBLE_EQ(text_width("\xC2\xB5s", t), 2 * 0.62 * 10);  // characters, not bytes
+  t.monospace = true;
+  EXPECT_DOUBLE_EQ(text_width("abcd", t), 4 * 0.61 * 10);
+  t.monospace = false;
+  t.bold = true;
+  EXPECT_GT(text_width("abcd", t), 4 * 0.62 * 10);
+  t.bold = false;
+  const Box start = text_box(100, 50, "abcd", t);
+  EXPECT_DOUBLE_EQ(start.x0, 100);
+  EXPECT_DOUBLE_EQ(start.x1, 124.8);
+  EXPECT_DOUBLE_EQ(start.y0, 44);  // centred on y: 1.2 em high
+  EXPECT_DOUBLE_EQ(start.y1, 56);
+  t.anchor = TextStyle::Anchor::kEnd;
+  EXPECT_DOUBLE_EQ(text_box(100, 50, "abcd", t).x1, 100);
+  t.anchor = TextStyle::Anchor::kMiddle;
+  EXPECT_DOUBLE_EQ(text_box(100, 50, "abcd", t).x0, 87.6);
+}
+
+TEST(SvgLayout, BoxesOverlapAndSegmentsCross) {
+  const Box b{10, 10, 20, 20};
+  EXPECT_TRUE(b.overlaps({15, 15, 30, 30}));
+  EXPECT_FALSE(b.overlaps({20, 10, 30, 20}));  // touching edges only
+  EXPECT_FALSE(b.overlaps({21, 0, 30, 30}));
+  EXPECT_TRUE(b.inside({0, 0, 20, 20}));
+  EXPECT_FALSE(b.inside({0, 0, 19, 20}));
+  EXPECT_TRUE(crosses(b, 0, 0, 30, 30));    // through the middle
+  EXPECT_TRUE(crosses(b, 15, 15, 16, 16));  // wholly inside
+  EXPECT_TRUE(crosses(b, 0, 15, 30, 15));   // horizontal, through
+  EXPECT_FALSE(crosses(b, 0, 10, 30, 10));  // along an edge
+  EXPECT_FALSE(crosses(b, 0, 0, 30, 5));    // above
+  EXPECT_FALSE(crosses(b, 0, 19, 19, 0));   // passes the corner (10, 10) outside
+  EXPECT_TRUE(crosses(b, 0, 35, 35, 0));    // cuts the box (x + y = 35)
+  EXPECT_FALSE(crosses(b, 0, 15, 5, 15));   // stops short
+}
+
 TEST(Scale, LinearMapsEndsAndMiddleAndCanRunUpwards) {
   const Scale x = Scale::linear(0, 10, 100, 300);
   EXPECT_DOUBLE_EQ(x(0), 100);
