@@ -10,16 +10,26 @@ build: deps
 	cmake --build build/release -j$(JOBS)
 
 # Device, then tune and benchmark the smoke specs (user cache in build/ so runs stay local), trace
-# the example MoE block, and write a report of all three: build/report.html.
-run: build
-	build/release/tokamax device
-	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache build/release/tokamax autotune --tag smoke --into-cache \
-	  -o build/autotune_smoke.json
-	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache build/release/tokamax bench --tag smoke \
-	  -o build/bench_smoke.json
-	TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache TOKAMAX_LOG=error TOKAMAX_TRACE=build/trace_moe_block.json \
+# the example MoE block, and write a report of all three: build/report.html. Builds only what it
+# runs (the command and the example), with a heading per phase, and ends with the report's summary.
+RUN_ENV = TOKAMAX_CACHE_DIR=$(CURDIR)/build/cache
+run: deps
+	@echo "== build: the tokamax command and the MoE example"
+	@cmake --preset release >/dev/null
+	@cmake --build build/release -j$(JOBS) --target tokamax_cli moe_block | tail -n 1
+	@echo "== device: this CPU and its measured ceilings"
+	@$(RUN_ENV) build/release/tokamax device --roofline
+	@echo "== autotune: the smoke specs (small shapes that check the tools), one line per key"
+	@$(RUN_ENV) build/release/tokamax autotune --tag smoke --into-cache -o build/autotune_smoke.json
+	@echo "== bench: every implementation of the smoke specs side by side"
+	@$(RUN_ENV) build/release/tokamax bench --tag smoke -o build/bench_smoke.json > build/bench_smoke.txt
+	@echo "   $$(($$(wc -l < build/bench_smoke.txt) - 2)) rows: build/bench_smoke.txt"
+	@echo "== trace: two steps of the example MoE block"
+	@$(RUN_ENV) TOKAMAX_LOG=error TOKAMAX_TRACE=build/trace_moe_block.json \
 	  build/release/examples/moe_block --steps 2 >/dev/null
-	build/release/tokamax report build/autotune_smoke.json --bench build/bench_smoke.json \
+	@echo "   build/trace_moe_block.json"
+	@echo "== report"
+	@build/release/tokamax report build/autotune_smoke.json --bench build/bench_smoke.json \
 	  --trace build/trace_moe_block.json -o build/report.html
 	@echo "open $(CURDIR)/build/report.html"
 

@@ -468,6 +468,9 @@ std::vector<BenchRow> run_bench(const std::string& op, const std::vector<ArgSpec
                                 const std::vector<std::string>& impls, const BenchOptions& opts) {
   check_bench_options(opts);
   check_row_names(op, specs, impls);
+  // Each row's config source is in its row ("(heuristics)" for a miss), and a composed row's
+  // inner op calls are its implementation's business: no miss warnings on top.
+  QuietMissesScope quiet;
   // The read ceiling for memory-bound specs is timed in the same rounds as their rows (below);
   // the process-wide roofline figure can be minutes old, and this machine's bandwidth is not
   // steady over minutes. The probe exists before the roofline is measured, which then streams

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "report/report.h"
@@ -204,8 +205,9 @@ std::string short_key(const tk::BoundArguments& b) {
   return s.size() > 56 ? s.substr(0, 53) + "..." : s;
 }
 
-// One line per key: what was stored, its ratio to the heuristics config with the interval,
-// whether that is confident, and the time the key took.
+// One line per tuned key: what was stored and its time, its ratio to the heuristics config with
+// the interval (or why the heuristics config was kept), how many configs, how long. Keys with a
+// single config (nothing to tune) are counted, not listed.
 void print_key_line(const tk::BoundArguments& b, const tk::AutotuningData& d) {
   const std::string what = fmt::format("{}/{} {}", b.family(), b.implementation(), short_key(b));
   int failed = 0, ok = 0;
@@ -217,25 +219,26 @@ void print_key_line(const tk::BoundArguments& b, const tk::AutotuningData& d) {
   }
   const auto& best = d.fastest();
   const tk::BenchmarkData& bd = *best.benchmark;
-  if (ok == 1) {
-    fmt::print("{}: {} at {:.4g} ms, the only config{}\n", what, best.config.str(), bd.median_ms,
-               fails);
-    return;
-  }
-  std::string verdict = "winner by the raw medians (no rounds against a control)";
+  std::string verdict = "chosen by the raw medians (no rounds against a control)";
   double spent_s = 0;
   if (bd.evidence) {
     const tk::TuningEvidence& ev = *bd.evidence;
     spent_s = ev.details.value("tuning_s", 0.0);
-    const bool heuristics_kept = d.heuristics() && best.config.str() == d.heuristics()->str();
-    if (heuristics_kept && ev.best != best.config.str())
-      verdict = "kept the heuristics config; best other " + ev.summary();
-    else if (heuristics_kept)
-      verdict = "kept the heuristics config: " + ev.summary();
-    else
+    const bool kept = d.heuristics() && best.config.str() == d.heuristics()->str();
+    if (!kept || ev.details.contains("kept_because")) {
       verdict = ev.summary();
+    } else if (ev.best == best.config.str()) {
+      verdict =
+          fmt::format("the heuristics config kept, the fastest finalist ({} rounds)", ev.rounds);
+    } else {
+      verdict = fmt::format(
+          "the heuristics config kept; best other {:.3f}x [{:.3f}, {:.3f}] ({} rounds), {}",
+          ev.ratio, ev.lo, ev.hi, ev.rounds,
+          ev.hi < 1 - ev.tie ? "too few rounds to be confident"
+                             : "within the " + ev.tie_window_text() + " tie window");
+    }
   }
-  fmt::print("{}: {} at {:.4g} ms; {}; {} configs{}{}\n", what, best.config.str(), bd.median_ms,
+  fmt::print("{}: {} {:.4g} ms; {}; {} configs{}{}\n", what, best.config.str(), bd.median_ms,
              verdict, ok + failed, fails,
              spent_s > 0 ? fmt::format(", {:.1f} s", spent_s) : std::string());
 }
@@ -282,7 +285,24 @@ void print_key_table(const tk::BoundArguments& b, const tk::AutotuningData& d) {
 }
 
 void print_result(const tk::AutotuningResult& r, bool verbose) {
-  for (const auto& [b, d] : r.data()) (verbose ? print_key_table : print_key_line)(b, d);
+  std::map<std::string, int> single;  // family/implementation -> keys with one config
+  for (const auto& [b, d] : r.data()) {
+    int configs = 0;
+    for (const auto& [k, e] : d.entries()) configs += e.benchmark ? 1 : 0;
+    if (!verbose && configs == 1 && d.entries().size() == 1) {
+      ++single[b.family() + "/" + b.implementation()];
+      continue;
+    }
+    (verbose ? print_key_table : print_key_line)(b, d);
+  }
+  if (single.empty()) return;
+  std::vector<std::string> parts;
+  int n = 0;
+  for (const auto& [name, count] : single) {
+    parts.push_back(fmt::format("{} {}", name, count));
+    n += count;
+  }
+  fmt::print("{} keys have a single config (nothing to tune): {}\n", n, tk::join(parts, ", "));
 }
 
 // autotune --into-cache: the directory the winners go to (DIR/<device kind>/, made if missing)
@@ -536,6 +556,15 @@ int cmd_bench(Args& a) {
                                                 : tk::cli::bench_warnings(roof);
   for (const std::string& w : warnings) fmt::print(stderr, "warning: {}\n", w);
   tk::remember_ceilings(roof);
+  const auto untuned = std::count_if(
+      rows.begin(), rows.end(), [](const tk::cli::BenchRow& r) { return r.rung == "heuristics"; });
+  if (untuned > 0) {
+    fmt::print(stderr,
+               "note: {} rows ran with heuristics configs (their keys are not in the tuning "
+               "data); `tokamax autotune` with the same --op/--spec/--tag and --into-cache "
+               "tunes them\n",
+               untuned);
+  }
   if (a.json) {
     std::cout << doc.dump(2) << "\n";
   } else {
@@ -574,7 +603,8 @@ int cmd_report(Args& a) {
       tk::report::build_report(in, {tk::cli::command_line(), tk::utc_now()});
   for (const std::string& why : r.skipped) fmt::print(stderr, "warning: skipped {}\n", why);
   tk::write_file_atomic(a.out_path, r.html);
-  fmt::print("report: {} ({} inputs used, {} skipped)\n", a.out_path, r.used, r.skipped.size());
+  fmt::print("{}report: {} ({} inputs used, {} skipped)\n", r.summary, a.out_path, r.used,
+             r.skipped.size());
   return 0;
 }
 

@@ -87,8 +87,7 @@ std::string TuningEvidence::summary() const {
     return "the heuristics config, kept unmeasured against the others: " +
            details["kept_because"].get<std::string>();
   if (details.contains("control") && details["control"] == best)
-    return fmt::format("the control (the heuristics config) was the fastest finalist ({} rounds)",
-                       rounds);
+    return fmt::format("the heuristics config was the fastest finalist ({} rounds)", rounds);
   std::string s =
       fmt::format("{:.3f}x the heuristics config [{:.3f}, {:.3f}] ({:.0f}% CI, {} rounds)", ratio,
                   lo, hi, confidence * 100, rounds);

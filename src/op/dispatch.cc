@@ -49,7 +49,7 @@ class MissLog {
       first = keys_.empty();
       keys_.push_back({family.name(), impl.name(), bound.key()});
     }
-    if (first) {
+    if (first && log_enabled("autotune", LogLevel::kWarning)) {
       log_message("autotune", LogLevel::kWarning, miss_warning(family, impl));
     }
     TOKAMAX_LOG("autotune", kDebug,

@@ -65,10 +65,11 @@ std::string head(const About& about) {
   return h;
 }
 
-std::string page(const Loaded& l, const About& about) {
-  // Tuned keys, gathered once: the headline and the details use the same views.
+std::string page(const Loaded& l, const About& about, std::string* summary) {
+  // Tuned keys, gathered once: the headline, the details and the summary use the same views.
   const internal::KeyLabels key_labels = internal::key_labels_of(l);
   const std::vector<internal::KeyView> keys = internal::key_views(l, key_labels);
+  *summary = internal::summary_text(l, keys);
   // What was measured and what won first; how, then where from, after.
   std::string h = head(about);
   h += internal::warnings_part(l);
@@ -94,7 +95,7 @@ Report build_report(const Inputs& inputs, const About& about) {
   if (r.used == 0) {
     throw InvalidArgument("report: none of the inputs can be used:\n  " + join(r.skipped, "\n  "));
   }
-  r.html = page(l, about);
+  r.html = page(l, about, &r.summary);
   return r;
 }
 

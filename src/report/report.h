@@ -36,6 +36,8 @@ struct Report {
   // lists them too.
   std::vector<std::string> skipped;
   int used = 0;  // inputs that went into the page
+  // The headline as plain text (`tokamax report` prints it; `make run` ends with it).
+  std::string summary;
 };
 
 // InvalidArgument when no input is given, or when none of them can be used (naming each one

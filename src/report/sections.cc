@@ -150,21 +150,22 @@ std::string tiny_note(const BenchInput& b, const std::vector<SpecHeadline>& head
              num(kTinyMs * 1e3));
 }
 
-std::string findings_text(const TuningFindings& f) {
+// What tuning found, as a sentence (the page and the console summary).
+std::string findings_sentence(const TuningFindings& f) {
   auto n = [](int k, const char* one, const char* many) {
     return fmt::format("{} {}", k, k == 1 ? one : many);
   };
-  std::string s = "<p><b>What tuning found</b>: " + n(f.keys, "key", "keys") + " tuned; ";
+  std::string s = n(f.keys, "key", "keys") + " tuned; ";
   if (f.confident > 0) {
     std::vector<double> sp = f.speedups;
     std::sort(sp.begin(), sp.end());
     const double median = sp[(sp.size() - 1) / 2];
     s += fmt::format(
-        "<b>{} stored a config confidently faster than the heuristics config</b> ({} to {}x "
-        "as fast, median {}x)",
+        "{} stored a config confidently faster than the heuristics config ({} to {}x as fast, "
+        "median {}x)",
         f.confident, num(sp.front(), 3), num(sp.back(), 3), num(median, 3));
   } else {
-    s += "<b>none found a config confidently faster than the heuristics config</b>";
+    s += "none found a config confidently faster than the heuristics config";
   }
   std::vector<std::string> rest;
   if (f.kept > 0) rest.push_back(fmt::format("{} kept the heuristics config", f.kept));
@@ -175,7 +176,11 @@ std::string findings_text(const TuningFindings& f) {
         "{} picked a config by median alone (no tuning evidence in the file)", f.unproven));
   if (f.failed > 0) rest.push_back(fmt::format("{} had no config that succeeded", f.failed));
   if (!rest.empty()) s += "; " + join(rest, "; ");
-  return s + ".</p>";
+  return s + ".";
+}
+
+std::string findings_text(const TuningFindings& f) {
+  return "<p><b>What tuning found</b>: " + esc(findings_sentence(f)) + "</p>";
 }
 
 // The keys where tuning changed the config, fastest speed-up first (at most kMaxWins).
@@ -644,6 +649,50 @@ std::string inputs_part(const Loaded& l) {
   h += inputs_table(l);
   if (!l.benches.empty()) h += ceilings_table(l.benches);
   return h;
+}
+
+// A string from an input file, safe on a terminal: control characters (escape sequences
+// included) shown as '?'.
+std::string plain(std::string s) {
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return s;
+}
+
+std::string summary_text(const Loaded& l, const std::vector<KeyView>& keys) {
+  constexpr size_t kMaxRows = 16;
+  std::string s;
+  for (const BenchInput& b : l.benches) {
+    const Ceilings& k = b.ceilings;
+    s += fmt::format("{} on {}: f32_fma {} GFLOP/s", plain(b.path), plain(b.device_kind),
+                     num(k.f32));
+    if (k.bf16 > 0) s += ", bf16_dot " + num(k.bf16) + " GFLOP/s";
+    s += ", mem_read " + num(k.read) + " GB/s, mem_copy " + num(k.copy) + " GB/s\n";
+    for (const std::string& w : b.warnings) s += "  warning: " + plain(w) + "\n";
+    const std::vector<SpecHeadline> heads = spec_headlines(b);
+    const bool all_tiny =
+        std::all_of(heads.begin(), heads.end(), [](const SpecHeadline& h) { return h.tiny; });
+    s += all_tiny ? "  fastest per spec (shapes too small for conclusions: they check the tools)\n"
+                  : "  fastest per spec\n";
+    size_t shown = 0;
+    for (const SpecHeadline& h : heads) {
+      if (!h.best) continue;
+      if (shown++ == kMaxRows) break;
+      const BenchRowIn& r = *h.best;
+      const std::string vs =
+          h.baseline ? fmt::format("{}x {}", num(h.baseline->median_ms / r.median_ms, 3),
+                                   plain(h.baseline->implementation))
+                     : "-";
+      const std::string pct = r.peak.empty() ? "-" : num(r.pct, 3) + "% " + plain(r.peak);
+      s += fmt::format("  {:<32.32} {:<14.14} {:>9} ms  {:<22.22} {}{}\n", plain(h.spec),
+                       plain(r.implementation), num(r.median_ms), vs, pct,
+                       h.tiny && !all_tiny ? "  (tiny)" : "");
+    }
+    if (shown > kMaxRows) s += fmt::format("  ... {} specs in all: see the report\n", heads.size());
+  }
+  if (!keys.empty()) s += "tuning: " + findings_sentence(tuning_findings(keys)) + "\n";
+  return s;
 }
 
 }  // namespace tokamax::report::internal

@@ -51,5 +51,8 @@ std::string charts_part(const Loaded& l, const KeyLabels& key_labels);
 std::string details_part(const Loaded& l, const std::vector<KeyView>& keys);
 // The inputs with their provenance, and the bench documents' ceilings.
 std::string inputs_part(const Loaded& l);
+// What won, as plain text for a console: per bench document its ceilings, warnings and the
+// fastest row of each spec (at most 16), and what tuning found.
+std::string summary_text(const Loaded& l, const std::vector<KeyView>& keys);
 
 }  // namespace tokamax::report::internal

@@ -170,6 +170,14 @@ TEST_F(ReportTest, RendersEverySectionWithTheFiguresBehindItsCharts) {
   EXPECT_GT(h.find("<caption>Tuned keys</caption>"), details);
   EXPECT_GT(h.find("<caption>Every row of "), details);
 
+  // The same headline as console text (`tokamax report` prints it, `make run` ends with it).
+  for (const char* s :
+       {"fastest per spec (shapes too small for conclusions", "native:packed", "2.5x blas",
+        "50% f32_fma", "tuning: 2 keys tuned; 1 stored a config confidently faster"})
+    EXPECT_NE(r.summary.find(s), std::string::npos) << s << "\n" << r.summary;
+  EXPECT_EQ(r.summary.find("&lt;"), std::string::npos) << r.summary;  // text, not HTML
+  EXPECT_EQ(r.summary.find("<b>"), std::string::npos) << r.summary;
+
   // Headline: per spec the fastest implementation, its ratio to the fastest other
   // implementation (native:packed is native's variant, so blas is its baseline), its share of
   // the ceiling it names; the ceilings; the smoke note; what tuning found.
@@ -182,8 +190,8 @@ TEST_F(ReportTest, RendersEverySectionWithTheFiguresBehindItsCharts) {
         "f32_fma 400 GFLOP/s, bf16_dot 200 GFLOP/s (amx), mem_read 50 GB/s, mem_copy 40 GB/s",
         "Shapes too small for conclusions.", "are smoke specs or calls under 50 us",
         "<th>% of its ceiling</th></tr>",  // no note column: the note above says all are tiny
-        "<b>What tuning found</b>: 2 keys tuned; <b>1 stored a config confidently faster than "
-        "the heuristics config</b>",
+        "<b>What tuning found</b>: 2 keys tuned; 1 stored a config confidently faster than "
+        "the heuristics config (",
         "1 kept the heuristics config", "Keys where tuning stored a faster config"})
     EXPECT_NE(head.find(s), std::string::npos) << s << "\n" << head;
 
