@@ -21,6 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::expect_ok_or_invalid([&] {
     const report::Report r = report::build_report({{path}, {path}, {path}}, {"fuzz", "now"});
     if (!testing::xml_problem(r.html).empty()) __builtin_trap();
+    // The console summary carries no control character from a file (an escape sequence).
+    for (const char c : r.summary) {
+      if ((static_cast<unsigned char>(c) < 0x20 && c != '\n') || c == 0x7f) __builtin_trap();
+    }
   });
   return 0;
 }

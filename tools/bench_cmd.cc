@@ -26,23 +26,6 @@ std::vector<BoundArguments> load_bound_args_file(const std::string& file) {
   return list;
 }
 
-// The bytes of a call's tensors, each input read once and each output written once: the least
-// any implementation moves. The roofline's x for rows whose family counts no traffic of its
-// own (compute-bound calls, where the ceiling is the FMA's and the bytes only place the row).
-double tensor_bytes(const CallBase& call) {
-  double bytes = 0;
-  for (const auto& [name, v] : call.bound.arguments().items()) {
-    if (!v.is_string() || v.get<std::string>().find('[') == std::string::npos) continue;
-    try {
-      bytes += static_cast<double>(ShapeDtype::parse(v.get<std::string>()).bytes());
-    } catch (const InvalidArgument&) {
-      // A string that is not a shape (an option's value): not a tensor.
-    }
-  }
-  for (const TensorView& o : call.outputs) bytes += static_cast<double>(o.spec().bytes());
-  return bytes;
-}
-
 // The bytes a spec's call allocates: its tensor arguments and its outputs (the inputs alone
 // when the outputs' specs cannot be worked out).
 int64_t spec_bytes(const OpFamily& fam, const Json& arguments) {
@@ -332,10 +315,7 @@ std::vector<BenchRow> SpecBench::run(const std::vector<std::string>& impls_in,
   // A small op's inputs were just written by the op before it: a model calls it warm, and a
   // flush before every call measured a 77-element layer_norm at 0.5 ms (the workers' wake-up
   // and DRAM latency, not the kernel). What moves at least one core's L2 streams from memory.
-  const double bytes = cost_.bytes > 0 ? cost_.bytes : tensor_bytes(*call_);
-  cold_ = opts.cache_state == "cold" ||
-          (opts.cache_state == "auto" && mem_ &&
-           bytes >= static_cast<double>(std::max<int64_t>(device_info().l2_bytes, 256 << 10)));
+  cold_ = opts.cache_state == "cold" || (opts.cache_state == "auto" && measured_cold(fam_, *call_));
   for (const std::string& name : impls) prepare(name);
   run_untimed();
   const double read_gbps = measure(opts, probe);
@@ -440,7 +420,7 @@ void SpecBench::set_stats(double read_gbps) {
     r.iqr_ms = st.iqr_ms();
     r.samples = static_cast<int>(runners_[i].samples.size());
     r.flops = cost_.flops;
-    r.bytes = cost_.bytes > 0 ? cost_.bytes : tensor_bytes(*runners_[i].call);
+    r.bytes = cost_.bytes > 0 ? cost_.bytes : call_tensor_bytes(*runners_[i].call);
     r.bytes_source = cost_.bytes > 0 ? "cost" : "tensors";
     r.gflops = cost_.flops / (st.median_ms * 1e-3) / 1e9;
     r.gbps = cost_.bytes / (st.median_ms * 1e-3) / 1e9;

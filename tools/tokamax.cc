@@ -401,6 +401,7 @@ int cmd_explain(Args& a) {
   auto call = fam.make_call(fam.bind_json(specs_found.at(0).arguments, ""), 0);
   tk::CallOptions co;
   co.implementation = a.impl_csv;
+  tk::QuietMissesScope quiet;  // the explanation says "cache miss; heuristics" itself
   const tk::Explanation e = tk::explain(fam, *call, co);
   Json skipped = Json::array();
   for (const auto& [i, why] : e.skipped)

@@ -950,6 +950,17 @@ NB_MODULE(_core, m) {
   m.def("device_kind", &device_kind);
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);
+  m.def(
+      "missed_keys",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string>> out;
+        for (const MissedKey& k : missed_keys())
+          out.emplace_back(k.family, k.implementation, k.key);
+        return out;
+      },
+      "The calls of this process that missed the tuning data and ran with the heuristics "
+      "config: (op, implementation, key JSON) once per key, in the order of their first miss. "
+      "A process warns once for all of them; TOKAMAX_LOG=autotune:debug logs each.");
   bind_described_ops(m);
   bind_packed_rhs(m);
   bind_quantized(m);

@@ -1432,3 +1432,39 @@ def test_cache_miss_policy_error(monkeypatch, tuned):
     monkeypatch.setenv("TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK", "bogus")
     with pytest.raises(ValueError, match="TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK"):
         tc.ragged_dot(x2, w2, gs2, implementation="native")
+
+
+# --- cache misses: one warning line for a process ------------------------------------------
+
+
+def test_cache_misses_warn_once_and_count_at_exit(tmp_path):
+    # Four distinct keys with no tuning data: one warning line when the first misses, one
+    # counting them at exit, each key at debug level only; missed_keys() lists them once each
+    # however often they run.
+    script = textwrap.dedent("""
+        import numpy as np, tokamax_cpp as tc
+        rng = np.random.default_rng(0)
+        for rows in (3, 5, 7):
+            x = rng.standard_normal((rows, 33)).astype(np.float32)
+            for _ in range(3):
+                tc.layer_norm(x, implementation="native")
+        x = rng.standard_normal((6, 16)).astype(np.float32)
+        w = rng.standard_normal((2, 16, 8)).astype(np.float32)
+        tc.ragged_dot(x, w, [2, 4], implementation="native")
+        keys = tc.missed_keys()
+        print(len(keys), sorted({(op, impl) for op, impl, _ in keys}))
+    """)
+    env = dict(os.environ, TOKAMAX_CACHE_DIR=str(tmp_path / "cache"),
+               TOKAMAX_DATA_DIR=str(tmp_path / "no-data"))
+    env.pop("TOKAMAX_LOG", None)
+    env.pop("TOKAMAX_AUTOTUNING_CACHE_MISS_FALLBACK", None)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "4 [('layer_norm', 'native'), ('ragged_dot', 'native')]"
+    lines = [l for l in r.stderr.splitlines() if l.startswith("[tokamax:")]
+    assert len(lines) == 2, r.stderr
+    assert "op calls not in the tuning data for" in lines[0]
+    assert "(first: layer_norm/native)" in lines[0]
+    assert "4 op call keys were not in the tuning data" in lines[1]
+    assert all(len(l) < 300 for l in lines), lines

@@ -18,6 +18,7 @@ from ._core import (
     gated_linear_unit as gated_linear_unit,
     gated_linear_unit_vjp as gated_linear_unit_vjp,
     get_bound_args as get_bound_args,
+    missed_keys as missed_keys,
     moe_experts_packed as moe_experts_packed,
     num_threads as num_threads,
     pack_glu_weights as pack_glu_weights,

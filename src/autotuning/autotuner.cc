@@ -238,7 +238,7 @@ struct TuningRun {
     call = family.make_call(bound, o.seed);
     impl->validate(*call);
     tol = family.tolerance(*call);
-    cold = o.cold_cache.value_or(family.memory_bound(*call));
+    cold = o.cold_cache.value_or(measured_cold(family, *call));
   }
 
   std::string what() const { return family.name() + "/" + impl->name(); }

@@ -13,6 +13,8 @@
 
 #include "core/thread_pool.h"
 #include "tokamax/core/device.h"
+#include "tokamax/core/error.h"
+#include "tokamax/core/shape_dtype.h"
 #include "tokamax/core/tensor.h"
 
 namespace tokamax {
@@ -113,6 +115,27 @@ SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& 
     if (n >= 3 && elapsed >= o.max_time_s) break;
   }
   return SampleStats::of(std::move(samples));
+}
+
+double call_tensor_bytes(const CallBase& call) {
+  double bytes = 0;
+  for (const auto& [name, v] : call.bound.arguments().items()) {
+    if (!v.is_string() || v.get<std::string>().find('[') == std::string::npos) continue;
+    try {
+      bytes += static_cast<double>(ShapeDtype::parse(v.get<std::string>()).bytes());
+    } catch (const InvalidArgument&) {
+      // A string that is not a shape (an option's value): not a tensor.
+    }
+  }
+  for (const TensorView& o : call.outputs) bytes += static_cast<double>(o.spec().bytes());
+  return bytes;
+}
+
+bool measured_cold(const OpFamily& family, const CallBase& call) {
+  if (!family.memory_bound(call)) return false;
+  const double counted = family.cost(call).bytes;
+  const double bytes = counted > 0 ? counted : call_tensor_bytes(call);
+  return bytes >= static_cast<double>(std::max<int64_t>(device_info().l2_bytes, 256 << 10));
 }
 
 }  // namespace tokamax

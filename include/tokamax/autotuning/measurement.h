@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tokamax/core/export.h"
+#include "tokamax/op/op.h"
 
 TOKAMAX_PUBLIC_BEGIN
 namespace tokamax {
@@ -54,6 +55,16 @@ void wake_threads();
 void evict_range(const void* data, size_t bytes);
 // The size of the buffer flush_cache() streams through.
 int64_t flush_cache_bytes();
+
+// The bytes of a call's tensors, each input read once and each output written once: the least
+// any implementation moves (for a family that counts no traffic of its own).
+double call_tensor_bytes(const CallBase& call);
+// Whether a call is measured after a cache flush (cold) or back to back (warm), by the
+// autotuner and by `tokamax bench --cache-state auto`: cold when its family calls it
+// memory-bound and it moves at least one core's L2, whose data a model streams from memory (a
+// decode step's weights); warm otherwise, as a model calls a small op whose inputs the op
+// before it just wrote (measured cold, a 77-element layer_norm timed the workers' wake-up).
+bool measured_cold(const OpFamily& family, const CallBase& call);
 
 }  // namespace tokamax
 TOKAMAX_PUBLIC_END
