@@ -15,6 +15,15 @@ using testing::fake;
 using testing::fake_call;
 using testing::TileConfig;
 
+// A result holding one entry: `config` for `bound`.
+AutotuningResult one_entry(const BoundArguments& bound, const Config& config) {
+  AutotuningResult res;
+  AutotuningData d;
+  d.set(config, BenchmarkData{.median_ms = 1.0});
+  res.add(bound, d);
+  return res;
+}
+
 class Framework : public ::testing::Test {
  protected:
   testing::ScopedCacheDir cache_{"fw"};
@@ -103,10 +112,7 @@ TEST_F(Framework, ResidualsCallBorrowsTheEntryWithoutThem) {
   // A config the heuristics would not pick: any other valid rows_per_item.
   const Json other_json = {{"rows_per_item", heuristics.json().value("rows_per_item", 1) + 3}};
   const Config other = native.config_from_json(other_json);
-  AutotuningResult res;
-  AutotuningData d;
-  d.set(other, BenchmarkData{.median_ms = 1.0});
-  res.add(plain_call->bound.with_implementation("native"), d);
+  const AutotuningResult res = one_entry(plain_call->bound.with_implementation("native"), other);
   res.dump_cache();
   Resolution r = resolve_config(norm, native, *train_call, std::nullopt);
   EXPECT_EQ(r.rung, Rung::kDiskCache);
@@ -152,11 +158,7 @@ TEST_F(Framework, PackedVariantBorrowsThePlainCallsEntry) {
   other["mr"] = other.value("mr", 8) == 8 ? 14 : 8;
   other["mc"] = other["mr"];
   const Config tuned = native.config_from_json(other);
-  AutotuningResult res;
-  AutotuningData d;
-  d.set(tuned, BenchmarkData{.median_ms = 1.0});
-  res.add(plain_call->bound.with_implementation("native"), d);
-  res.dump_cache();
+  one_entry(plain_call->bound.with_implementation("native"), tuned).dump_cache();
   const Resolution r = resolve_config(rd, native, *packed_call, std::nullopt);
   EXPECT_EQ(r.rung, Rung::kDiskCache);
   EXPECT_EQ(r.config.json(), tuned.json());
