@@ -161,3 +161,59 @@ def test_bench_models_times_stock_and_patched(tmp_path, capsys):
         assert len(r["stock_samples"]) == len(r["tokamax_samples"]) == 2
         assert r["speedup"] > 0
     assert "| decode batch 1 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_apply_tokamax_to_patches_the_classes_before_the_model_exists(pack, monkeypatch):
+    from tokamax_cpp.transformers import apply_tokamax_to
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
+
+    stock_forwards = (mq.Qwen3MoeExperts.forward, mq.Qwen3MoeRMSNorm.forward)
+    ids = _ids()
+    model = _model("qwen3_moe")
+    with torch.no_grad():
+        stock = model(ids).logits
+    apply_tokamax_to("qwen3_moe", pack_experts=pack)
+    try:
+        with pytest.raises(ValueError, match="already patched"):
+            apply_tokamax_to("qwen3_moe")
+        calls = {"moe": 0, "norm": 0}
+        moe = tc.moe_experts_packed if pack else torch.ops.tokamax.moe_experts
+        norm = tc.torch_ops.rms_norm
+
+        def count(kind, fn):
+            def wrapped(*a, **k):
+                calls[kind] += 1
+                return fn(*a, **k)
+            return wrapped
+
+        if pack:
+            monkeypatch.setattr(tc, "moe_experts_packed", count("moe", moe))
+        monkeypatch.setattr(tc.torch_ops, "rms_norm", count("norm", norm))
+        # A model built after the patch (as from_pretrained would) and the one built before.
+        later = _model("qwen3_moe")
+        with torch.no_grad():
+            ours = model(ids).logits
+            ours_later = later(ids).logits
+        torch.testing.assert_close(ours, stock, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ours_later, stock, rtol=1e-4, atol=1e-4)
+        assert calls["norm"] > 0
+        assert calls["moe"] == (4 if pack else 0)  # two layers, two models
+        # Weights written in place after the first call (loading, a training step): the packed
+        # copy follows them.
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, mq.Qwen3MoeExperts):
+                    m.down_proj.mul_(-0.5)
+            changed = model(ids).logits
+    finally:
+        revert_tokamax("qwen3_moe")
+    assert (mq.Qwen3MoeExperts.forward, mq.Qwen3MoeRMSNorm.forward) == stock_forwards
+    assert not hasattr(mq.Qwen3MoeRMSNorm, "_tokamax_stock_forward")
+    with torch.no_grad():
+        torch.testing.assert_close(changed, model(ids).logits, rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(changed, stock, rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="not patched"):
+        revert_tokamax("qwen3_moe")
+    with pytest.raises(ValueError, match="no model type"):
+        apply_tokamax_to("no_such_model")

@@ -1,9 +1,12 @@
 """Hugging Face transformers on tokamax_cpp in one call.
 
-    from tokamax_cpp.transformers import apply_tokamax, revert_tokamax
+    from tokamax_cpp.transformers import apply_tokamax, apply_tokamax_to, revert_tokamax
     model = AutoModelForCausalLM.from_config(config)   # or from_pretrained(...)
     apply_tokamax(model)              # patched in place; returns the model
     revert_tokamax(model)             # back to stock, bit for bit
+
+    apply_tokamax_to("qwen3_moe")     # the classes, before from_pretrained builds the model
+    revert_tokamax("qwen3_moe")
 
 What is patched (each part can be turned off):
 
@@ -79,9 +82,12 @@ def _experts_unsupported(module: torch.nn.Module) -> str | None:
 
 
 def _experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor,
-                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The experts backend registered as experts_implementation="tokamax"."""
-    state = getattr(self, "_tokamax_experts", None)
+                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                     state: tuple | None = None) -> torch.Tensor:
+    """The experts backend registered as experts_implementation="tokamax". `state` is
+    (activation, packed weights or None); by default the one apply_tokamax left on the module."""
+    if state is None:
+        state = getattr(self, "_tokamax_experts", None)
     needs_grad = torch.is_grad_enabled() and (
         hidden_states.requires_grad or self.gate_up_proj.requires_grad
         or self.down_proj.requires_grad or top_k_weights.requires_grad)
@@ -181,6 +187,95 @@ def _is_experts(module: torch.nn.Module) -> bool:
         module, "num_experts")
 
 
+def _lazy_experts_state(self: torch.nn.Module, pack: bool) -> tuple | None:
+    """(activation, packed weights) for a module of a patched class, made on its first call and
+    made again whenever its weights change (a new tensor, or one written in place: loading
+    weights after construction, an optimizer step); None where the library cannot serve it."""
+    gu, dn = getattr(self, "gate_up_proj", None), getattr(self, "down_proj", None)
+    key = tuple((t.data_ptr(), t._version, t.dtype, t.device.type, tuple(t.shape))
+                if isinstance(t, torch.Tensor) else None for t in (gu, dn))
+    cached = getattr(self, "_tokamax_lazy", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    why = _experts_unsupported(self)
+    state = None
+    if why:
+        _warn(type(self).__name__, why)
+    else:
+        packed = None
+        if pack:
+            packed = tc.pack_moe_weights(gu.detach(), dn.detach(),
+                                         transposed_weights=not getattr(self, "is_transposed",
+                                                                        False))
+        state = (_activation(self), packed)
+    self._tokamax_lazy = (key, state)
+    return state
+
+
+# apply_tokamax_to: model type -> [(class, attribute, what it was)] to restore on revert.
+_CLASS_PATCHES: dict[str, list[tuple[type, str, Any]]] = {}
+_MISSING = object()
+
+
+def _patch_class(patches: list, cls: type, name: str, value: Any) -> None:
+    patches.append((cls, name, cls.__dict__.get(name, _MISSING)))
+    setattr(cls, name, value)
+
+
+def apply_tokamax_to(model_type: str, *, experts: bool = True, norm: bool = True,
+                     pack_experts: bool = True) -> None:
+    """Patches the module classes of a transformers model type ("qwen3_moe", "olmoe",
+    "mixtral", "llama", ...) so that every model of that type, built before or after, runs on
+    tokamax_cpp: call it before ``from_pretrained``. Its experts classes run on ``moe_experts``
+    whatever ``experts_implementation`` the model was given, their weights packed on a module's
+    first call and again whenever they change (loading, a training step); its RMSNorm classes
+    run on ``rms_norm``. A module the library cannot serve keeps the stock code, with one
+    warning. ``nn.Linear`` is shared by every model type and is not patched here (apply_tokamax
+    on a loaded model does it). ``revert_tokamax(model_type)`` restores the classes."""
+    import importlib
+
+    if model_type in _CLASS_PATCHES:
+        raise ValueError(f"apply_tokamax_to: {model_type!r} is already patched; "
+                         f"revert_tokamax({model_type!r}) first")
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    except ModuleNotFoundError as e:
+        raise ValueError(f"apply_tokamax_to: transformers has no model type {model_type!r} "
+                         f"(transformers.models.{model_type}.modeling_{model_type}: {e})") from e
+    patches: list[tuple[type, str, Any]] = []
+    for name, cls in sorted(vars(module).items()):
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)
+                and cls.__module__ == module.__name__):
+            continue
+        # transformers' use_experts_implementation gives its experts classes _apply_gate.
+        if experts and name.endswith("Experts") and hasattr(cls, "_apply_gate"):
+            def experts_forward(self, hidden_states, top_k_index, top_k_weights,
+                                *, _pack=pack_experts):
+                return _experts_forward(self, hidden_states, top_k_index, top_k_weights,
+                                        state=_lazy_experts_state(self, _pack))
+            _patch_class(patches, cls, "forward", experts_forward)
+        elif norm and name.endswith("RMSNorm"):
+            def norm_forward(self, hidden_states):
+                if _norm_unsupported(self) is not None:
+                    return self._tokamax_stock_forward(hidden_states)
+                return _norm_forward(self, hidden_states)
+            _patch_class(patches, cls, "_tokamax_stock_forward", cls.forward)
+            _patch_class(patches, cls, "forward", norm_forward)
+    _CLASS_PATCHES[model_type] = patches
+
+
+def _revert_classes(model_type: str) -> None:
+    patches = _CLASS_PATCHES.pop(model_type, None)
+    if patches is None:
+        raise ValueError(f"revert_tokamax: model type {model_type!r} is not patched by "
+                         "apply_tokamax_to")
+    for cls, name, was in reversed(patches):
+        if was is _MISSING:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, was)
+
+
 def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = True,
                   linear: bool = False, pack_experts: bool = True) -> torch.nn.Module:
     """Patches a loaded transformers model in place to run on tokamax_cpp; returns it.
@@ -230,8 +325,12 @@ def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = 
     return model
 
 
-def revert_tokamax(model: torch.nn.Module) -> torch.nn.Module:
-    """Undoes apply_tokamax: the model computes exactly what it did before it was patched."""
+def revert_tokamax(model: torch.nn.Module | str) -> torch.nn.Module | None:
+    """Undoes apply_tokamax on a model (returned: it computes exactly what it did before it was
+    patched), or apply_tokamax_to on a model type's classes (given its name)."""
+    if isinstance(model, str):
+        _revert_classes(model)
+        return None
     state = getattr(model, _STATE, None)
     if state is None:
         raise ValueError("revert_tokamax: the model is not patched by apply_tokamax")
