@@ -61,6 +61,8 @@ def test_patched_logits_and_generation_match_stock(kind, pack):
     # q, k, v, o a layer, the dense MLP's three (Llama), the router (Qwen3-MoE, OLMoE and
     # Mixtral's gate is a Linear too, except where it is its own router class) and lm_head.
     assert counts["linears"] >= 2 * 4 + 1
+    assert counts["attention"] == 1
+    assert model.config._attn_implementation == "tokamax"
     with torch.no_grad():
         ours = model(ids).logits
         ours_tokens = model.generate(ids[:1], max_new_tokens=32, do_sample=False)
@@ -109,7 +111,7 @@ def test_revert_restores_the_stock_model_bit_for_bit():
     with pytest.raises(ValueError, match="already patched"):
         apply_tokamax(model)
     revert_tokamax(model)
-    assert patched_modules(model) == {"experts": 0, "norms": 0, "linears": 0}
+    assert patched_modules(model) == {"experts": 0, "norms": 0, "linears": 0, "attention": 0}
     with torch.no_grad():
         assert torch.equal(model(ids).logits, never(ids).logits)
     with pytest.raises(ValueError, match="not patched"):
@@ -217,3 +219,34 @@ def test_apply_tokamax_to_patches_the_classes_before_the_model_exists(pack, monk
         revert_tokamax("qwen3_moe")
     with pytest.raises(ValueError, match="no model type"):
         apply_tokamax_to("no_such_model")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+def test_attention_with_padding_masks_matches_sdpa(kind, monkeypatch):
+    # Left-padded batches (a bool mask per row) in prefill and every decode step: the same
+    # logits and tokens as transformers' sdpa, and the library's attention actually called.
+    model = _model(kind)
+    ids = _ids(batch=3, length=9)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    with torch.no_grad():
+        stock = model(ids, attention_mask=mask).logits
+        stock_tokens = model.generate(ids, attention_mask=mask, max_new_tokens=12,
+                                      do_sample=False)
+    apply_tokamax(model, experts=False, norm=False)
+    calls = []
+    attention = tc.torch_ops.dot_product_attention
+    monkeypatch.setattr(tc.torch_ops, "dot_product_attention",
+                        lambda *a, **k: calls.append(k.get("mask") is not None) or
+                        attention(*a, **k))
+    with torch.no_grad():
+        ours = model(ids, attention_mask=mask).logits
+        ours_tokens = model.generate(ids, attention_mask=mask, max_new_tokens=12,
+                                     do_sample=False)
+    assert calls and any(calls)  # called, with masks
+    keep = mask.bool()  # padded query rows attend to nothing meaningful: compare the rest
+    torch.testing.assert_close(ours[keep], stock[keep], rtol=1e-4, atol=1e-4)
+    assert torch.equal(ours_tokens, stock_tokens)
+    revert_tokamax(model)
+    assert model.config._attn_implementation == "sdpa"

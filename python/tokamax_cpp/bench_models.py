@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-pack", action="store_true", help="the experts read in place")
     ap.add_argument("--linear", action="store_true",
                     help="also patch nn.Linear at decode (apply_tokamax(linear=True))")
+    ap.add_argument("--no-attention", action="store_true",
+                    help="keep transformers' attention (apply_tokamax(attention=False))")
     ap.add_argument("--json", dest="json_path")
     a = ap.parse_args(argv)
     if a.layers < 1 or a.rounds < 1 or a.gap_ms < 0:
@@ -128,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"bench_models: {a.model}, {a.layers} layers, bf16; torch threads "
         f"{torch.get_num_threads()}")
     stock, patched = build(a.model, a.layers)
-    apply_tokamax(patched, pack_experts=not a.no_pack, linear=a.linear)
+    apply_tokamax(patched, attention=not a.no_attention, pack_experts=not a.no_pack,
+                  linear=a.linear)
     runs = {"stock": steps(stock, batches, prefill), "tokamax": steps(patched, batches, prefill)}
     names = list(runs["stock"])
     for fns in runs.values():  # warm-up
@@ -162,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta = {"model": a.model, "layers": a.layers, "rounds": a.rounds,
                 "torch": torch.__version__, "transformers": transformers.__version__,
                 "torch_threads": torch.get_num_threads(), "packed": not a.no_pack,
-                "linear": a.linear}
+                "linear": a.linear, "attention": not a.no_attention}
         with open(a.json_path, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0

@@ -10,6 +10,10 @@
 
 What is patched (each part can be turned off):
 
+* ``attention``: the model's attention runs on ``dot_product_attention``, registered as
+  ``attn_implementation="tokamax"`` (with transformers' sdpa masks): grouped key/value heads are
+  read in place, never repeated. What it does not take (a sliding window, sinks, a position bias,
+  dropout while training, a paged cache) runs on transformers' sdpa.
 * ``experts``: every mixture-of-experts experts module that transformers dispatches through its
   ``ExpertsInterface`` (Qwen3-MoE, OLMoE, Mixtral, DeepSeek-V2, ...) runs on ``moe_experts``,
   registered as ``experts_implementation="tokamax"``. With ``pack_experts`` (the default) each
@@ -116,6 +120,52 @@ def _register_experts() -> None:
     from transformers.integrations.moe import ExpertsInterface
 
     ExpertsInterface.register(_EXPERTS, _experts_forward)
+
+
+_ATTENTION = "tokamax"
+
+
+def _attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, attention_mask: torch.Tensor | None,
+                       dropout: float = 0.0, scaling: float | None = None,
+                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """The attention registered as attn_implementation="tokamax": transformers' [B, N, T, H]
+    heads on dot_product_attention ([B, T, N, H]; grouped keys and values read as they are,
+    never repeated). What it does not take (dropout while training, a position bias, sinks,
+    a sliding window, a paged cache, attention weights asked for, another device or dtype)
+    runs on transformers' sdpa."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    unsupported = (
+        (dropout > 0 and module.training) or kwargs.get("position_bias") is not None
+        or kwargs.get("s_aux") is not None or kwargs.get("sliding_window") is not None
+        or kwargs.get("cache") is not None or kwargs.get("output_attentions", False)
+        or query.device.type != "cpu" or query.dtype not in (torch.float32, torch.bfloat16)
+        or key.dtype != query.dtype or value.dtype != query.dtype
+        or (attention_mask is None and causal and q_len > 1 and kv_len != q_len))
+    if unsupported:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
+    options = dict(scale=scaling, logits_soft_cap=kwargs.get("softcap"), heuristics_only=True)
+    if attention_mask is None:
+        out = torch_ops.dot_product_attention(q, k, v, is_causal=causal and q_len > 1, **options)
+    elif attention_mask.dtype == torch.bool:
+        out = torch_ops.dot_product_attention(q, k, v, mask=attention_mask, **options)
+    else:  # an additive mask (0 where attended, a large negative number elsewhere)
+        out = torch_ops.dot_product_attention(q, k, v, bias=attention_mask.to(q.dtype), **options)
+    return out, None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(_ATTENTION, _attention_forward)
+    # transformers' sdpa masks: bool, True where a query attends, None where causal suffices.
+    AttentionMaskInterface.register(_ATTENTION, sdpa_mask)
 
 
 def _norm_unsupported(module: torch.nn.Module) -> str | None:
@@ -276,15 +326,26 @@ def _revert_classes(model_type: str) -> None:
             setattr(cls, name, was)
 
 
-def apply_tokamax(model: torch.nn.Module, *, experts: bool = True, norm: bool = True,
-                  linear: bool = False, pack_experts: bool = True) -> torch.nn.Module:
+def apply_tokamax(model: torch.nn.Module, *, attention: bool = True, experts: bool = True,
+                  norm: bool = True, linear: bool = False,
+                  pack_experts: bool = True) -> torch.nn.Module:
     """Patches a loaded transformers model in place to run on tokamax_cpp; returns it.
 
     A second call on the same model is refused with a ValueError: revert first."""
     if getattr(model, _STATE, None) is not None:
         raise ValueError("apply_tokamax: the model is already patched; revert_tokamax(model) "
                          "first")
-    state: dict[str, Any] = {"experts": [], "norms": [], "linears": [], "config": None}
+    state: dict[str, Any] = {"experts": [], "norms": [], "linears": [], "config": None,
+                             "attention": None}
+    if attention and hasattr(model, "set_attn_implementation") and getattr(
+            model.config, "_attn_implementation", None) is not None:
+        if model._can_set_attn_implementation():
+            _register_attention()
+            state["attention"] = model.config._attn_implementation
+            model.set_attn_implementation(_ATTENTION)
+        else:
+            _warn(type(model).__name__, "its attention is not dispatched through "
+                  "transformers' AttentionInterface")
 
     def servable(is_kind, unsupported):
         """The modules of a kind the library serves; a warning for each one it cannot."""
@@ -339,6 +400,8 @@ def revert_tokamax(model: torch.nn.Module | str) -> torch.nn.Module | None:
         del m._tokamax_stock_forward
     for m in state["experts"]:
         del m._tokamax_experts
+    if state["attention"] is not None:
+        model.set_attn_implementation(state["attention"])
     if state["experts"]:
         previous = state["config"]
         if isinstance(previous, dict):
@@ -350,5 +413,8 @@ def revert_tokamax(model: torch.nn.Module | str) -> torch.nn.Module | None:
 
 def patched_modules(model: torch.nn.Module) -> dict[str, int]:
     """How many modules apply_tokamax patched, by kind (0 each on an unpatched model)."""
-    state = getattr(model, _STATE, None) or {"experts": [], "norms": [], "linears": []}
-    return {k: len(state[k]) for k in ("experts", "norms", "linears")}
+    state = getattr(model, _STATE, None) or {"experts": [], "norms": [], "linears": [],
+                                             "attention": None}
+    counts = {k: len(state[k]) for k in ("experts", "norms", "linears")}
+    counts["attention"] = int(state["attention"] is not None)
+    return counts
