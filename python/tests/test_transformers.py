@@ -154,11 +154,15 @@ def test_bench_models_times_stock_and_patched(tmp_path, capsys):
 
     out = tmp_path / "models.json"
     assert bench_models.main(["--model", "tiny_qwen3_moe", "--layers", "1", "--rounds", "2",
-                              "--gap-ms", "0", "--prefill", "16", "--json", str(out)]) == 0
+                              "--gap-ms", "0", "--prefill", "16", "--generate", "3",
+                              "--json", str(out)]) == 0
     import json
 
     doc = json.loads(out.read_text())
-    assert [r["step"] for r in doc["rows"]] == ["decode batch 1", "decode batch 8", "prefill 16"]
+    assert [r["step"] for r in doc["rows"]] == ["decode batch 1", "decode batch 8", "prefill 16",
+                                                "generate 3 tokens"]
+    gen = doc["rows"][-1]
+    assert gen["tokamax_tokens_per_s"] == pytest.approx(3 / (gen["tokamax_ms"] / 1e3))
     for r in doc["rows"]:
         assert len(r["stock_samples"]) == len(r["tokamax_samples"]) == 2
         assert r["speedup"] > 0

@@ -72,7 +72,7 @@ def build(name: str, layers: int):
     return stock.eval(), patched.eval()
 
 
-def steps(model, batches: Sequence[int], prefill: Sequence[int],
+def steps(model, batches: Sequence[int], prefill: Sequence[int], generate: int = 0,
           prompt: int = 32) -> dict[str, Callable[[], None]]:
     from transformers import DynamicCache
 
@@ -100,6 +100,15 @@ def steps(model, batches: Sequence[int], prefill: Sequence[int],
                 model(ids, use_cache=False)
 
         out[f"prefill {n}"] = run
+    if generate > 0:
+        ids = torch.randint(0, vocab, (1, prompt), generator=gen)
+
+        def gen_tokens(ids=ids):
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=generate, min_new_tokens=generate,
+                               do_sample=False)
+
+        out[f"generate {generate} tokens"] = gen_tokens
     return out
 
 
@@ -111,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--decode-batch", default="1,8", help="comma-separated (default 1,8)")
     ap.add_argument("--prefill", default="512", help="comma-separated tokens (default 512; "
                     "empty: none)")
+    ap.add_argument("--generate", type=int, default=0,
+                    help="also time model.generate of this many tokens after a 32-token prompt "
+                    "(greedy), reported in tokens/s too")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gap-ms", type=float, default=100.0)
     ap.add_argument("--no-pack", action="store_true", help="the experts read in place")
@@ -132,7 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stock, patched = build(a.model, a.layers)
     apply_tokamax(patched, attention=not a.no_attention, pack_experts=not a.no_pack,
                   linear=a.linear)
-    runs = {"stock": steps(stock, batches, prefill), "tokamax": steps(patched, batches, prefill)}
+    if a.generate < 0:
+        ap.error("--generate must be >= 0")
+    runs = {"stock": steps(stock, batches, prefill, a.generate),
+            "tokamax": steps(patched, batches, prefill, a.generate)}
     names = list(runs["stock"])
     for fns in runs.values():  # warm-up
         for fn in fns.values():
@@ -156,8 +171,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = {"step": n, "stock_ms": statistics.median(s), "tokamax_ms": statistics.median(t),
                "speedup": statistics.median(ratios), "range": [min(ratios), max(ratios)],
                "stock_samples": s, "tokamax_samples": t}
+        tokens = a.generate if n.startswith("generate") else 0
+        if tokens:
+            row["stock_tokens_per_s"] = tokens / (row["stock_ms"] / 1e3)
+            row["tokamax_tokens_per_s"] = tokens / (row["tokamax_ms"] / 1e3)
         rows.append(row)
-        print(f"| {n} | {row['stock_ms']:.1f} | {row['tokamax_ms']:.1f} | "
+        rate = (f" ({row['stock_tokens_per_s']:.1f} -> {row['tokamax_tokens_per_s']:.1f} "
+                "tokens/s)" if tokens else "")
+        print(f"| {n}{rate} | {row['stock_ms']:.1f} | {row['tokamax_ms']:.1f} | "
               f"{row['speedup']:.2f} [{min(ratios):.2f}, {max(ratios):.2f}] |")
     if a.json_path:
         import transformers
