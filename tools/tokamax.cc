@@ -285,12 +285,12 @@ void print_key_table(const tk::BoundArguments& b, const tk::AutotuningData& d) {
 }
 
 void print_result(const tk::AutotuningResult& r, bool verbose) {
-  std::map<std::string, int> single;  // family/implementation -> keys with one config
+  std::map<std::string, int> single;  // implementation -> keys with one config
   for (const auto& [b, d] : r.data()) {
     int configs = 0;
     for (const auto& [k, e] : d.entries()) configs += e.benchmark ? 1 : 0;
     if (!verbose && configs == 1 && d.entries().size() == 1) {
-      ++single[b.family() + "/" + b.implementation()];
+      ++single[b.implementation()];
       continue;
     }
     (verbose ? print_key_table : print_key_line)(b, d);
@@ -302,7 +302,8 @@ void print_result(const tk::AutotuningResult& r, bool verbose) {
     parts.push_back(fmt::format("{} {}", name, count));
     n += count;
   }
-  fmt::print("{} keys have a single config (nothing to tune): {}\n", n, tk::join(parts, ", "));
+  fmt::print("{} keys have a single config (nothing to tune), by implementation: {}\n", n,
+             tk::join(parts, ", "));
 }
 
 // autotune --into-cache: the directory the winners go to (DIR/<device kind>/, made if missing)
