@@ -47,6 +47,7 @@ class MissLog {
       std::lock_guard<std::mutex> lock(mu_);
       if (!seen_.insert(std::move(id)).second) return;
       first = keys_.empty();
+      if (first) kind_ = device_kind();  // for the count at exit, when statics are going away
       keys_.push_back({family.name(), impl.name(), bound.key()});
     }
     if (first && log_enabled("autotune", LogLevel::kWarning)) {
@@ -66,7 +67,7 @@ class MissLog {
     if (keys_.size() > 1 && log_enabled("autotune", LogLevel::kWarning)) {
       log_message("autotune", LogLevel::kWarning,
                   std::to_string(keys_.size()) + " op call keys were not in the tuning data for " +
-                      device_kind() +
+                      kind_ +
                       " and ran with heuristics configs (TOKAMAX_LOG=autotune:debug lists them)");
     }
   }
@@ -82,6 +83,7 @@ class MissLog {
   mutable std::mutex mu_;
   std::unordered_set<std::string> seen_;
   std::vector<MissedKey> keys_;
+  std::string kind_;
 };
 
 // Destroyed at exit, after the calls (a function's static: constructed on the first miss).
