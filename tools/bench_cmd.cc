@@ -30,14 +30,7 @@ std::vector<BoundArguments> load_bound_args_file(const std::string& file) {
 // when the outputs' specs cannot be worked out).
 int64_t spec_bytes(const OpFamily& fam, const Json& arguments) {
   int64_t bytes = 0;
-  for (const auto& [name, v] : arguments.items()) {
-    if (!v.is_string() || v.get<std::string>().find('[') == std::string::npos) continue;
-    try {
-      bytes += ShapeDtype::parse(v.get<std::string>()).bytes();
-    } catch (const InvalidArgument&) {
-      // A string that is not a shape (an option's value): not a tensor.
-    }
-  }
+  for (const ShapeDtype& a : array_arguments(arguments)) bytes += a.bytes();
   try {
     for (const ShapeDtype& o : fam.output_specs_json(arguments)) bytes += o.bytes();
   } catch (const std::exception&) {
@@ -110,11 +103,9 @@ std::vector<ArgSpec> bound_args_specs(const std::string& op, const std::string& 
     // Named by position and the tensor arguments ("#2 f32[64,2880] x f32[32,2880,2880]").
     std::string name = fmt::format("#{}", out.size());
     const char* sep = " ";
-    for (const auto& [arg, value] : b.arguments().items()) {
-      if (value.is_string() && value.get<std::string>().find('[') != std::string::npos) {
-        name += sep + value.get<std::string>();
-        sep = " x ";
-      }
+    for (const ShapeDtype& a : array_arguments(b.arguments())) {
+      name += sep + a.str();
+      sep = " x ";
     }
     out.push_back(ArgSpec{b.family(), name, b.arguments(), {}});
   }

@@ -197,10 +197,7 @@ void print_specs(const std::string& op, const std::string& tag, bool json) {
 // A key's arrays ("f32[67,96] f32[4,96,80]"): enough to tell the keys of a run apart on one line.
 std::string short_key(const tk::BoundArguments& b) {
   std::vector<std::string> arrays;
-  for (const auto& [name, v] : b.arguments().items()) {
-    if (v.is_string() && v.get<std::string>().find('[') != std::string::npos)
-      arrays.push_back(v.get<std::string>());
-  }
+  for (const tk::ShapeDtype& a : tk::array_arguments(b.arguments())) arrays.push_back(a.str());
   std::string s = tk::join(arrays, " ");
   return s.size() > 56 ? s.substr(0, 53) + "..." : s;
 }
@@ -287,9 +284,7 @@ void print_key_table(const tk::BoundArguments& b, const tk::AutotuningData& d) {
 void print_result(const tk::AutotuningResult& r, bool verbose) {
   std::map<std::string, int> single;  // implementation -> keys with one config
   for (const auto& [b, d] : r.data()) {
-    int configs = 0;
-    for (const auto& [k, e] : d.entries()) configs += e.benchmark ? 1 : 0;
-    if (!verbose && configs == 1 && d.entries().size() == 1) {
+    if (!verbose && d.entries().size() == 1 && d.has_success()) {
       ++single[b.implementation()];
       continue;
     }
@@ -402,7 +397,6 @@ int cmd_explain(Args& a) {
   auto call = fam.make_call(fam.bind_json(specs_found.at(0).arguments, ""), 0);
   tk::CallOptions co;
   co.implementation = a.impl_csv;
-  tk::QuietMissesScope quiet;  // the explanation says "cache miss; heuristics" itself
   const tk::Explanation e = tk::explain(fam, *call, co);
   Json skipped = Json::array();
   for (const auto& [i, why] : e.skipped)

@@ -119,14 +119,8 @@ SampleStats time_callable(const std::function<void()>& fn, const TimingOptions& 
 
 double call_tensor_bytes(const CallBase& call) {
   double bytes = 0;
-  for (const auto& [name, v] : call.bound.arguments().items()) {
-    if (!v.is_string() || v.get<std::string>().find('[') == std::string::npos) continue;
-    try {
-      bytes += static_cast<double>(ShapeDtype::parse(v.get<std::string>()).bytes());
-    } catch (const InvalidArgument&) {
-      // A string that is not a shape (an option's value): not a tensor.
-    }
-  }
+  for (const ShapeDtype& a : array_arguments(call.bound.arguments()))
+    bytes += static_cast<double>(a.bytes());
   for (const TensorView& o : call.outputs) bytes += static_cast<double>(o.spec().bytes());
   return bytes;
 }

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <filesystem>
 #include <mutex>
 #include <optional>

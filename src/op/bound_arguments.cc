@@ -19,6 +19,19 @@ BoundArguments::BoundArguments(std::string family, std::string implementation, J
   rep_ = std::move(r);
 }
 
+std::vector<ShapeDtype> array_arguments(const Json& arguments) {
+  std::vector<ShapeDtype> out;
+  for (const auto& [name, v] : arguments.items()) {
+    if (!v.is_string() || v.get<std::string>().find('[') == std::string::npos) continue;
+    try {
+      out.push_back(ShapeDtype::parse(v.get<std::string>()));
+    } catch (const InvalidArgument&) {
+      // A string that is not a shape (an option's value): not an array.
+    }
+  }
+  return out;
+}
+
 int BoundArguments::num_threads() const {
   const auto it = rep_->arguments.find("num_threads");
   return it != rep_->arguments.end() && it->is_number_integer() ? it->get<int>() : 1;

@@ -403,8 +403,10 @@ std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& 
                            impl.name(),
                            impl.has_config() ? impl.heuristics_config(call) : Config::null(),
                            {}};
-      // The ladder without its miss policy: a query neither tunes nor fails on a miss.
+      // The ladder without its miss policy: a query neither tunes nor fails on a miss, and its
+      // misses are no call's (the entry says "cache miss; heuristics" itself).
       const CacheMissPolicyScope no_tuning(CacheMissPolicy::kHeuristics);
+      const QuietMissesScope quiet;
       e.ladder = resolve_config(family, impl, call, options.config);
       t_query->calls_.push_back(std::move(e));
       return;
@@ -429,6 +431,7 @@ std::string dispatch(const OpFamily& family, CallBase& call, const CallOptions& 
 }
 
 Explanation explain(const OpFamily& family, const CallBase& call, const CallOptions& options) {
+  const QuietMissesScope quiet;  // nothing runs; the resolution's detail names a miss itself
   Explanation e;
   e.implementation = walk(family, call, options, &e.skipped, [&](const Implementation& impl) {
     e.resolution = resolve_config(family, impl, call, options.config);

@@ -103,7 +103,8 @@ struct MissedKey {
 std::vector<MissedKey> missed_keys();
 
 // While alive, misses on this thread are neither recorded nor warned about: what the autotuner
-// runs (a composed candidate's inner op calls) is not the program's own calls.
+// runs (a composed candidate's inner op calls) is not the program's own calls, and explain() and
+// a ConfigQuery run nothing (each entry says "cache miss; heuristics" itself).
 class QuietMissesScope {
  public:
   QuietMissesScope();

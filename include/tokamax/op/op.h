@@ -27,6 +27,11 @@ namespace tokamax {
 // and static values (never array values); it includes "num_threads", because the thread count
 // changes which config wins on a CPU. key() is the canonical (sorted, compact) JSON of the spec,
 // hashed once. Cheap to copy.
+// The arrays among a spec's or a key's arguments (a JSON object): every string value that reads
+// as a ShapeDtype ("f32[64,128]"), in the arguments' order; other values (an option's name) and
+// strings that do not parse are not arrays.
+std::vector<ShapeDtype> array_arguments(const Json& arguments);
+
 class BoundArguments {
  public:
   BoundArguments() = default;
